@@ -1,0 +1,103 @@
+"""Named feature specs shipped with psrec: ``criteo`` and ``movielens``.
+
+Presets are built in code from one pattern each (no copied variants), and
+``resolve_spec`` turns a preset name or a spec file path into a spec.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from features.spec import CategoricalFeature
+from features.spec import DenseFeature
+from features.spec import FeatureSpec
+from features.spec import LabelConfig
+from features.spec import SpecError
+from features.spec import TableConfig
+
+CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
+CRITEO_CATEGORICAL = tuple(f"C{i}" for i in range(1, 27))
+
+
+def criteo(buckets: int = 10_000, dim: int = 16) -> FeatureSpec:
+    """The Kaggle Criteo display-ads schema.
+
+    label; I1..I13 counts (log1p); C1..C26 hashed strings, each into its own
+    ``buckets`` rows of one shared table (row offsets keep them apart), which
+    is the layout of a single giant PS-sharded table.
+
+    Args:
+      buckets: hash buckets per categorical feature.
+      dim: embedding width.
+    """
+    return FeatureSpec(
+        name="criteo",
+        label=LabelConfig("label"),
+        dense=tuple(DenseFeature(name, transform="log1p")
+                    for name in CRITEO_DENSE),
+        categorical=tuple(
+            CategoricalFeature(name, table="categorical", hash_buckets=buckets,
+                               row_offset=i * buckets)
+            for i, name in enumerate(CRITEO_CATEGORICAL)),
+        tables=(TableConfig("categorical",
+                            rows=buckets * len(CRITEO_CATEGORICAL), dim=dim),),
+    )
+
+
+def movielens(dim: int = 16) -> FeatureSpec:
+    """MovieLens-100k as a click-style task: label = rating >= 4.
+
+    user and item ids (int64, hashed), genres as multi-hot (mean), user
+    gender/occupation/zip categoricals and age standardised with the
+    statistics of ml-100k's u.user (mean 34.05, std 12.19).
+    """
+    def table(name: str, rows: int) -> TableConfig:
+        return TableConfig(name, rows=rows, dim=dim)
+
+    return FeatureSpec(
+        name="movielens",
+        label=LabelConfig("rating", threshold=4),
+        dense=(DenseFeature("age", transform="standardize", mean=34.05,
+                            std=12.19, default=34.05),),
+        categorical=(
+            CategoricalFeature("user_id", table="user", dtype="int64",
+                               hash_buckets=2000, required=True),
+            CategoricalFeature("item_id", table="item", dtype="int64",
+                               hash_buckets=4000, required=True),
+            CategoricalFeature("genres", table="genre", hash_buckets=64,
+                               max_length=6, combiner="mean"),
+            CategoricalFeature("gender", table="user_attr", hash_buckets=8),
+            CategoricalFeature("occupation", table="user_attr",
+                               hash_buckets=64, row_offset=8),
+            CategoricalFeature("zip", table="user_attr", hash_buckets=1000,
+                               row_offset=72),
+        ),
+        tables=(table("user", 2000), table("item", 4000), table("genre", 64),
+                table("user_attr", 1072)),
+    )
+
+
+PRESETS: dict[str, Callable[[], FeatureSpec]] = {
+    "criteo": criteo,
+    "movielens": movielens,
+}
+
+
+def resolve_spec(spec: str | Path | FeatureSpec) -> FeatureSpec:
+    """Returns a spec from a preset name, a spec file path or a spec.
+
+    Raises:
+      SpecError: if ``spec`` is neither a preset nor an existing file.
+    """
+    if isinstance(spec, FeatureSpec):
+        return spec
+    text = str(spec)
+    if text in PRESETS:
+        return PRESETS[text]()
+    if Path(text).is_file():
+        return FeatureSpec.load(text)
+    raise SpecError(
+        f"`--spec` = {text!r} is neither a preset ({', '.join(PRESETS)}) "
+        "nor an existing YAML/JSON file."
+    )

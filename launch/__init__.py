@@ -1,0 +1,9 @@
+"""psrec launchers: the ``psrec`` CLI, role servers, local clusters.
+
+Importing this package does not import TensorFlow.
+"""
+
+from launch.runtime import configure_environment
+from launch.runtime import role_environment
+
+__all__ = ["configure_environment", "role_environment"]
