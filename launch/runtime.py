@@ -25,7 +25,7 @@ _REQUIRED = {
     "GRPC_FAIL_FAST": "use_caller",
 }
 _DEFAULTS = {
-    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "TF_CPP_MIN_LOG_LEVEL": "3",
 }
 
 

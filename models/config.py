@@ -1,0 +1,93 @@
+"""Model configuration: one ranking model, four named configurations.
+
+DLRM, DCN-v2, DeepFM and Wide & Deep are not four classes: they are values
+of :class:`ModelConfig` that pick the interaction and whether a wide
+(first-order) part is added. ``MODEL_PRESETS`` is the only name -> config
+mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+INTERACTIONS = ("dot", "cross", "fm", "concat")
+
+
+class ModelConfigError(ValueError):
+    """A model configuration value is invalid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of :class:`models.ranking.RankingModel`.
+
+    Attributes:
+      interaction: ``dot`` (DLRM pairwise dot products), ``cross`` (DCN-v2
+        cross network, ``tfrs.layers.dcn.Cross``), ``fm`` (factorization
+        machine second-order term, DeepFM) or ``concat`` (plain
+        concatenation, Wide & Deep's deep part).
+      bottom_mlp: hidden widths of the dense-feature MLP; for ``dot`` and
+        ``fm`` a final projection to the embedding width is added, since
+        dense and sparse vectors must share a width there. Empty: raw
+        transformed dense features go straight to the interaction.
+      top_mlp: hidden widths of the MLP above the interaction (a final
+        1-unit logit layer is always added).
+      cross_layers: number of cross layers (``cross``).
+      cross_low_rank: optional low-rank projection of the cross layers.
+      wide: add a first-order linear part (one weight per embedding row,
+        sharded like the tables, plus a linear term on dense features).
+    """
+
+    interaction: str = "cross"
+    bottom_mlp: tuple[int, ...] = ()
+    top_mlp: tuple[int, ...] = (256, 128)
+    cross_layers: int = 2
+    cross_low_rank: int | None = None
+    wide: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
+        object.__setattr__(self, "top_mlp", tuple(self.top_mlp))
+        if self.interaction not in INTERACTIONS:
+            raise ModelConfigError(
+                f"`interaction` = {self.interaction!r} is not one of "
+                f"{', '.join(map(repr, INTERACTIONS))}.")
+        for key in ("bottom_mlp", "top_mlp"):
+            widths = getattr(self, key)
+            if any(not isinstance(w, int) or w < 1 for w in widths):
+                raise ModelConfigError(
+                    f"`{key}` = {widths!r} must hold positive integers.")
+        if self.interaction == "cross" and self.cross_layers < 1:
+            raise ModelConfigError(
+                f"`cross_layers` = {self.cross_layers!r} must be >= 1 for the "
+                "cross interaction.")
+        if self.cross_low_rank is not None and self.cross_low_rank < 1:
+            raise ModelConfigError(
+                f"`cross_low_rank` = {self.cross_low_rank!r} must be >= 1 or "
+                "None.")
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "dlrm": ModelConfig(interaction="dot", bottom_mlp=(64,)),
+    "dcn": ModelConfig(interaction="cross"),
+    "deepfm": ModelConfig(interaction="fm", wide=True),
+    "wide_deep": ModelConfig(interaction="concat", wide=True),
+}
+
+
+def model_config(name: str, **overrides: object) -> ModelConfig:
+    """A named configuration, optionally with fields replaced.
+
+    Raises:
+      ModelConfigError: for an unknown name or field.
+    """
+    if name not in MODEL_PRESETS:
+        raise ModelConfigError(
+            f"`--model` = {name!r} is not one of "
+            f"{', '.join(MODEL_PRESETS)}.")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ModelConfigError(
+            f"unknown model option(s) {unknown}; allowed: {sorted(fields)}.")
+    return dataclasses.replace(MODEL_PRESETS[name], **overrides)

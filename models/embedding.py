@@ -1,0 +1,136 @@
+"""SparseArch: the embedding tables of a feature spec and their lookups.
+
+One variable per :class:`features.spec.TableConfig`, created inside
+``table_creation_scope`` so that, under ``ParameterServerStrategy``, it
+becomes a ``ShardedVariable`` split across the PS tasks. Every step looks up
+each table **once**: the ids of all features sharing the table are
+concatenated and de-duplicated (``tf.unique``) and passed to
+``tf.nn.embedding_lookup``, which gathers from each shard only the rows it
+owns. Nothing converts a table to a tensor, so a table is never read whole.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import tensorflow as tf
+import tf_keras
+
+from features.spec import FeatureSpec
+from features.spec import TableConfig
+from ps_cluster.partitioning import table_creation_scope
+
+WIDE_SUFFIX = "__wide"
+
+
+def _initializer(table: TableConfig) -> tf_keras.initializers.Initializer:
+    scale = table.scale if table.scale is not None else table.dim ** -0.5
+    if table.initializer == "uniform":
+        return tf_keras.initializers.RandomUniform(-scale, scale)
+    if table.initializer == "truncated_normal":
+        return tf_keras.initializers.TruncatedNormal(stddev=scale)
+    return tf_keras.initializers.Zeros()
+
+
+def table_variables(variable) -> list[tf.Variable]:
+    """The per-shard variables of a table (a plain variable is one shard).
+
+    ``GradientTape.gradient`` rejects a ``ShardedVariable``, so gradients are
+    taken with respect to these.
+    """
+    return list(getattr(variable, "variables", [variable]))
+
+
+def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
+    """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``.
+
+    Each distinct id is fetched once; ``embedding_lookup`` on a
+    ``ShardedVariable`` issues one gather per shard.
+    """
+    flat = tf.reshape(ids, [-1])
+    unique, index = tf.unique(flat, out_idx=tf.int32)
+    rows = tf.nn.embedding_lookup(table, unique)
+    gathered = tf.gather(rows, index)
+    return tf.reshape(gathered,
+                      tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
+
+
+class SparseArch(tf_keras.layers.Layer):
+    """Looks up every categorical feature of a spec.
+
+    Call with the batch dict (``feature name -> int64 ids``: ``[B]``, or
+    ``[B, L]`` padded with -1 for multi-hot features). Returns a list of
+    ``[B, dim]`` embeddings in spec order, and the wide (first-order) logit
+    ``[B]`` when ``wide`` is set (else None).
+
+    Args:
+      spec: the feature spec.
+      wide: also create a ``[rows, 1]`` first-order weight table per table.
+    """
+
+    def __init__(self, spec: FeatureSpec, wide: bool = False,
+                 **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.wide = wide
+        self.tables = {}
+        with table_creation_scope():
+            for table in spec.tables:
+                self.tables[table.name] = self.add_weight(
+                    name=table.name, shape=(table.rows, table.dim),
+                    initializer=_initializer(table), trainable=True)
+                if wide:
+                    name = table.name + WIDE_SUFFIX
+                    self.tables[name] = self.add_weight(
+                        name=name, shape=(table.rows, 1),
+                        initializer="zeros", trainable=True)
+        self._by_table = collections.defaultdict(list)
+        for feature in spec.categorical:
+            self._by_table[feature.table].append(feature)
+
+    def table_variables(self) -> list[tf.Variable]:
+        """All shard variables of all tables (sparse-optimizer variables)."""
+        return [v for t in self.tables.values() for v in table_variables(t)]
+
+    def _lookup_table(self, name: str, batch: dict[str, tf.Tensor]
+                      ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        features = self._by_table[name]
+        ids = [tf.reshape(batch[f.name], [-1]) for f in features]
+        sizes = [tf.size(i) for i in ids]
+        all_ids = tf.concat(ids, 0)
+        safe = tf.maximum(all_ids, 0)  # -1 padding; masked below
+        tables = [self.tables[name]]
+        if self.wide:
+            tables.append(self.tables[name + WIDE_SUFFIX])
+        outputs = []
+        for table in tables:
+            rows = tf.split(_lookup(table, safe), sizes, axis=0)
+            outputs.append({f.name: self._combine(f, batch[f.name], r)
+                            for f, r in zip(features, rows)})
+        return outputs[0], (outputs[1] if self.wide else {})
+
+    @staticmethod
+    def _combine(feature, ids: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        width = tf.shape(rows)[-1]
+        if not feature.multi_hot:
+            return rows
+        rows = tf.reshape(rows, [-1, feature.max_length, width])
+        mask = tf.cast(ids >= 0, rows.dtype)[:, :, None]
+        total = tf.reduce_sum(rows * mask, axis=1)
+        if feature.combiner == "sum":
+            return total
+        count = tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+        return total / count
+
+    def call(self, batch: dict[str, tf.Tensor]):
+        embeddings, wide = {}, {}
+        for name in self._by_table:
+            e, w = self._lookup_table(name, batch)
+            embeddings.update(e)
+            wide.update(w)
+        ordered = [embeddings[f.name] for f in self.spec.categorical]
+        if not self.wide:
+            return ordered, None
+        wide_logit = tf.add_n(
+            [tf.reshape(wide[f.name], [-1]) for f in self.spec.categorical])
+        return ordered, wide_logit

@@ -1,0 +1,105 @@
+"""Optimizers: a sparse-friendly one for tables, another for the dense part.
+
+Legacy tf_keras optimizers are used on purpose: under
+``ParameterServerStrategy`` the new optimizers' slots fail to restore into
+partitioned variables (tf-keras#838). Adagrad (default for tables) applies
+``IndexedSlices`` gradients as sparse updates on the PS that owns each row;
+Adam (default for the dense part) keeps its slots beside the dense weights.
+
+Learning rates are given at ``base_batch_size`` and scaled linearly to the
+actual batch size, with a linear warmup over ``warmup_steps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+import tf_keras
+
+SPARSE_OPTIMIZERS = ("adagrad", "sgd", "ftrl")
+DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimizers and learning-rate policy.
+
+    Attributes:
+      sparse: optimizer of the embedding tables.
+      dense: optimizer of the dense towers.
+      sparse_lr: table learning rate at ``base_batch_size``.
+      dense_lr: dense learning rate at ``base_batch_size``.
+      base_batch_size: the batch size the learning rates are given for.
+      warmup_steps: linear warmup from 0 over this many steps.
+    """
+
+    sparse: str = "adagrad"
+    dense: str = "adam"
+    sparse_lr: float = 0.05
+    dense_lr: float = 0.001
+    base_batch_size: int = 1024
+    warmup_steps: int = 100
+
+    def __post_init__(self) -> None:
+        if self.sparse not in SPARSE_OPTIMIZERS:
+            raise ValueError(f"`sparse_optimizer` = {self.sparse!r}; use one "
+                             f"of {', '.join(SPARSE_OPTIMIZERS)}.")
+        if self.dense not in DENSE_OPTIMIZERS:
+            raise ValueError(f"`dense_optimizer` = {self.dense!r}; use one of "
+                             f"{', '.join(DENSE_OPTIMIZERS)}.")
+        for key in ("sparse_lr", "dense_lr"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"`{key}` = {getattr(self, key)!r} must be "
+                                 "> 0.")
+        if self.base_batch_size < 1 or self.warmup_steps < 0:
+            raise ValueError("`base_batch_size` must be >= 1 and "
+                             "`warmup_steps` >= 0.")
+
+
+class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
+    """``lr * batch_size / base_batch_size``, ramped up linearly over
+    ``warmup_steps`` steps."""
+
+    def __init__(self, base_lr: float, batch_size: int, base_batch_size: int,
+                 warmup_steps: int) -> None:
+        self.base_lr = base_lr
+        self.batch_size = batch_size
+        self.base_batch_size = base_batch_size
+        self.warmup_steps = warmup_steps
+        self.peak = base_lr * batch_size / base_batch_size
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        if self.warmup_steps == 0:
+            return tf.constant(self.peak, tf.float32)
+        ramp = tf.minimum(1.0, (step + 1.0) / float(self.warmup_steps))
+        return self.peak * ramp
+
+    def get_config(self) -> dict:
+        return {"base_lr": self.base_lr, "batch_size": self.batch_size,
+                "base_batch_size": self.base_batch_size,
+                "warmup_steps": self.warmup_steps}
+
+
+def _make(name: str, lr) -> tf_keras.optimizers.legacy.Optimizer:
+    legacy = tf_keras.optimizers.legacy
+    if name == "adagrad":
+        return legacy.Adagrad(lr, initial_accumulator_value=0.1)
+    if name == "adam":
+        return legacy.Adam(lr)
+    if name == "ftrl":
+        return legacy.Ftrl(lr)
+    return legacy.SGD(lr)
+
+
+def build_optimizers(config: OptimizerConfig, batch_size: int
+                     ) -> tuple[tf_keras.optimizers.legacy.Optimizer,
+                                tf_keras.optimizers.legacy.Optimizer]:
+    """Returns ``(sparse_optimizer, dense_optimizer)``; build them under the
+    same strategy scope as the model."""
+    def schedule(lr: float) -> ScaledWarmup:
+        return ScaledWarmup(lr, batch_size, config.base_batch_size,
+                            config.warmup_steps)
+    return (_make(config.sparse, schedule(config.sparse_lr)),
+            _make(config.dense, schedule(config.dense_lr)))

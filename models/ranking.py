@@ -1,0 +1,115 @@
+"""RankingModel: embeddings -> bottom MLP -> interaction -> top MLP -> logit.
+
+One class for DLRM, DCN-v2, DeepFM and Wide & Deep; the
+:class:`models.config.ModelConfig` picks the interaction and the wide part.
+Parts are named by role, as in TorchRec: ``sparse_arch`` (PS-sharded
+tables), ``dense_arch`` (bottom MLP on transformed dense features),
+``interaction_arch`` and ``over_arch`` (top MLP).
+
+The model takes the batch dict produced by ``data.records.decode_blocks``
+(raw dense matrix + categorical row ids) and returns logits ``[B]``; the
+dense transforms of the spec are applied inside, so the exported model can
+take raw values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from features.spec import DENSE_COLUMN
+from features.spec import FeatureSpec
+from features.transforms import transform_dense
+from models.blocks import MLP
+from models.config import ModelConfig
+from models.embedding import SparseArch
+from models.interaction import make_interaction
+
+
+class RankingModel(tf_keras.Model):
+    """A CTR ranking model built from a feature spec.
+
+    Args:
+      spec: the feature spec (tables, dense and categorical features).
+      config: the architecture.
+    """
+
+    def __init__(self, spec: FeatureSpec, config: ModelConfig,
+                 **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.config = config
+        dims = {t.dim for t in spec.tables}
+        needs_common_width = config.interaction in ("dot", "fm")
+        if needs_common_width and len(dims) > 1:
+            raise ValueError(
+                f"interaction {config.interaction!r} needs every table to "
+                f"have the same `dim`; the spec has dims {sorted(dims)}. Use "
+                "the cross or concat interaction, or equal dims.")
+        projection = dims.pop() if needs_common_width else None
+        if needs_common_width and not spec.dense:
+            raise ValueError(
+                f"interaction {config.interaction!r} needs dense features.")
+        self.sparse_arch = SparseArch(spec, wide=config.wide,
+                                      name="sparse_arch")
+        self.dense_arch = MLP(config.bottom_mlp, output_units=projection,
+                              name="dense_arch")
+        self.interaction_arch = make_interaction(config)
+        self.over_arch = MLP(config.top_mlp, output_units=1, name="over_arch")
+        self.wide_dense = (tf_keras.layers.Dense(1, name="wide_dense")
+                           if config.wide and spec.dense else None)
+
+    def call(self, batch: dict[str, tf.Tensor], training: bool = False):
+        embeddings, wide_logit = self.sparse_arch(batch)
+        if self.spec.dense:
+            dense = transform_dense(batch[DENSE_COLUMN], self.spec)
+        else:
+            dense = tf.zeros([tf.shape(embeddings[0])[0], 0])
+        dense_out = self.dense_arch(dense)
+        features, extra = self.interaction_arch(dense_out, embeddings)
+        logit = tf.reshape(self.over_arch(features), [-1])
+        if extra is not None:
+            logit += extra
+        if wide_logit is not None:
+            logit += wide_logit
+        if self.wide_dense is not None:
+            logit += tf.reshape(self.wide_dense(dense), [-1])
+        return logit
+
+    def embedding_variables(self) -> list[tf.Variable]:
+        """Shard variables of every table: trained by the sparse optimizer."""
+        return self.sparse_arch.table_variables()
+
+    def dense_variables(self) -> list[tf.Variable]:
+        """Every other trainable variable: trained by the dense optimizer."""
+        tables = {id(v) for v in self.embedding_variables()}
+        return [v for v in self.trainable_variables if id(v) not in tables]
+
+
+def example_batch(spec: FeatureSpec, rows: int = 2) -> dict[str, tf.Tensor]:
+    """A batch of zeros with the model's input structure (to build it)."""
+    batch = {}
+    if spec.dense:
+        batch[DENSE_COLUMN] = tf.zeros([rows, len(spec.dense)])
+    for feature in spec.categorical:
+        shape = [rows, feature.max_length] if feature.multi_hot else [rows]
+        batch[feature.name] = tf.fill(shape, tf.constant(
+            feature.row_offset, tf.int64))
+    return batch
+
+
+def build_model(spec: FeatureSpec, config: ModelConfig) -> RankingModel:
+    """Creates the model and all its variables (call under a strategy scope
+    so that tables are sharded across PS tasks)."""
+    model = RankingModel(spec, config, name="ranking")
+    model(example_batch(spec), training=False)
+    return model
+
+
+def count_parameters(model: RankingModel) -> dict[str, int]:
+    return {
+        "embedding": int(sum(np.prod(v.shape) for v in
+                             model.embedding_variables())),
+        "dense": int(sum(np.prod(v.shape) for v in model.dense_variables())),
+    }

@@ -1,0 +1,89 @@
+"""Variable partitioners that shard embedding tables, and only them.
+
+``ParameterServerStrategy`` calls its ``variable_partitioner`` for every
+variable created in its scope. psrec wants the giant embedding tables split
+across all PS tasks, but the small dense-tower weights whole (a sharded
+dense kernel is concatenated back on every step). :class:`TablePartitioner`
+applies the configured policy inside :func:`table_creation_scope` and keeps
+every other variable in one piece.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Iterator
+
+import tensorflow as tf
+
+PARTITIONER_KINDS = ("min-size", "fixed", "max-size")
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def table_creation_scope() -> Iterator[None]:
+    """Variables created inside this scope are embedding tables."""
+    previous = getattr(_STATE, "tables", False)
+    _STATE.tables = True
+    try:
+        yield
+    finally:
+        _STATE.tables = previous
+
+
+def _creating_table() -> bool:
+    return getattr(_STATE, "tables", False)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionConfig:
+    """How embedding tables are split across PS tasks.
+
+    Attributes:
+      kind: ``min-size`` (as many shards as PS tasks, but no shard smaller
+        than ``min_shard_bytes``), ``fixed`` (exactly ``shards`` shards,
+        default: one per PS task) or ``max-size`` (enough shards that none
+        exceeds ``max_shard_bytes``, capped at ``shards``/PS count).
+      min_shard_bytes: for ``min-size``.
+      max_shard_bytes: for ``max-size``.
+      shards: shard count for ``fixed``, and the cap for the others;
+        defaults to the number of PS tasks.
+    """
+
+    kind: str = "min-size"
+    min_shard_bytes: int = 256 << 10
+    max_shard_bytes: int = 64 << 20
+    shards: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in PARTITIONER_KINDS:
+            raise ValueError(
+                f"`partitioner` = {self.kind!r} is not one of "
+                f"{', '.join(PARTITIONER_KINDS)}.")
+        if self.shards is not None and self.shards < 1:
+            raise ValueError(f"`shards` = {self.shards!r} must be >= 1.")
+
+
+class TablePartitioner(tf.distribute.experimental.partitioners.Partitioner):
+    """Shards tables per a :class:`PartitionConfig`; other variables whole."""
+
+    def __init__(self, config: PartitionConfig, num_ps: int) -> None:
+        if num_ps < 1:
+            raise ValueError(f"`num_ps` = {num_ps} must be >= 1.")
+        cap = config.shards or num_ps
+        partitioners = tf.distribute.experimental.partitioners
+        if config.kind == "fixed":
+            self._inner = partitioners.FixedShardsPartitioner(cap)
+        elif config.kind == "min-size":
+            self._inner = partitioners.MinSizePartitioner(
+                min_shard_bytes=config.min_shard_bytes, max_shards=cap)
+        else:
+            self._inner = partitioners.MaxSizePartitioner(
+                max_shard_bytes=config.max_shard_bytes, max_shards=cap)
+
+    def __call__(self, shape: tf.TensorShape, dtype: tf.DType,
+                 axis: int = 0) -> list[int]:
+        if not _creating_table():
+            return [1] * len(shape)
+        return self._inner(shape, dtype, axis)

@@ -1,0 +1,76 @@
+"""Starting one TensorFlow gRPC server for a PS or worker task."""
+
+from __future__ import annotations
+
+import socket
+
+import tensorflow as tf
+
+from ps_cluster.spec import ClusterSpec
+from ps_cluster.spec import TaskInfo
+
+SERVER_JOBS = ("ps", "worker")
+
+
+def server_config(cluster: ClusterSpec, task_type: str) -> tf.compat.v1.ConfigProto:
+    """The session config of a role.
+
+    Workers: ``inter_op_parallelism_threads`` >= workers + 1. With fewer
+    threads the first closure that touches a PS variable can hang for
+    minutes on a 2-core machine (measured here; TF's own in-process test
+    helper sets the same bound, b/172296720). PS tasks: no GPU, since they
+    only store and update variables.
+    """
+    config = tf.compat.v1.ConfigProto()
+    if task_type == "worker":
+        config.inter_op_parallelism_threads = max(
+            cluster.num_workers + 1, config.inter_op_parallelism_threads)
+    else:
+        config.device_count["GPU"] = 0
+    return config
+
+
+def start_server(cluster: ClusterSpec, task: TaskInfo) -> tf.distribute.Server:
+    """Starts the gRPC server of ``task`` (it serves until the process ends).
+
+    Raises:
+      ValueError: if the task is not a PS or worker task of the cluster.
+    """
+    if task.type not in SERVER_JOBS:
+        raise ValueError(
+            f"task type {task.type!r} does not run a server; `psrec server` "
+            f"runs {' or '.join(SERVER_JOBS)} tasks (the coordinator runs "
+            "`psrec train`).")
+    tasks = cluster.jobs.get(task.type, ())
+    if not 0 <= task.index < len(tasks):
+        raise ValueError(
+            f"task index {task.index} is out of range for job {task.type!r} "
+            f"with {len(tasks)} task(s).")
+    return tf.distribute.Server(
+        tf.train.ClusterSpec(cluster.to_tf_cluster_dict()),
+        job_name=task.type, task_index=task.index, protocol="grpc",
+        config=server_config(cluster, task.type), start=True)
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held until all are
+    chosen so they differ)."""
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
+def loopback_cluster(num_workers: int, num_ps: int) -> ClusterSpec:
+    """A cluster spec of free ports on 127.0.0.1 (the local default)."""
+    ports = free_loopback_ports(num_workers + num_ps)
+    return ClusterSpec.build(
+        ps=[f"127.0.0.1:{p}" for p in ports[num_workers:]],
+        workers=[f"127.0.0.1:{p}" for p in ports[:num_workers]])

@@ -1,0 +1,198 @@
+"""PSTrainer: model, optimizers, checkpoints and the loop on a PS cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Callable
+
+import tensorflow as tf
+
+from data.dataset import InputConfig
+from data.dataset import make_train_dataset_fn
+from data.manifest import Manifest
+from features.spec import FeatureSpec
+from models.config import ModelConfig
+from models.optim import OptimizerConfig
+from models.optim import build_optimizers
+from models.ranking import RankingModel
+from models.ranking import build_model
+from ps_cluster.checkpoint import CheckpointKeeper
+from ps_cluster.checkpoint import Progress
+from ps_cluster.metrics import EvalResult
+from ps_cluster.partitioning import PartitionConfig
+from ps_cluster.spec import ClusterSpec
+from ps_cluster.strategy import build_coordinator
+from ps_cluster.strategy import build_strategy
+from ps_cluster.train_loop import ClosureLoop
+from ps_cluster.train_loop import LoopConfig
+from ps_cluster.train_loop import evaluate
+from ps_cluster.train_loop import make_eval_closure
+from ps_cluster.train_loop import make_train_closure
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """Outcome of :meth:`PSTrainer.train`."""
+
+    start_step: int
+    step: int
+    executed_steps: int
+    examples: int
+    seconds: float
+    final_loss: float
+    eval: EvalResult | None
+    checkpoint: str | None
+
+    @property
+    def examples_per_sec(self) -> float:
+        return self.examples / self.seconds if self.seconds else 0.0
+
+
+def create_optimizer_slots(optimizer, variables: list[tf.Variable]) -> None:
+    """Creates an optimizer's slots now (under the strategy scope), so that a
+    restore fills them before training instead of deferring silently."""
+    optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+
+
+class PSTrainer:
+    """Trains a ranking model on a parameter-server cluster.
+
+    Args:
+      cluster: the PS/worker cluster (servers already running).
+      spec: the feature spec.
+      model_config: the architecture.
+      optimizer_config: optimizers and learning rates.
+      input_config: batch size and shuffling.
+      partition: how tables are sharded across PS tasks.
+      checkpoint_dir: where the coordinator writes checkpoints (None: none).
+    """
+
+    def __init__(self, cluster: ClusterSpec, spec: FeatureSpec,
+                 model_config: ModelConfig,
+                 optimizer_config: OptimizerConfig = OptimizerConfig(),
+                 input_config: InputConfig = InputConfig(),
+                 partition: PartitionConfig = PartitionConfig(),
+                 checkpoint_dir: str | Path | None = None) -> None:
+        self.cluster = cluster
+        self.spec = spec
+        self.input_config = input_config
+        self.strategy = build_strategy(cluster, partition)
+        self.coordinator = build_coordinator(self.strategy)
+        with self.strategy.scope():
+            self.model: RankingModel = build_model(spec, model_config)
+            self.sparse_optimizer, self.dense_optimizer = build_optimizers(
+                optimizer_config, input_config.batch_size)
+            create_optimizer_slots(self.sparse_optimizer,
+                                   self.model.embedding_variables())
+            create_optimizer_slots(self.dense_optimizer,
+                                   self.model.dense_variables())
+        self.progress = Progress()  # on the coordinator, outside the scope
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.model, sparse_optimizer=self.sparse_optimizer,
+            dense_optimizer=self.dense_optimizer, progress=self.progress)
+        self.keeper = None
+        if checkpoint_dir is not None:
+            self.keeper = CheckpointKeeper(
+                checkpoint_dir, self.checkpoint,
+                optimizers={"sparse_optimizer": self.sparse_optimizer,
+                            "dense_optimizer": self.dense_optimizer},
+                tables=table_checkpoint_keys(self.model))
+
+    @property
+    def executed_steps(self) -> int:
+        """Optimizer updates actually applied (>= scheduled steps when a
+        closure was re-run after a worker loss: at-least-once)."""
+        return int(self.dense_optimizer.iterations.numpy())
+
+    def restore(self) -> str | None:
+        """Restores the latest checkpoint (verified); returns its path."""
+        if self.keeper is None:
+            return None
+        path = self.keeper.restore()
+        if path is not None:
+            self.progress.resumes.assign_add(1)
+        return path
+
+    def save(self) -> str | None:
+        if self.keeper is None:
+            return None
+        return self.keeper.save(int(self.progress.step.numpy()))
+
+    def evaluate(self, manifest: Manifest, batch_size: int | None = None
+                 ) -> EvalResult:
+        closure = make_eval_closure(self.model, self.spec,
+                                    batch_size or self.input_config.batch_size,
+                                    manifest.block_rows)
+        return evaluate(self.coordinator, closure, manifest.files("eval"))
+
+    def train(self, manifest: Manifest, loop: LoopConfig,
+              on_progress: Callable[[int, float, int], None] | None = None,
+              on_boundary: Callable[[int, EvalResult | None], None] | None = None
+              ) -> TrainResult:
+        """Trains from the current progress step up to ``loop.steps``.
+
+        Args:
+          manifest: converted data (train split; eval split for evaluation).
+          loop: scheduling configuration.
+          on_progress: ``(step, loss, examples)`` per finished closure.
+          on_boundary: ``(step, eval result or None)`` at each boundary.
+        """
+        seed_offset = int(self.progress.resumes.numpy())
+        input_config = dataclasses.replace(
+            self.input_config, seed=self.input_config.seed + 7919 * seed_offset)
+        dataset_fn = make_train_dataset_fn(manifest, self.spec, input_config)
+        closures = ClosureLoop(
+            self.coordinator,
+            lambda steps: make_train_closure(
+                self.strategy, self.model, self.sparse_optimizer,
+                self.dense_optimizer, self.spec, steps),
+            dataset_fn, self.cluster.num_workers, loop)
+        start = int(self.progress.step.numpy())
+        step, examples, last_loss = start, 0, float("nan")
+        began = time.perf_counter()
+        eval_result, path = None, None
+        has_eval = bool(manifest.files("eval"))
+
+        def on_result(at: int, loss_sum: float, count: int) -> None:
+            nonlocal examples, last_loss
+            examples += count
+            steps = max(1, count // max(1, self.input_config.batch_size))
+            last_loss = loss_sum / steps
+            self.progress.step.assign(at)
+            self.progress.examples.assign_add(count)
+            if on_progress is not None:
+                on_progress(at, last_loss, count)
+
+        while step < loop.steps:
+            target = _next_boundary(step, loop)
+            step = closures.run(step, target, on_result)
+            eval_result = None
+            if has_eval and (step >= loop.steps or (
+                    loop.eval_every and step % loop.eval_every == 0)):
+                eval_result = self.evaluate(manifest)
+            if step >= loop.steps or (loop.checkpoint_every and
+                                      step % loop.checkpoint_every == 0):
+                path = self.save()
+            if on_boundary is not None:
+                on_boundary(step, eval_result)
+        return TrainResult(
+            start_step=start, step=step, executed_steps=self.executed_steps,
+            examples=examples, seconds=time.perf_counter() - began,
+            final_loss=last_loss, eval=eval_result, checkpoint=path)
+
+
+def _next_boundary(step: int, loop: LoopConfig) -> int:
+    """The next step at which to join: eval, checkpoint or the end."""
+    candidates = [loop.steps]
+    for every in (loop.eval_every, loop.checkpoint_every):
+        if every:
+            candidates.append((step // every + 1) * every)
+    return min(c for c in candidates if c > step)
+
+
+def table_checkpoint_keys(model: RankingModel) -> dict[str, object]:
+    """Checkpoint key prefix of every table variable -> the variable."""
+    return {f"model/sparse_arch/{name}": variable
+            for name, variable in model.sparse_arch.tables.items()}

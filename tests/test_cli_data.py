@@ -1,0 +1,204 @@
+"""Tests of the data side of the ``psrec`` CLI, called in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data.manifest import MANIFEST_NAME
+from data.manifest import Manifest
+from data.synthetic import synthetic_table
+from data.synthetic import write_synthetic_parquet
+from features import FeatureSpec
+from features import criteo
+from features import movielens
+from launch.cli import main
+
+SPEC = criteo(buckets=1000)
+
+
+def _spec_file(tmp_path: Path) -> str:
+    return str(SPEC.save(tmp_path / "criteo-1000.yaml"))
+
+
+def test_help_lists_the_data_and_cluster_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("ingest", "convert", "audit-shards", "tf-config", "spec",
+                    "synth"):
+        assert command in out, command
+
+
+def test_convert_help_shows_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--spec", "--shards", "--eval-fraction", "--block-rows",
+                   "--max-bad-fraction"):
+        assert option in out
+
+
+@pytest.mark.parametrize("preset, build", [("criteo", criteo),
+                                           ("movielens", movielens)])
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_spec_command_writes_a_loadable_preset(tmp_path, capsys, preset,
+                                               build, suffix):
+    out = tmp_path / f"x{suffix}"
+    assert main(["spec", preset, "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    loaded = FeatureSpec.load(out)
+    assert loaded == build()
+    assert loaded.fingerprint() == build().fingerprint()
+
+
+def test_spec_command_prints_yaml_and_rejects_unknown_spec(capsys):
+    assert main(["spec", "criteo"]) == 0
+    out = capsys.readouterr().out
+    assert "name: criteo" in out and "C26" in out
+    assert main(["spec", "no-such-preset"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-preset" in err and "criteo" in err and "movielens" in err
+
+
+def test_convert_with_missing_column_exits_2_naming_file_and_column(
+        tmp_path, capsys):
+    path = tmp_path / "no_c3.parquet"
+    pq.write_table(synthetic_table(SPEC, 200).drop_columns(["C3"]), path)
+    code = main(["convert", str(path), "--spec", _spec_file(tmp_path),
+                 "--out", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "'C3'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_with_missing_input_file_exits_2(tmp_path, capsys):
+    missing = tmp_path / "nope.parquet"
+    code = main(["convert", str(missing), "--spec", "criteo", "--out",
+                 str(tmp_path / "out")])
+    assert code == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_convert_with_too_many_bad_rows_exits_1(tmp_path, capsys):
+    table = synthetic_table(SPEC, 2000)
+    label = table.column("label").to_numpy().copy()
+    label[::100] = 2  # 1% bad rows > default --max-bad-fraction 0.001
+    table = table.set_column(0, "label", pa.array(label))
+    path = tmp_path / "bad.parquet"
+    pq.write_table(table, path)
+    out = tmp_path / "out"
+    args = ["convert", str(path), "--spec", _spec_file(tmp_path), "--out",
+            str(out), "--shards", "2"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "20 of 2000 rows" in err and "label 'label' = 2 is not 0/1" in err
+    assert not (out / MANIFEST_NAME).exists()
+    assert not list(out.glob("*.tfrecord*"))
+    # Raising the limit lets the same data through, minus the bad rows.
+    assert main(args + ["--max-bad-fraction", "0.02"]) == 0
+    assert "bad rows: 20" in capsys.readouterr().out
+    assert Manifest.load(out).rows("train") == 1980
+
+
+@pytest.fixture
+def converted_six(tmp_path, capsys) -> tuple[Path, str]:
+    """psrec synth + psrec convert --shards 6; returns (out dir, spec file)."""
+    spec_file = _spec_file(tmp_path)
+    assert main(["synth", "--spec", spec_file, "--rows", "3000", "--files",
+                 "2", "--out", str(tmp_path / "parquet")]) == 0
+    inputs = capsys.readouterr().out.split()
+    assert len(inputs) == 2
+    out = tmp_path / "out"
+    assert main(["convert", *inputs, "--spec", spec_file, "--out", str(out),
+                 "--shards", "6", "--block-rows", "50",
+                 "--eval-fraction", "0.1"]) == 0
+    summary = capsys.readouterr().out
+    assert "wrote train 2700, eval 300" in summary
+    assert str(out / MANIFEST_NAME) in summary
+    return out, spec_file
+
+
+def test_audit_shards_over_three_pipelines_exits_0(converted_six, capsys):
+    out, spec_file = converted_six
+    code = main(["audit-shards", str(out / MANIFEST_NAME), "--pipelines", "3",
+                 "--spec", spec_file])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "overlap: 0" in text
+    assert "coverage: 2700/2700 = 100.00%" in text
+    counts = [int(line.split(":")[1].split()[0]) for line in text.splitlines()
+              if line.strip().startswith("pipeline ")]
+    assert len(counts) == 3 and sum(counts) == 2700
+    assert "result: OK" in text
+
+
+def test_audit_shards_with_too_few_shards_exits_2(converted_six, capsys):
+    out, spec_file = converted_six
+    code = main(["audit-shards", str(out), "--pipelines", "12", "--spec",
+                 spec_file])
+    assert code == 2
+    assert "--shards 12" in capsys.readouterr().err
+
+
+def test_audit_shards_needs_spec_for_non_preset(converted_six, capsys):
+    out, _ = converted_six
+    assert main(["audit-shards", str(out), "--pipelines", "3"]) == 2
+    assert "--spec" in capsys.readouterr().err
+
+
+def test_audit_shards_on_corrupted_shard_exits_1_naming_file(
+        converted_six, capsys):
+    out, spec_file = converted_six
+    victim = Path(Manifest.load(out).files("train")[3])
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    code = main(["audit-shards", str(out), "--pipelines", "3", "--spec",
+                 spec_file])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert str(victim) in err and "corrupted" in err
+
+
+def test_audit_shards_on_truncated_shard_exits_1_naming_file(
+        converted_six, capsys):
+    out, spec_file = converted_six
+    victim = Path(Manifest.load(out).files("train")[0])
+    victim.write_bytes(victim.read_bytes()[:-37])
+    code = main(["audit-shards", str(out), "--pipelines", "2", "--spec",
+                 spec_file])
+    assert code == 1
+    assert str(victim) in capsys.readouterr().err
+
+
+def test_audit_shards_without_manifest_exits_2(tmp_path, capsys):
+    assert main(["audit-shards", str(tmp_path), "--pipelines", "1"]) == 2
+    assert "no manifest" in capsys.readouterr().err
+
+
+def test_synth_command_is_seeded(tmp_path, capsys):
+    for name in ("a", "b"):
+        assert main(["synth", "--spec", "movielens", "--rows", "500",
+                     "--files", "1", "--seed", "9", "--out",
+                     str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    first = pq.read_table(next((tmp_path / "a").glob("*.parquet")))
+    second = pq.read_table(next((tmp_path / "b").glob("*.parquet")))
+    assert first.num_rows == 500 and first.equals(second)
+    np.testing.assert_array_equal(
+        first.column("user_id").to_numpy(),
+        _library_user_ids(tmp_path / "c"))
+
+
+def _library_user_ids(folder: Path) -> np.ndarray:
+    """The library call behind ``psrec synth`` gives the same rows."""
+    [path] = write_synthetic_parquet(movielens(), folder, 500, files=1, seed=9)
+    return pq.read_table(path).column("user_id").to_numpy()
