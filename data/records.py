@@ -9,9 +9,9 @@ A block record has these features (all ``bytes_list`` with one value, except
 ``__rows__``):
 
 * ``__rows__``: int64, the number of rows ``n`` in the block;
-* ``__id__``: n int64 example ids (unique over a conversion);
+* ``psrec__id``: n int64 example ids (unique over a conversion);
 * the label column: n float32 (0/1);
-* ``__dense__``: n x D float32 raw dense values, row-major, spec order;
+* ``psrec__dense``: n x D float32 raw dense values, row-major, spec order;
 * each categorical column: n int64 row ids, or n x L for a multi-hot
   feature (padded with -1).
 """
@@ -81,7 +81,7 @@ def decode_blocks(serialized: tf.Tensor,
       spec: the feature spec the blocks were written with.
 
     Returns:
-      ``{"__id__": [n] int64, label: [n] float32, "__dense__": [n, D]
+      ``{"psrec__id": [n] int64, label: [n] float32, "psrec__dense": [n, D]
       float32, categorical: [n] or [n, L] int64}`` where ``n`` is the total
       number of rows of the k blocks, in order.
     """

@@ -38,8 +38,8 @@ CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 
 # Reserved names of the record columns psrec adds itself.
-ID_COLUMN = "__id__"
-DENSE_COLUMN = "__dense__"
+ID_COLUMN = "psrec__id"
+DENSE_COLUMN = "psrec__dense"
 RESERVED_NAMES = (ID_COLUMN, DENSE_COLUMN)
 
 

@@ -225,8 +225,10 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from data.manifest import ManifestError
     from features.spec import SpecError
     from ps_cluster.spec import ClusterSpecError
+    from models.config import ModelConfigError
     errors: list[type[BaseException]] = [
-        UsageError, IngestError, ManifestError, SpecError, ClusterSpecError]
+        UsageError, IngestError, ManifestError, SpecError, ClusterSpecError,
+        ModelConfigError, FileNotFoundError]
     if "data.convert" in sys.modules:
         from data.convert import SchemaError
         errors.append(SchemaError)
@@ -245,6 +247,12 @@ def _failures() -> tuple[type[BaseException], ...]:
     if "data.records" in sys.modules:
         from data.records import CorruptRecordError
         failures.append(CorruptRecordError)
+    if "ps_cluster.checkpoint" in sys.modules:
+        from ps_cluster.checkpoint import RestoreError
+        failures.append(RestoreError)
+    if "launch.local" in sys.modules:
+        from launch.local import RoleStartError
+        failures.append(RoleStartError)
     return tuple(failures)
 
 

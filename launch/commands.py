@@ -1,9 +1,230 @@
-"""Training-side ``psrec`` commands (train, server, eval, export, bench)."""
+"""Training-side ``psrec`` commands: train, server, eval, export, bench."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from launch.cli import UsageError
+
+EXIT_OK = 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
+    return value
+
+
+def _existing_cluster(args: argparse.Namespace):
+    """The cluster to coordinate, from --cluster or TF_CONFIG; None means
+    start a local one."""
+    from ps_cluster.spec import ClusterSpec
+    from ps_cluster.spec import REMOTE_WARNING
+    from ps_cluster.spec import TFConfig
+    if args.cluster:
+        data = json.loads(Path(args.cluster).read_text())
+        config = (TFConfig.from_dict(data) if "cluster" in data
+                  else TFConfig(ClusterSpec.from_dict(data), None))
+    else:
+        config = TFConfig.from_env()
+        if config is None:
+            return None
+        if not config.is_coordinator:
+            raise UsageError(
+                f"TF_CONFIG names this task {config.task.type}:"
+                f"{config.task.index}; run `psrec server` for PS/worker tasks "
+                "and `psrec train` on the chief/coordinator only.")
+    config.validate(strategy="ps", allow_remote=args.allow_remote)
+    if not config.cluster.is_loopback():
+        print(f"psrec: warning: {REMOTE_WARNING}", file=sys.stderr)
+    return config.cluster
+
+
+def _job_config(args: argparse.Namespace):
+    from data.dataset import InputConfig
+    from features.presets import resolve_spec
+    from launch.job import JobConfig
+    from launch.job import SyntheticData
+    from models.config import model_config
+    from models.optim import OptimizerConfig
+    from ps_cluster.partitioning import PartitionConfig
+    from ps_cluster.train_loop import LoopConfig
+    overrides = {}
+    if args.cross_low_rank:
+        overrides["cross_low_rank"] = args.cross_low_rank
+    return JobConfig(
+        workdir=Path(args.workdir), spec=resolve_spec(args.spec),
+        model_name=args.model, model=model_config(args.model, **overrides),
+        optimizer=OptimizerConfig(
+            sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
+            base_batch_size=args.base_batch_size,
+            warmup_steps=args.warmup_steps),
+        input=InputConfig(batch_size=args.batch_size, seed=args.seed),
+        loop=LoopConfig(steps=args.steps,
+                        steps_per_closure=args.steps_per_closure,
+                        log_every=args.log_every, eval_every=args.eval_every,
+                        checkpoint_every=args.checkpoint_every),
+        partition=PartitionConfig(kind=args.partitioner,
+                                  shards=args.table_shards),
+        data=Path(args.data) if args.data else None,
+        synthetic=SyntheticData(rows=args.synthetic_rows, seed=args.seed),
+        workers=args.workers, ps=args.ps, export=not args.no_export)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from launch.job import run_job
+    cluster = _existing_cluster(args)
+    summary = run_job(_job_config(args), cluster)
+    print(summary.text())
+    return EXIT_OK
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    from ps_cluster.server import start_server
+    from ps_cluster.spec import ClusterSpec
+    from ps_cluster.spec import TaskInfo
+    from ps_cluster.spec import TFConfig
+    if args.cluster_json or args.cluster:
+        text = args.cluster_json or Path(args.cluster).read_text()
+        data = json.loads(text)
+        cluster = ClusterSpec.from_dict(data.get("cluster", data))
+        if args.role is None or args.index is None:
+            raise UsageError("give --role and --index with a cluster spec.")
+        task = TaskInfo(args.role, args.index)
+    else:
+        config = TFConfig.from_env()
+        if config is None or config.task is None:
+            raise UsageError(
+                "no task to run: set TF_CONFIG (see `psrec tf-config`) or give "
+                "--cluster FILE --role ps|worker --index N.")
+        cluster, task = config.cluster, config.task
+    cluster.validate(strategy="ps", allow_remote=args.allow_remote)
+    server = start_server(cluster, task)
+    print(f"psrec server: {task.type}:{task.index} serving "
+          f"{cluster.address_of(task)} (pid {os.getpid()})", flush=True)
+    server.join()
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from launch.exporting import export_checkpoint
+    print(export_checkpoint(args.checkpoint_dir, args.out))
+    return EXIT_OK
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from data.manifest import Manifest
+    from launch.exporting import evaluate_checkpoint
+    result = evaluate_checkpoint(args.checkpoint_dir, Manifest.load(args.data),
+                                 split=args.split)
+    print(result.summary())
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from launch.bench import BenchConfig
+    from launch.bench import run_bench
+    result = run_bench(BenchConfig(
+        model=args.model, workers=args.workers, ps=args.ps,
+        batch_size=args.batch_size, buckets=args.buckets, dim=args.dim,
+        steps=args.steps, steps_per_closure=args.steps_per_closure,
+        single_process=args.single_process))
+    if args.json:
+        print(json.dumps(result), flush=True)
+    else:
+        print("\n".join(f"{k}: {v}" for k, v in result.items()), flush=True)
+    # In-process gRPC servers cannot be shut down; leave without waiting.
+    sys.stdout.flush()
+    os._exit(EXIT_OK)
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-remote", action="store_true",
+                   help="permit non-loopback hosts; TF gRPC servers accept "
+                   "unauthenticated, unencrypted connections on all "
+                   "interfaces: isolated networks only")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers the training-side sub-commands."""
+    models = ("dlrm", "dcn", "deepfm", "wide_deep")
+
+    p = sub.add_parser("train", help="train on a local or existing PS cluster")
+    p.add_argument("--workdir", default="runs/default")
+    p.add_argument("--spec", default="criteo",
+                   help="preset (criteo, movielens) or spec file")
+    p.add_argument("--data", default=None,
+                   help="manifest of converted data (default: generate the "
+                   "embedded synthetic data)")
+    p.add_argument("--synthetic-rows", type=_positive, default=250_000)
+    p.add_argument("--model", choices=models, default="dcn")
+    p.add_argument("--cross-low-rank", type=_positive, default=None)
+    p.add_argument("--workers", type=_positive, default=2)
+    p.add_argument("--ps", type=_positive, default=1)
+    p.add_argument("--cluster", default=None,
+                   help="coordinate an existing cluster (JSON cluster spec or "
+                   "TF_CONFIG file); TF_CONFIG naming this task chief also "
+                   "does")
+    p.add_argument("--steps", type=_positive, default=600)
+    p.add_argument("--steps-per-closure", type=_positive, default=10)
+    p.add_argument("--batch-size", type=_positive, default=1024)
+    p.add_argument("--base-batch-size", type=_positive, default=1024)
+    p.add_argument("--sparse-lr", type=float, default=0.05)
+    p.add_argument("--dense-lr", type=float, default=0.001)
+    p.add_argument("--warmup-steps", type=_non_negative, default=100)
+    p.add_argument("--eval-every", type=_non_negative, default=0)
+    p.add_argument("--checkpoint-every", type=_non_negative, default=200)
+    p.add_argument("--log-every", type=_positive, default=50)
+    p.add_argument("--partitioner", choices=("min-size", "fixed", "max-size"),
+                   default="min-size")
+    p.add_argument("--table-shards", type=_positive, default=None,
+                   help="shards per table (default: one per PS task)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-export", action="store_true")
+    _add_cluster_flags(p)
+    p.set_defaults(run=_cmd_train)
+
+    p = sub.add_parser("server", help="run one PS or worker role (blocks)")
+    p.add_argument("--cluster", default=None, help="cluster spec JSON file")
+    p.add_argument("--cluster-json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=("ps", "worker"), default=None)
+    p.add_argument("--index", type=int, default=None)
+    _add_cluster_flags(p)
+    p.set_defaults(run=_cmd_server)
+
+    p = sub.add_parser("export", help="checkpoint dir -> serving SavedModel")
+    p.add_argument("checkpoint_dir")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_cmd_export)
+
+    p = sub.add_parser("eval", help="AUC/logloss of a checkpoint")
+    p.add_argument("checkpoint_dir")
+    p.add_argument("--data", required=True, help="manifest of converted data")
+    p.add_argument("--split", choices=("train", "eval"), default="eval")
+    p.set_defaults(run=_cmd_eval)
+
+    p = sub.add_parser("bench", help="training throughput (examples/s)")
+    p.add_argument("--model", choices=models, default="dcn")
+    p.add_argument("--workers", type=_positive, default=2)
+    p.add_argument("--ps", type=_positive, default=1)
+    p.add_argument("--batch-size", type=_positive, default=1024)
+    p.add_argument("--buckets", type=_positive, default=100_000)
+    p.add_argument("--dim", type=_positive, default=16)
+    p.add_argument("--steps", type=_positive, default=300)
+    p.add_argument("--steps-per-closure", type=_positive, default=10)
+    p.add_argument("--single-process", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=_cmd_bench)
+

@@ -14,6 +14,8 @@ take raw values.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -59,6 +61,10 @@ class RankingModel(tf_keras.Model):
         self.over_arch = MLP(config.top_mlp, output_units=1, name="over_arch")
         self.wide_dense = (tf_keras.layers.Dense(1, name="wide_dense")
                            if config.wide and spec.dense else None)
+
+    def get_config(self) -> dict:
+        return {"spec": self.spec.to_dict(),
+                "config": dataclasses.asdict(self.config)}
 
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
         embeddings, wide_logit = self.sparse_arch(batch)

@@ -71,8 +71,7 @@ def _tensor_keys(reader: tf.train.CheckpointReader) -> dict[str, list[int]]:
 
 
 def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
-                            prefixes: tuple[str, ...] | None = None
-                            ) -> list[str]:
+                            model_only: bool = False) -> list[str]:
     """Keys whose live value differs from ``path``, or that only one side has.
 
     Writes the live state to a temporary checkpoint and compares tensor by
@@ -80,12 +79,12 @@ def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
     slots) are saved as their full logical tensors.
 
     Args:
-      prefixes: compare only checkpoint keys starting with one of these
-        (e.g. ``("model/",)`` when restoring a model without optimizers).
+      model_only: compare only the model's own variables (not optimizer
+        slots, optimizers or progress), for a model restored alone.
     """
     def wanted(keys: dict) -> set[str]:
-        return {k for k in keys
-                if prefixes is None or k.startswith(prefixes)}
+        return {k for k in keys if not model_only or (
+            k.startswith("model/") and ".OPTIMIZER_SLOT" not in k)}
 
     saved = tf.train.load_checkpoint(path)
     tmp = tempfile.mkdtemp(prefix="psrec-verify-")
@@ -190,13 +189,13 @@ class CheckpointKeeper:
         if path is None:
             return None
         self.checkpoint.restore(path, options=io_options()).expect_partial()
-        prefixes = ("model/",) if model_only else None
-        bad = compare_with_checkpoint(self.checkpoint, path, prefixes)
+        bad = compare_with_checkpoint(self.checkpoint, path, model_only)
         if bad:
             still = _restore_resharded_slots(self.checkpoint, path, bad,
                                              self._optimizers, self._tables)
             if len(still) < len(bad):
-                still = compare_with_checkpoint(self.checkpoint, path, prefixes)
+                still = compare_with_checkpoint(self.checkpoint, path,
+                                                model_only)
             bad = still
         if bad:
             raise RestoreError(

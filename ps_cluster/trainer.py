@@ -9,6 +9,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from data.dataset import DatasetFn
 from data.dataset import InputConfig
 from data.dataset import make_train_dataset_fn
 from data.manifest import Manifest
@@ -127,22 +128,30 @@ class PSTrainer:
                                     manifest.block_rows)
         return evaluate(self.coordinator, closure, manifest.files("eval"))
 
-    def train(self, manifest: Manifest, loop: LoopConfig,
+    def dataset_fn(self, manifest: Manifest) -> DatasetFn:
+        """The training ``dataset_fn`` of ``manifest``; its shuffle seed is
+        offset by the number of resumes so a resumed run sees a new order."""
+        resumes = int(self.progress.resumes.numpy())
+        config = dataclasses.replace(
+            self.input_config, seed=self.input_config.seed + 7919 * resumes)
+        return make_train_dataset_fn(manifest, self.spec, config)
+
+    def train(self, dataset_fn: DatasetFn, loop: LoopConfig,
+              eval_manifest: Manifest | None = None,
               on_progress: Callable[[int, float, int], None] | None = None,
-              on_boundary: Callable[[int, EvalResult | None], None] | None = None
+              on_boundary: Callable[[int, EvalResult | None, str | None],
+                                    None] | None = None
               ) -> TrainResult:
         """Trains from the current progress step up to ``loop.steps``.
 
         Args:
-          manifest: converted data (train split; eval split for evaluation).
+          dataset_fn: per-worker training input (see :meth:`dataset_fn`).
           loop: scheduling configuration.
           on_progress: ``(step, loss, examples)`` per finished closure.
-          on_boundary: ``(step, eval result or None)`` at each boundary.
+          eval_manifest: evaluated at eval boundaries and at the end.
+          on_boundary: ``(step, eval result or None, checkpoint path or
+            None)`` at each join boundary.
         """
-        seed_offset = int(self.progress.resumes.numpy())
-        input_config = dataclasses.replace(
-            self.input_config, seed=self.input_config.seed + 7919 * seed_offset)
-        dataset_fn = make_train_dataset_fn(manifest, self.spec, input_config)
         closures = ClosureLoop(
             self.coordinator,
             lambda steps: make_train_closure(
@@ -153,7 +162,8 @@ class PSTrainer:
         step, examples, last_loss = start, 0, float("nan")
         began = time.perf_counter()
         eval_result, path = None, None
-        has_eval = bool(manifest.files("eval"))
+        has_eval = eval_manifest is not None and bool(
+            eval_manifest.files("eval"))
 
         def on_result(at: int, loss_sum: float, count: int) -> None:
             nonlocal examples, last_loss
@@ -171,12 +181,17 @@ class PSTrainer:
             eval_result = None
             if has_eval and (step >= loop.steps or (
                     loop.eval_every and step % loop.eval_every == 0)):
-                eval_result = self.evaluate(manifest)
+                eval_result = self.evaluate(eval_manifest)
+            saved = None
             if step >= loop.steps or (loop.checkpoint_every and
                                       step % loop.checkpoint_every == 0):
-                path = self.save()
+                saved = path = self.save()
             if on_boundary is not None:
-                on_boundary(step, eval_result)
+                on_boundary(step, eval_result, saved)
+        if start >= loop.steps and self.keeper is not None:  # already done
+            path = self.keeper.latest
+            if has_eval:
+                eval_result = self.evaluate(eval_manifest)
         return TrainResult(
             start_step=start, step=step, executed_steps=self.executed_steps,
             examples=examples, seconds=time.perf_counter() - began,

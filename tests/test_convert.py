@@ -361,6 +361,16 @@ def _write_big_criteo(path: Path, rows: int) -> None:
     pq.write_table(pa.concat_tables([chunk] * (rows // 50_000)), path)
 
 
+def _bytes_written(paths) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:  # renamed meanwhile: the run completed
+            pass
+    return total
+
+
 @pytest.mark.slow
 def test_killed_conversion_leaves_no_final_names_and_rerun_is_identical(
         tmp_path):
@@ -376,14 +386,14 @@ def test_killed_conversion_leaves_no_final_names_and_rerun_is_identical(
     command = [sys.executable, "-m", "launch", "convert", str(source),
                "--spec", str(spec_path), "--out", str(out), "--shards", "4",
                "--block-rows", "64"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+    log_path = tmp_path / "convert.log"
+    log = open(log_path, "wb")  # a file, not a pipe: the child never blocks
+    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline and process.poll() is None:
-            temporaries = list(out.glob(".train-*.tmp"))
             # Kill once rows are being written to the temporary shards.
-            if temporaries and any(p.stat().st_size > 0 for p in temporaries):
+            if _bytes_written(out.glob(".train-*.tmp")) > 0:
                 process.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.002)
@@ -392,14 +402,15 @@ def test_killed_conversion_leaves_no_final_names_and_rerun_is_identical(
             process.wait()
             pytest.fail(
                 "the conversion finished (or never started writing) before it "
-                f"could be killed; rc={process.returncode}, stderr: "
-                f"{process.stderr.read().decode()[-2000:]}; use more rows.")
+                f"could be killed; rc={process.returncode}, output: "
+                f"{log_path.read_text(errors='replace')[-2000:]}; use more "
+                "rows.")
         process.wait(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-        process.stderr.close()
+        log.close()
     assert process.returncode == -signal.SIGKILL
     assert list(out.glob(".train-*.tmp")), "it was killed mid-way"
     assert not (out / MANIFEST_NAME).exists()

@@ -1,0 +1,169 @@
+"""``psrec bench``: the measuring instrument.
+
+Workload (the same as ``shared/bench/tutorial_baseline.py``, so the two can
+be compared side by side in one run): 13 dense + 26 categorical features,
+each hashed into ``buckets`` rows of one shared table of width ``dim``;
+DCN-v2 with 2 cross layers + MLP 256-128-1; Adagrad; synthetic examples
+generated a whole batch at a time inside tf.data on each worker (no disk).
+The cluster is in-process like the baseline's; ``single_process`` runs the
+same model and step with no cluster at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import tensorflow as tf
+
+from features.presets import criteo
+from features.spec import DENSE_COLUMN
+from features.spec import ID_COLUMN
+from features.spec import FeatureSpec
+from models.config import ModelConfig
+from models.config import model_config
+from models.optim import OptimizerConfig
+from models.optim import build_optimizers
+from models.ranking import build_model
+from ps_cluster.in_process import in_process_cluster
+from ps_cluster.partitioning import PartitionConfig
+from ps_cluster.train_loop import LoopConfig
+from ps_cluster.train_loop import make_train_closure
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """Arguments of ``psrec bench`` (see the CLI help)."""
+
+    model: str = "dcn"
+    workers: int = 2
+    ps: int = 1
+    batch_size: int = 1024
+    buckets: int = 100_000
+    dim: int = 16
+    steps: int = 300
+    steps_per_closure: int = 10
+    single_process: bool = False
+
+
+def _synthetic_dataset_fn(spec: FeatureSpec, batch_size: int):
+    """Whole synthetic batches in the decoded-record format, per worker."""
+    buckets = spec.categorical[0].hash_buckets
+    offsets = tf.constant([f.row_offset for f in spec.categorical], tf.int64)
+    num_dense, num_sparse = len(spec.dense), len(spec.categorical)
+
+    def dataset_fn(context: tf.distribute.InputContext | None = None):
+        pipeline = tf.cast(context.input_pipeline_id if context else 0,
+                           tf.int64)
+
+        def batch(i):
+            seed = tf.stack([i, pipeline])
+            dense = tf.random.stateless_uniform([batch_size, num_dense],
+                                                seed=seed)
+            raw = tf.random.stateless_uniform(
+                [batch_size, num_sparse], seed=seed + 1, maxval=buckets,
+                dtype=tf.int64)
+            logit = (tf.reduce_sum(dense, 1) - 6.5 + tf.reduce_sum(
+                tf.cast(raw % 7 == 0, tf.float32), 1) - 3.7)
+            label = tf.cast(tf.random.stateless_uniform(
+                [batch_size], seed=seed + 2) < tf.sigmoid(logit), tf.float32)
+            ids = raw + offsets
+            out = {DENSE_COLUMN: dense, spec.label.name: label,
+                   ID_COLUMN: tf.zeros([batch_size], tf.int64)}
+            for j, feature in enumerate(spec.categorical):
+                out[feature.name] = ids[:, j]
+            return out
+
+        return tf.data.Dataset.range(2 ** 62).map(
+            batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+                tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def _workload(config: BenchConfig) -> tuple[FeatureSpec, ModelConfig,
+                                             OptimizerConfig]:
+    spec = criteo(buckets=config.buckets, dim=config.dim)
+    model = model_config(config.model)
+    optimizer = OptimizerConfig(sparse="adagrad", dense="adagrad",
+                                sparse_lr=0.05, dense_lr=0.05,
+                                base_batch_size=config.batch_size,
+                                warmup_steps=0)
+    return spec, model, optimizer
+
+
+def _result(config: BenchConfig, seconds: float, intervals: list[float],
+            loss: float) -> dict:
+    return {
+        "examples_per_sec": round(config.steps * config.batch_size / seconds,
+                                  1),
+        "step_time_ms_p50": round(
+            1000 * statistics.median(intervals) / config.steps_per_closure, 3),
+        "seconds": round(seconds, 3), "steps": config.steps,
+        "batch_size": config.batch_size, "model": config.model,
+        "workers": 0 if config.single_process else config.workers,
+        "ps": 0 if config.single_process else config.ps,
+        "steps_per_closure": config.steps_per_closure, "loss": loss,
+    }
+
+
+def _run_single_process(config: BenchConfig) -> dict:
+    spec, model_cfg, optimizer_cfg = _workload(config)
+    strategy = tf.distribute.get_strategy()
+    model = build_model(spec, model_cfg)
+    sparse, dense = build_optimizers(optimizer_cfg, config.batch_size)
+    closure = make_train_closure(strategy, model, sparse, dense, spec,
+                                 config.steps_per_closure)
+    iterator = iter(_synthetic_dataset_fn(spec, config.batch_size)(None))
+    closures = config.steps // config.steps_per_closure
+    for _ in range(max(5, closures // 5)):  # warm-up, as the baseline does
+        closure(iterator)
+    intervals, loss = [], float("nan")
+    began = last = time.perf_counter()
+    for _ in range(closures):
+        loss_sum, _ = closure(iterator)
+        loss = float(loss_sum) / config.steps_per_closure
+        now = time.perf_counter()
+        intervals.append(now - last)
+        last = now
+    return _result(config, time.perf_counter() - began, intervals, loss)
+
+
+def _run_cluster(config: BenchConfig) -> dict:
+    from ps_cluster.trainer import PSTrainer
+    from data.dataset import InputConfig
+    spec, model_cfg, optimizer_cfg = _workload(config)
+    cluster = in_process_cluster(config.workers, config.ps)
+    trainer = PSTrainer(cluster, spec, model_cfg, optimizer_cfg,
+                        InputConfig(batch_size=config.batch_size),
+                        PartitionConfig())
+    dataset_fn = _synthetic_dataset_fn(spec, config.batch_size)
+    warm = max(config.steps_per_closure * 5, config.steps // 5)
+    trainer.train(dataset_fn, LoopConfig(
+        steps=warm, steps_per_closure=config.steps_per_closure,
+        checkpoint_every=0))
+    completions: list[float] = []
+    losses: list[float] = []
+    trainer.progress.step.assign(0)
+    began = time.perf_counter()
+    trainer.train(dataset_fn, LoopConfig(
+        steps=config.steps, steps_per_closure=config.steps_per_closure,
+        checkpoint_every=0),
+        on_progress=lambda step, loss, n: (
+            completions.append(time.perf_counter()), losses.append(loss)))
+    seconds = time.perf_counter() - began
+    stamps = [began] + completions
+    intervals = [b - a for a, b in zip(stamps, stamps[1:])]
+    return _result(config, seconds, intervals, losses[-1])
+
+
+def run_bench(config: BenchConfig) -> dict:
+    """Runs the benchmark; returns the JSON-able result.
+
+    ``step_time_ms_p50`` is the median interval between finished closures
+    divided by the steps per closure: the cluster-wide time per step.
+    """
+    if config.single_process:
+        return _run_single_process(config)
+    return _run_cluster(config)

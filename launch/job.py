@@ -1,0 +1,256 @@
+"""The main job: data -> cluster -> train -> eval -> checkpoint -> export.
+
+``run_job`` is the typed function behind ``psrec train``; the CLI only
+builds a :class:`JobConfig`. With no data given it generates the embedded
+default data (synthetic Criteo-like rows from the spec) and converts it;
+with no cluster given it starts a :class:`launch.local.LocalCluster`.
+Everything that can be checked is checked before any server starts: the
+manifest (shards present, sizes, sha256, spec hash) and the shard count
+against the number of workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+from data.dataset import InputConfig
+from data.dataset import NotEnoughShardsError
+from data.manifest import Manifest
+from data.manifest import ManifestError
+from features.presets import criteo
+from features.spec import FeatureSpec
+from launch.jobfile import JobRecord
+from launch.local import LocalCluster
+from models.config import ModelConfig
+from models.config import model_config
+from models.optim import OptimizerConfig
+from ps_cluster.metrics import EvalResult
+from ps_cluster.partitioning import PartitionConfig
+from ps_cluster.spec import ClusterSpec
+from ps_cluster.train_loop import LoopConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticData:
+    """The embedded default data: rows generated from the spec.
+
+    Attributes:
+      rows: total rows (train + eval).
+      eval_fraction: the last share of rows used for evaluation.
+      files: Parquet files generated.
+      shards: TFRecord train shards (>= workers).
+      seed: generator seed.
+    """
+
+    rows: int = 250_000
+    eval_fraction: float = 0.2
+    files: int = 4
+    shards: int = 8
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """Everything ``psrec train`` needs.
+
+    Attributes:
+      workdir: holds data/, checkpoints/, export/, tensorboard/, logs/.
+      spec: the feature spec.
+      model_name: dlrm, dcn, deepfm or wide_deep.
+      model: the architecture (default: the named configuration).
+      optimizer: optimizers and learning rates.
+      input: batch size and shuffling.
+      loop: steps, steps per closure, eval/checkpoint intervals.
+      partition: how tables are sharded across PS tasks.
+      data: a manifest (file or folder); None generates synthetic data.
+      synthetic: the synthetic data to generate when ``data`` is None.
+      workers: local worker processes (ignored with an existing cluster).
+      ps: local PS processes (ignored with an existing cluster).
+      export: export a SavedModel at the end.
+      verify_checksums: recompute every shard's sha256 before starting.
+    """
+
+    workdir: Path = Path("runs/default")
+    spec: FeatureSpec = dataclasses.field(default_factory=criteo)
+    model_name: str = "dcn"
+    model: ModelConfig | None = None
+    optimizer: OptimizerConfig = OptimizerConfig()
+    input: InputConfig = InputConfig(batch_size=1024)
+    loop: LoopConfig = LoopConfig(steps=600, steps_per_closure=10,
+                                  log_every=50, eval_every=0,
+                                  checkpoint_every=200)
+    partition: PartitionConfig = PartitionConfig()
+    data: Path | None = None
+    synthetic: SyntheticData = SyntheticData()
+    workers: int = 2
+    ps: int = 1
+    export: bool = True
+    verify_checksums: bool = True
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.model or model_config(self.model_name)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.workdir) / "checkpoints"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSummary:
+    """What ``psrec train`` prints at the end."""
+
+    manifest: str
+    checkpoint: str | None
+    export: str | None
+    tensorboard: str
+    start_step: int
+    step: int
+    executed_steps: int
+    examples_per_sec: float
+    eval: EvalResult | None
+    seconds: float
+    cluster: dict
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["eval"] = dataclasses.asdict(self.eval) if self.eval else None
+        return data
+
+    def text(self) -> str:
+        lines = ["psrec train summary:"]
+        if self.eval is not None:
+            lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
+                         f"{self.eval.logloss:.4f}  on {self.eval.count} eval "
+                         "examples")
+        lines += [
+            f"  steps {self.start_step} -> {self.step} (optimizer updates "
+            f"executed: {self.executed_steps}), {self.examples_per_sec:,.0f} "
+            "examples/s",
+            f"  total time {self.seconds:.1f} s on "
+            f"{len(self.cluster.get('worker', []))} workers + "
+            f"{len(self.cluster.get('ps', []))} PS",
+            f"  data:        {self.manifest}",
+            f"  checkpoint:  {self.checkpoint}",
+            f"  export:      {self.export}",
+            f"  tensorboard: {self.tensorboard}",
+        ]
+        return "\n".join(lines)
+
+
+def prepare_data(config: JobConfig, log=print) -> Manifest:
+    """Returns the verified manifest; generates and converts the default
+    synthetic data when no data is given (reused when already converted
+    with the same spec, so a rerun resumes instead of regenerating)."""
+    if config.data is not None:
+        manifest = Manifest.load(config.data)
+    else:
+        root = Path(config.workdir) / "data"
+        try:
+            manifest = Manifest.load(root / "tfrecord")
+            if manifest.spec_hash != config.spec.fingerprint():
+                raise ManifestError("spec changed")
+        except ManifestError:
+            manifest = _generate(config, root, log)
+    manifest.verify(config.spec.fingerprint(),
+                    checksums=config.verify_checksums)
+    if len(manifest.files("train")) < config.workers:
+        raise NotEnoughShardsError(
+            f"{len(manifest.files('train'))} train shards cannot feed "
+            f"{config.workers} workers without overlap; convert with "
+            f"`--shards {config.workers}` or more.")
+    return manifest
+
+
+def _generate(config: JobConfig, root: Path, log) -> Manifest:
+    from data.convert import ConversionOptions
+    from data.convert import convert
+    from data.synthetic import write_synthetic_parquet
+    synthetic = config.synthetic
+    log(f"generating {synthetic.rows:,} synthetic rows for spec "
+        f"{config.spec.name!r} (embedded default data) ...")
+    files = write_synthetic_parquet(config.spec, root / "parquet",
+                                    synthetic.rows, files=synthetic.files,
+                                    seed=synthetic.seed)
+    report = convert(files, config.spec, root / "tfrecord", ConversionOptions(
+        shards=max(synthetic.shards, config.workers),
+        eval_fraction=synthetic.eval_fraction))
+    log(report.summary())
+    return report.manifest
+
+
+@contextlib.contextmanager
+def _cluster(config: JobConfig, cluster: ClusterSpec | None,
+             log) -> Iterator[ClusterSpec]:
+    if cluster is not None:
+        log(f"coordinating existing cluster: {cluster.to_tf_cluster_dict()}")
+        yield cluster
+        return
+    with LocalCluster(config.workers, config.ps,
+                      log_dir=Path(config.workdir) / "logs") as local:
+        log(f"local cluster: {config.workers} workers + {config.ps} PS on "
+            f"127.0.0.1 (pids {', '.join(map(str, local.pids()))})")
+        yield local.cluster
+
+
+def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
+            log=print) -> JobSummary:
+    """Runs the whole job; resumes from the latest checkpoint if any."""
+    began = time.perf_counter()
+    manifest = prepare_data(config, log)
+    workdir = Path(config.workdir)
+    record = JobRecord(spec=config.spec, model_name=config.model_name,
+                       model=config.model_config,
+                       batch_size=config.input.batch_size,
+                       manifest=str(manifest.root))
+    record.write(config.checkpoint_dir)
+    with _cluster(config, cluster, log) as live:
+        result = _train(config, live, manifest, log)
+    export_path = None
+    if config.export and result.checkpoint is not None:
+        from launch.exporting import export_checkpoint
+        export_path = str(export_checkpoint(config.checkpoint_dir,
+                                            workdir / "export"))
+    summary = JobSummary(
+        manifest=str(manifest.root / "manifest.json"),
+        checkpoint=result.checkpoint, export=export_path,
+        tensorboard=str(workdir / "tensorboard"),
+        start_step=result.start_step, step=result.step,
+        executed_steps=result.executed_steps,
+        examples_per_sec=result.examples_per_sec, eval=result.eval,
+        seconds=time.perf_counter() - began,
+        cluster=(cluster or live).to_tf_cluster_dict())
+    (workdir / "summary.json").write_text(
+        json.dumps(summary.to_dict(), indent=2) + "\n")
+    return summary
+
+
+def _train(config: JobConfig, cluster: ClusterSpec, manifest: Manifest, log):
+    from launch.progress import ProgressReporter
+    from ps_cluster.trainer import PSTrainer
+    trainer = PSTrainer(cluster, config.spec, config.model_config,
+                        config.optimizer, config.input, config.partition,
+                        checkpoint_dir=config.checkpoint_dir)
+    restored = trainer.restore()
+    if restored:
+        log(f"resumed from {restored} at step "
+            f"{int(trainer.progress.step.numpy())}")
+    start = int(trainer.progress.step.numpy())
+    reporter = ProgressReporter(
+        config.loop.steps, start, Path(config.workdir) / "tensorboard",
+        learning_rates={
+            "sparse": trainer.sparse_optimizer.learning_rate,
+            "dense": trainer.dense_optimizer.learning_rate},
+        log_every=config.loop.log_every)
+    try:
+        return trainer.train(trainer.dataset_fn(manifest), config.loop,
+                             eval_manifest=manifest,
+                             on_progress=reporter.update,
+                             on_boundary=reporter.boundary)
+    finally:
+        reporter.close()

@@ -1,0 +1,150 @@
+"""A local cluster: PS and worker roles as separate OS processes on loopback.
+
+``LocalCluster`` starts each role as ``python -m launch server ...`` bound to
+a free port on 127.0.0.1, waits until every port accepts connections (it
+polls the port and waits on the process between attempts -- no fixed
+sleeps -- and fails with the role's log tail if a role dies), and stops
+every process it started, by pid, when the ``with`` block exits for any
+reason. Each child also asks the kernel to kill it if the launcher dies
+(``PR_SET_PDEATHSIG``), so not even a SIGKILLed coordinator leaves servers
+behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from launch.runtime import role_environment
+from ps_cluster.server import loopback_cluster
+from ps_cluster.spec import ClusterSpec
+from ps_cluster.spec import TaskInfo
+
+_PR_SET_PDEATHSIG = 1
+
+
+class RoleStartError(RuntimeError):
+    """A role process exited or never listened."""
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(
+            _PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the launcher's own cleanup still applies
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalCluster:
+    """PS and worker processes on 127.0.0.1, stopped on exit.
+
+    Args:
+      num_workers: worker processes.
+      num_ps: PS processes.
+      log_dir: where each role writes ``<type>-<index>.log``.
+      start_timeout: seconds to wait for all ports to accept connections.
+    """
+
+    def __init__(self, num_workers: int = 2, num_ps: int = 1, *,
+                 log_dir: str | Path, start_timeout: float = 120.0) -> None:
+        if num_workers < 1 or num_ps < 1:
+            raise ValueError(
+                f"a PS cluster needs >= 1 worker and >= 1 PS (got "
+                f"--workers {num_workers} --ps {num_ps}).")
+        self.cluster: ClusterSpec = loopback_cluster(num_workers, num_ps)
+        self.log_dir = Path(log_dir)
+        self.start_timeout = start_timeout
+        self.processes: dict[TaskInfo, subprocess.Popen] = {}
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None,
+                 error: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for task in self.cluster.tasks():
+            if task.type in ("ps", "worker"):
+                self.start_task(task)
+        self.wait_ready()
+
+    def start_task(self, task: TaskInfo) -> subprocess.Popen:
+        """Starts (or restarts) one role process."""
+        env = role_environment()
+        if task.type == "ps":
+            env["CUDA_VISIBLE_DEVICES"] = ""  # PS tasks only hold variables
+        log = open(self.log_dir / f"{task.type}-{task.index}.log", "ab")
+        command = [sys.executable, "-m", "launch", "server",
+                   "--cluster-json", json.dumps(self.cluster.to_tf_cluster_dict()),
+                   "--role", task.type, "--index", str(task.index)]
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=env,
+                                   preexec_fn=_die_with_parent)
+        log.close()
+        self.processes[task] = process
+        return process
+
+    def wait_ready(self, tasks: list[TaskInfo] | None = None) -> None:
+        """Blocks until each task's port accepts a TCP connection."""
+        deadline = time.monotonic() + self.start_timeout
+        for task in tasks or list(self.processes):
+            host, port = self.cluster.address_of(task).rsplit(":", 1)
+            process = self.processes[task]
+            while True:
+                try:
+                    with socket.create_connection((host, int(port)), timeout=1):
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RoleStartError(
+                        f"{task.type}-{task.index} did not listen on "
+                        f"{host}:{port} within {self.start_timeout:.0f} s; log "
+                        f"tail:\n{_tail(self.log_dir / f'{task.type}-{task.index}.log')}")
+                try:  # wait on the process itself between attempts
+                    code = process.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    continue
+                raise RoleStartError(
+                    f"{task.type}-{task.index} exited with code {code} before "
+                    f"listening; log tail:\n"
+                    f"{_tail(self.log_dir / f'{task.type}-{task.index}.log')}")
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes.values()]
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Terminates every started process by pid; kills stragglers."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + grace
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

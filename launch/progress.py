@@ -1,0 +1,101 @@
+"""Progress display and TensorBoard scalars written by the coordinator."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import tensorflow as tf
+
+from ps_cluster.metrics import EvalResult
+
+
+class ProgressReporter:
+    """A one-line progress bar (step, loss, examples/s, ETA) on a terminal,
+    or one line per ``log_every`` steps when the output is a file, plus
+    TensorBoard scalars (loss, examples/s, learning rates, AUC, logloss).
+
+    Args:
+      total_steps: the step the run ends at.
+      start_step: the step the run starts (resumes) at.
+      log_dir: TensorBoard folder, or None for none.
+      learning_rates: ``{name: schedule}`` to log at each update.
+      log_every: steps between lines when not on a terminal.
+      stream: where to write (default stderr).
+    """
+
+    def __init__(self, total_steps: int, start_step: int = 0,
+                 log_dir: str | Path | None = None,
+                 learning_rates: dict | None = None, log_every: int = 100,
+                 stream: TextIO | None = None) -> None:
+        self.total = total_steps
+        self.start_step = start_step
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.log_every = log_every
+        self.learning_rates = learning_rates or {}
+        self.writer = (tf.summary.create_file_writer(str(log_dir))
+                       if log_dir is not None else None)
+        self._began = time.perf_counter()
+        self._examples = 0
+        self._last_draw = 0.0
+        self._last_logged_step = start_step
+        self.loss = float("nan")
+
+    def examples_per_sec(self) -> float:
+        elapsed = time.perf_counter() - self._began
+        return self._examples / elapsed if elapsed > 0 else 0.0
+
+    def update(self, step: int, loss: float, examples: int) -> None:
+        self._examples += examples
+        self.loss = loss
+        speed = self.examples_per_sec()
+        if self.writer is not None:
+            with self.writer.as_default(step=step):
+                tf.summary.scalar("train/loss", loss)
+                tf.summary.scalar("train/examples_per_sec", speed)
+                for name, schedule in self.learning_rates.items():
+                    tf.summary.scalar(f"train/learning_rate/{name}",
+                                      schedule(step))
+        now = time.perf_counter()
+        if self.tty and (now - self._last_draw > 0.2 or step >= self.total):
+            self._last_draw = now
+            self.stream.write("\r" + self._line(step, loss, speed))
+            self.stream.flush()
+        elif not self.tty and (step - self._last_logged_step >= self.log_every
+                               or step >= self.total):
+            self._last_logged_step = step
+            self.stream.write(self._line(step, loss, speed) + "\n")
+            self.stream.flush()
+
+    def _line(self, step: int, loss: float, speed: float) -> str:
+        done = (step - self.start_step) / max(1, self.total - self.start_step)
+        width = 24
+        filled = int(width * min(1.0, done))
+        bar = "=" * filled + (">" if filled < width else "") + " " * max(
+            0, width - filled - 1)
+        elapsed = time.perf_counter() - self._began
+        eta = elapsed / done - elapsed if done > 0 else float("nan")
+        return (f"step {step}/{self.total} [{bar}] loss {loss:.4f} "
+                f"{speed:,.0f} ex/s ETA {eta:4.0f}s")
+
+    def boundary(self, step: int, result: EvalResult | None,
+                 checkpoint: str | None = None) -> None:
+        if self.tty:
+            self.stream.write("\n")
+        if result is not None:
+            self.stream.write(f"step {step}: {result.summary()}\n")
+            if self.writer is not None:
+                with self.writer.as_default(step=step):
+                    tf.summary.scalar("eval/auc", result.auc)
+                    tf.summary.scalar("eval/logloss", result.logloss)
+        if checkpoint is not None:
+            self.stream.write(f"step {step}: checkpoint {checkpoint}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()

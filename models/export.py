@@ -1,0 +1,88 @@
+"""Serving export: a SavedModel that takes raw feature values.
+
+The serving signature ``serving_default`` takes one tensor per input column,
+exactly as in the Parquet input:
+
+* dense features: ``float32 [batch]`` (NaN = missing -> the spec's default);
+* categorical features: ``string [batch]`` or ``int64 [batch]`` (the spec's
+  ``dtype``); the empty string is the "missing" value, as at conversion;
+* multi-hot features: ``[batch, n]`` of the same dtype, padded with ``""``
+  (strings) or ``-1`` (ints); the first ``max_length`` values are used.
+
+and returns ``{"probability": [batch], "logit": [batch]}``. Hashing and
+vocabulary lookups run through ``features.transforms.CategoricalEncoder``
+(the ops used by ``psrec convert``) and the dense transforms are inside the
+model, so serving sees what training saw. The model is rebuilt without any
+distribution strategy (plain variables; ``tf.saved_model.load`` cannot load
+sharded variables) and restored from the checkpoint, verified by value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tensorflow as tf
+
+from features.spec import DENSE_COLUMN
+from features.spec import FeatureSpec
+from features.transforms import CategoricalEncoder
+from models.ranking import RankingModel
+
+_DTYPES = {"string": tf.string, "int64": tf.int64}
+
+
+def serving_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
+    """The raw-input signature derived from the spec."""
+    signature = {f.name: tf.TensorSpec([None], tf.float32, name=f.name)
+                 for f in spec.dense}
+    for feature in spec.categorical:
+        shape = [None, None] if feature.multi_hot else [None]
+        signature[feature.name] = tf.TensorSpec(
+            shape, _DTYPES[feature.dtype], name=feature.name)
+    return signature
+
+
+class ServingModule(tf.Module):
+    """Raw values -> model batch -> click probability."""
+
+    def __init__(self, model: RankingModel, spec: FeatureSpec) -> None:
+        super().__init__(name="psrec_serving")
+        self.model = model
+        self.encoder = CategoricalEncoder(spec)
+        self._spec = spec
+        self.serve = tf.function(self._serve,
+                                 input_signature=[serving_signature(spec)])
+
+    def model_batch(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The model's input batch for raw values (ids, dense matrix)."""
+        spec = self._spec
+        batch = {}
+        if spec.dense:
+            batch[DENSE_COLUMN] = tf.stack(
+                [tf.cast(raw[f.name], tf.float32) for f in spec.dense], axis=1)
+        for feature in spec.categorical:
+            values = raw[feature.name]
+            ids = self.encoder.encode(feature.name, values)
+            if feature.multi_hot:
+                pad = "" if values.dtype == tf.string else -1
+                ids = tf.where(tf.equal(values, pad), tf.constant(-1, tf.int64),
+                               ids)
+                ids = ids[:, :feature.max_length]
+                missing = feature.max_length - tf.shape(ids)[1]
+                ids = tf.pad(ids, [[0, 0], [0, missing]], constant_values=-1)
+            batch[feature.name] = ids
+        return batch
+
+    def _serve(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        logit = self.model(self.model_batch(raw), training=False)
+        return {"probability": tf.sigmoid(logit), "logit": logit}
+
+
+def export_saved_model(model: RankingModel, spec: FeatureSpec,
+                       out_dir: str | Path) -> Path:
+    """Writes the serving SavedModel of a model with plain variables."""
+    module = ServingModule(model, spec)
+    out = Path(out_dir)
+    tf.saved_model.save(module, str(out),
+                        signatures={"serving_default": module.serve})
+    return out
