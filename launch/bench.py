@@ -93,13 +93,14 @@ def _workload(config: BenchConfig) -> tuple[FeatureSpec, ModelConfig,
     return spec, model, optimizer
 
 
-def _result(config: BenchConfig, seconds: float, intervals: list[float],
+def _result(config: BenchConfig, seconds: float, closure_seconds: list[float],
             loss: float) -> dict:
     return {
         "examples_per_sec": round(config.steps * config.batch_size / seconds,
                                   1),
         "step_time_ms_p50": round(
-            1000 * statistics.median(intervals) / config.steps_per_closure, 3),
+            1000 * statistics.median(closure_seconds)
+            / config.steps_per_closure, 3),
         "seconds": round(seconds, 3), "steps": config.steps,
         "batch_size": config.batch_size, "model": config.model,
         "workers": 0 if config.single_process else config.workers,
@@ -119,15 +120,13 @@ def _run_single_process(config: BenchConfig) -> dict:
     closures = config.steps // config.steps_per_closure
     for _ in range(max(5, closures // 5)):  # warm-up, as the baseline does
         closure(iterator)
-    intervals, loss = [], float("nan")
-    began = last = time.perf_counter()
+    durations, loss = [], float("nan")
+    began = time.perf_counter()
     for _ in range(closures):
-        loss_sum, _ = closure(iterator)
+        loss_sum, _, seconds = closure(iterator)
         loss = float(loss_sum) / config.steps_per_closure
-        now = time.perf_counter()
-        intervals.append(now - last)
-        last = now
-    return _result(config, time.perf_counter() - began, intervals, loss)
+        durations.append(float(seconds))
+    return _result(config, time.perf_counter() - began, durations, loss)
 
 
 def _run_cluster(config: BenchConfig) -> dict:
@@ -143,26 +142,21 @@ def _run_cluster(config: BenchConfig) -> dict:
     trainer.train(dataset_fn, LoopConfig(
         steps=warm, steps_per_closure=config.steps_per_closure,
         checkpoint_every=0))
-    completions: list[float] = []
-    losses: list[float] = []
     trainer.progress.step.assign(0)
     began = time.perf_counter()
-    trainer.train(dataset_fn, LoopConfig(
+    result = trainer.train(dataset_fn, LoopConfig(
         steps=config.steps, steps_per_closure=config.steps_per_closure,
-        checkpoint_every=0),
-        on_progress=lambda step, loss, n: (
-            completions.append(time.perf_counter()), losses.append(loss)))
-    seconds = time.perf_counter() - began
-    stamps = [began] + completions
-    intervals = [b - a for a, b in zip(stamps, stamps[1:])]
-    return _result(config, seconds, intervals, losses[-1])
+        checkpoint_every=0))
+    return _result(config, time.perf_counter() - began,
+                   list(result.closure_seconds), result.final_loss)
 
 
 def run_bench(config: BenchConfig) -> dict:
     """Runs the benchmark; returns the JSON-able result.
 
-    ``step_time_ms_p50`` is the median interval between finished closures
-    divided by the steps per closure: the cluster-wide time per step.
+    ``step_time_ms_p50`` is the median, over closures, of a closure's wall
+    time measured on its worker divided by its steps: the time of one
+    training step on one worker, PS round trips included.
     """
     if config.single_process:
         return _run_single_process(config)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 INTERACTIONS = ("dot", "cross", "fm", "concat")
+BATCH_NORMS = ("none", "batch", "sync")
 
 
 class ModelConfigError(ValueError):
@@ -36,6 +37,10 @@ class ModelConfig:
       cross_low_rank: optional low-rank projection of the cross layers.
       wide: add a first-order linear part (one weight per embedding row,
         sharded like the tables, plus a linear term on dense features).
+      batch_norm: batch normalization after each hidden layer of both MLP
+        towers: ``none`` (default), ``batch`` (per-replica statistics) or
+        ``sync`` (statistics all-reduced across the replicas in sync, for
+        the mirrored strategies; ``psrec train --sync-batch-norm``).
     """
 
     interaction: str = "cross"
@@ -44,6 +49,7 @@ class ModelConfig:
     cross_layers: int = 2
     cross_low_rank: int | None = None
     wide: bool = False
+    batch_norm: str = "none"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
@@ -61,6 +67,10 @@ class ModelConfig:
             raise ModelConfigError(
                 f"`cross_layers` = {self.cross_layers!r} must be >= 1 for the "
                 "cross interaction.")
+        if self.batch_norm not in BATCH_NORMS:
+            raise ModelConfigError(
+                f"`batch_norm` = {self.batch_norm!r} is not one of "
+                f"{', '.join(map(repr, BATCH_NORMS))}.")
         if self.cross_low_rank is not None and self.cross_low_rank < 1:
             raise ModelConfigError(
                 f"`cross_low_rank` = {self.cross_low_rank!r} must be >= 1 or "

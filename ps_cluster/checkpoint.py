@@ -103,6 +103,22 @@ def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str,
+                     model_only: bool = False) -> list[str]:
+    """Keys present on both sides whose live shape differs from ``path``'s
+    (the live state is written to a temporary checkpoint to list them)."""
+    saved = _tensor_keys(tf.train.load_checkpoint(path))
+    tmp = tempfile.mkdtemp(prefix="psrec-shapes-")
+    try:
+        live = _tensor_keys(tf.train.load_checkpoint(checkpoint.write(
+            str(Path(tmp) / "live"), options=io_options())))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(k for k in live.keys() & saved.keys()
+                  if list(live[k]) != list(saved[k]) and (
+                      not model_only or k.startswith("model/")))
+
+
 _SLOT_RE = re.compile(r"^(?P<var>.+)/\.OPTIMIZER_SLOT/(?P<opt>[^/]+)/"
                       r"(?P<slot>[^/]+)/\.ATTRIBUTES/VARIABLE_VALUE$")
 
@@ -188,7 +204,17 @@ class CheckpointKeeper:
         path = path or self.latest
         if path is None:
             return None
-        self.checkpoint.restore(path, options=io_options()).expect_partial()
+        try:
+            self.checkpoint.restore(path, options=io_options()).expect_partial()
+        except (tf.errors.InvalidArgumentError, ValueError) as error:
+            # A tensor of another shape (e.g. another `dim` or bucket count)
+            # fails inside RestoreV2; report it as an incomplete restore.
+            bad = shape_mismatches(self.checkpoint, path, model_only)
+            raise RestoreError(
+                f"checkpoint {path} does not fit this model: {len(bad)} "
+                f"key(s) have another shape in the checkpoint: {bad[:8]}. "
+                "Was it written with another spec or model configuration? "
+                "Nothing was trained on the partial state.") from error
         bad = compare_with_checkpoint(self.checkpoint, path, model_only)
         if bad:
             still = _restore_resharded_slots(self.checkpoint, path, bad,

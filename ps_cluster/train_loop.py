@@ -67,7 +67,8 @@ def make_train_closure(strategy: tf.distribute.Strategy, model: RankingModel,
                        steps: int) -> Callable:
     """A ``tf.function`` running ``steps`` training steps on one worker.
 
-    Returns ``(loss_sum, examples)`` over the steps.
+    Returns ``(loss_sum, examples, seconds)`` over the steps; ``seconds`` is
+    the closure's wall time measured on the worker (steps incl. PS RPCs).
     """
     label = spec.label.name
 
@@ -85,13 +86,17 @@ def make_train_closure(strategy: tf.distribute.Strategy, model: RankingModel,
 
     @tf.function
     def train_closure(iterator):
-        loss_sum = tf.constant(0.0)
-        examples = tf.constant(0, tf.int64)
+        began = tf.timestamp()
+        with tf.control_dependencies([began]):  # order the two timestamps
+            loss_sum = tf.constant(0.0)
+            examples = tf.constant(0, tf.int64)
         for _ in tf.range(steps):
             loss, count = strategy.run(step, args=(next(iterator),))
             loss_sum += strategy.reduce("SUM", loss, axis=None)
             examples += strategy.reduce("SUM", count, axis=None)
-        return loss_sum, examples
+        with tf.control_dependencies([loss_sum, examples]):
+            ended = tf.timestamp()
+        return loss_sum, examples, ended - began
 
     return train_closure
 
@@ -153,6 +158,7 @@ class ClosureLoop:
         self._max_in_flight = max(1, num_workers) * config.in_flight_per_worker
         self._pending: collections.deque = collections.deque()
         self.executed_closures = 0
+        self.closure_seconds: list[float] = []  # worker-side, per closure
 
     def run(self, start_step: int, end_step: int,
             on_result: Callable[[int, float, int], None]) -> int:
@@ -178,8 +184,9 @@ class ClosureLoop:
 
     def _collect_one(self, on_result) -> None:
         step, value = self._pending.popleft()
-        loss_sum, examples = value.fetch()
+        loss_sum, examples, seconds = value.fetch()
         self.executed_closures += 1
+        self.closure_seconds.append(float(seconds))
         on_result(step, float(loss_sum), int(examples))
 
 

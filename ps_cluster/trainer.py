@@ -45,6 +45,7 @@ class TrainResult:
     final_loss: float
     eval: EvalResult | None
     checkpoint: str | None
+    closure_seconds: tuple[float, ...] = ()
 
     @property
     def examples_per_sec(self) -> float:
@@ -195,7 +196,8 @@ class PSTrainer:
         return TrainResult(
             start_step=start, step=step, executed_steps=self.executed_steps,
             examples=examples, seconds=time.perf_counter() - began,
-            final_loss=last_loss, eval=eval_result, checkpoint=path)
+            final_loss=last_loss, eval=eval_result, checkpoint=path,
+            closure_seconds=tuple(closures.closure_seconds))
 
 
 def _next_boundary(step: int, loop: LoopConfig) -> int:

@@ -1,0 +1,126 @@
+"""Model composition, interactions, optimizers and learning-rate policy
+(no cluster: plain variables)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from features import criteo
+from features import movielens
+from models.config import MODEL_PRESETS
+from models.config import ModelConfig
+from models.config import ModelConfigError
+from models.config import model_config
+from models.interaction import DotInteraction
+from models.interaction import FMInteraction
+from models.optim import OptimizerConfig
+from models.optim import ScaledWarmup
+from models.ranking import RankingModel
+from models.ranking import build_model
+from models.ranking import example_batch
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_PRESETS))
+@pytest.mark.parametrize("spec_fn", [lambda: criteo(buckets=50, dim=4),
+                                     lambda: movielens(dim=4)],
+                         ids=["criteo", "movielens"])
+def test_every_named_model_builds_from_both_presets(name, spec_fn):
+    spec = spec_fn()
+    model = build_model(spec, model_config(name))
+    assert type(model) is RankingModel  # one class, four configurations
+    logits = model(example_batch(spec, rows=5))
+    assert logits.shape == (5,)
+    assert np.all(np.isfinite(logits.numpy()))
+    wide = model.config.wide
+    assert len(model.embedding_variables()) == len(spec.tables) * (2 if wide
+                                                                   else 1)
+
+
+def test_embedding_and_dense_variables_partition_the_trainables():
+    model = build_model(criteo(buckets=50, dim=4), model_config("deepfm"))
+    tables = {id(v) for v in model.embedding_variables()}
+    dense = {id(v) for v in model.dense_variables()}
+    assert tables and dense and not tables & dense
+    assert tables | dense == {id(v) for v in model.trainable_variables}
+
+
+def test_named_configs_differ_only_in_interaction_and_wide_part():
+    assert MODEL_PRESETS["dcn"].interaction == "cross"
+    assert MODEL_PRESETS["dlrm"].interaction == "dot"
+    assert MODEL_PRESETS["deepfm"].interaction == "fm"
+    assert MODEL_PRESETS["deepfm"].wide and MODEL_PRESETS["wide_deep"].wide
+    assert not MODEL_PRESETS["dcn"].wide
+
+
+def test_low_rank_cross_uses_the_projection():
+    spec = criteo(buckets=50, dim=4)
+    model = build_model(spec, model_config("dcn", cross_low_rank=3))
+    kernels = [v.shape for v in model.interaction_arch.trainable_variables
+               if "kernel" in v.name]
+    width = len(spec.dense) + len(spec.categorical) * 4
+    assert (width, 3) in kernels and (3, width) in kernels
+
+
+def test_dot_interaction_matches_hand_computation():
+    dense = tf.constant([[1.0, 2.0]])
+    embeddings = [tf.constant([[3.0, 4.0]]), tf.constant([[5.0, 6.0]])]
+    out, extra = DotInteraction()(dense, embeddings)
+    assert extra is None
+    # dense, then pairs (d.e1, d.e2, e1.e2) = (11, 17, 39)
+    np.testing.assert_allclose(out.numpy(), [[1, 2, 11, 17, 39]])
+
+
+def test_fm_interaction_second_order_term_matches_hand_computation():
+    dense = tf.constant([[1.0, 2.0]])
+    embeddings = [tf.constant([[3.0, 4.0]]), tf.constant([[5.0, 6.0]])]
+    out, fm = FMInteraction()(dense, embeddings)
+    # sum of pairwise dot products: 11 + 17 + 39
+    np.testing.assert_allclose(fm.numpy(), [67.0])
+    np.testing.assert_allclose(out.numpy(), [[1, 2, 3, 4, 5, 6]])
+
+
+def test_multi_hot_mean_combiner_ignores_padding():
+    spec = movielens(dim=4)
+    model = build_model(spec, model_config("dcn"))
+    batch = example_batch(spec, rows=1)
+    offset = spec.categorical[2].row_offset
+    padded = dict(batch, genres=tf.constant([[offset + 1, offset + 2, -1, -1,
+                                               -1, -1]], tf.int64))
+    embeddings, _ = model.sparse_arch(padded)
+    table = model.sparse_arch.tables["genre"].numpy()
+    np.testing.assert_allclose(embeddings[2].numpy()[0],
+                               table[[1, 2]].mean(axis=0), rtol=1e-6)
+
+
+def test_bad_model_options_name_the_argument_and_value():
+    with pytest.raises(ModelConfigError, match=r"`interaction` = 'bilinear'"):
+        ModelConfig(interaction="bilinear")
+    with pytest.raises(ModelConfigError, match=r"`--model` = 'xgboost'"):
+        model_config("xgboost")
+    with pytest.raises(ModelConfigError, match=r"unknown model option"):
+        model_config("dcn", depth=3)
+    with pytest.raises(ModelConfigError, match=r"`top_mlp` = \(0,\)"):
+        ModelConfig(top_mlp=(0,))
+
+
+def test_dot_interaction_rejects_tables_of_different_widths():
+    import dataclasses
+    spec = movielens(dim=4)
+    tables = (dataclasses.replace(spec.tables[0], dim=8),) + spec.tables[1:]
+    with pytest.raises(ValueError, match=r"same `dim`.*\[4, 8\]"):
+        RankingModel(dataclasses.replace(spec, tables=tables),
+                     model_config("dlrm"))
+
+
+def test_learning_rate_scales_with_batch_and_warms_up_linearly():
+    schedule = ScaledWarmup(0.1, batch_size=4096, base_batch_size=1024,
+                            warmup_steps=10)
+    np.testing.assert_allclose(float(schedule(0)), 0.4 * 1 / 10, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(4)), 0.4 * 5 / 10, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(9)), 0.4, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(1000)), 0.4, rtol=1e-6)
+
+
+def test_optimizer_config_rejects_unknown_optimizers():
+    with pytest.raises(ValueError, match=r"`sparse_optimizer` = 'lamb'"):
+        OptimizerConfig(sparse="lamb")
