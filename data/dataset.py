@@ -26,6 +26,8 @@ from data.records import locate_corruption
 from features.spec import FeatureSpec
 
 Batch = dict[str, tf.Tensor]
+# A scalar in every training batch: the input pipeline (worker) it came from.
+PIPELINE_COLUMN = "psrec__pipeline"
 DatasetFn = Callable[[tf.distribute.InputContext | None], tf.data.Dataset]
 
 
@@ -82,20 +84,28 @@ def _records_per_parse(batch_size: int, block_rows: int) -> int:
     return max(4, -(-batch_size // block_rows))
 
 
-def _parse_and_mix(spec: FeatureSpec, seed: int) -> Callable:
+def _parse_and_mix(spec: FeatureSpec, seed: tf.Tensor) -> Callable:
     def parse(index: tf.Tensor, records: tf.Tensor) -> Batch:
         batch = decode_blocks(records, spec)
         rows = tf.shape(batch[spec.label.name])[0]
         order = tf.random.experimental.stateless_shuffle(
-            tf.range(rows), seed=tf.stack([tf.cast(seed, tf.int64), index]))
+            tf.range(rows), seed=tf.stack([seed, index]))
         return {name: tf.gather(value, order) for name, value in batch.items()}
     return parse
 
 
 def make_train_dataset_fn(manifest: Manifest, spec: FeatureSpec,
                           config: InputConfig, *, epochs: int | None = None,
-                          split: str = "train") -> DatasetFn:
+                          split: str = "train",
+                          ps_workers: int | None = None) -> DatasetFn:
     """Returns ``dataset_fn(input_context)`` for training.
+
+    Under ``ParameterServerStrategy`` every worker's ``input_context`` says
+    1 pipeline, id 0 (there is no synchronisation between workers), so
+    sharding by it would make every worker read every file. With
+    ``ps_workers`` set, the pipeline is instead the worker's own index,
+    ``tf.distribute.coordinator.experimental_get_current_worker_index()``,
+    a value bound when the dataset is created on that worker.
 
     Args:
       manifest: the converted data.
@@ -104,35 +114,51 @@ def make_train_dataset_fn(manifest: Manifest, spec: FeatureSpec,
       epochs: None repeats forever (training); a number gives a finite
         stream with the last partial batch kept (audits).
       split: which split to read.
+      ps_workers: number of PS-strategy workers (see above); None shards by
+        ``input_context`` (mirrored strategies, audits, single process).
     """
     files = manifest.files(split)
     block_rows = manifest.block_rows
     drop_remainder = epochs is None
+    if ps_workers is not None:
+        shard_files(files, ps_workers, 0)  # fail early, on the coordinator
 
     def dataset_fn(context: tf.distribute.InputContext | None = None
                    ) -> tf.data.Dataset:
-        pipelines = context.num_input_pipelines if context else 1
-        pipeline = context.input_pipeline_id if context else 0
         batch_size = (context.get_per_replica_batch_size(config.batch_size)
                       if context else config.batch_size)
-        mine = shard_files(files, pipelines, pipeline)
-        seed = config.seed * 1000 + pipeline
-        dataset = tf.data.Dataset.from_tensor_slices(mine)
-        dataset = dataset.shuffle(len(mine), seed=seed,
+        if ps_workers is not None:
+            pipelines = ps_workers
+            pipeline = tf.distribute.coordinator.experimental_get_current_worker_index()
+            dataset = tf.data.Dataset.from_tensor_slices(files).shard(
+                pipelines, pipeline)
+            most = -(-len(files) // pipelines)
+        else:
+            pipelines = context.num_input_pipelines if context else 1
+            index = context.input_pipeline_id if context else 0
+            mine = shard_files(files, pipelines, index)
+            pipeline = tf.constant(index, tf.int64)
+            dataset = tf.data.Dataset.from_tensor_slices(mine)
+            most = len(mine)
+        seed = tf.constant(config.seed, tf.int64) * 1000 + tf.cast(
+            pipeline, tf.int64)
+        dataset = dataset.shuffle(most, seed=config.seed,
                                   reshuffle_each_iteration=True)
         dataset = dataset.repeat(epochs)
         dataset = dataset.interleave(
             tf.data.TFRecordDataset, cycle_length=min(config.cycle_length,
-                                                      len(mine)),
+                                                      most),
             block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True)
-        dataset = dataset.shuffle(config.shuffle_records, seed=seed,
+        dataset = dataset.shuffle(config.shuffle_records, seed=config.seed,
                                   reshuffle_each_iteration=True)
         dataset = dataset.batch(_records_per_parse(batch_size, block_rows))
         dataset = dataset.enumerate().map(
             _parse_and_mix(spec, seed), num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True)
         dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+        tag = tf.cast(pipeline, tf.int64)
+        dataset = dataset.map(lambda batch: {**batch, PIPELINE_COLUMN: tag})
         return dataset.prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn

@@ -27,7 +27,7 @@ class ManifestError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
     """One TFRecord shard: file name (relative to the manifest), rows,
-    bytes, sha256 and the first/last example id it holds."""
+    bytes and sha256."""
 
     file: str
     rows: int
@@ -134,27 +134,57 @@ class Manifest:
         Raises:
           ManifestError: naming the first mismatch.
         """
-        if spec_hash is not None and spec_hash != self.spec_hash:
+        if spec_hash is not None:
+            self.check_spec(spec_hash)
+        problems = self.mismatches(checksums=checksums, first_only=True)
+        if problems:
+            raise ManifestError(problems[0][2])
+
+    def check_spec(self, spec_hash: str) -> None:
+        """Raises unless the data was converted with this spec."""
+        if spec_hash != self.spec_hash:
             raise ManifestError(
                 f"{self.root / MANIFEST_NAME}: the data was converted with "
                 f"spec hash {self.spec_hash[:12]}… but the given spec hashes "
                 f"to {spec_hash[:12]}…; pass the spec used for `psrec "
                 "convert` or convert again with this spec.")
+
+    def mismatches(self, *, checksums: bool = True, first_only: bool = False
+                   ) -> list[tuple[str, ShardInfo, str]]:
+        """``(split, shard, message)`` for every shard that is missing, has
+        another size or another sha256 than recorded."""
+        found = []
         for split in SPLITS:
             for shard in self.shards[split]:
                 path = self.root / shard.file
                 if not path.is_file():
-                    raise ManifestError(f"shard {path} listed in the manifest "
-                                        "is missing.")
-                size = path.stat().st_size
-                if size != shard.bytes:
-                    raise ManifestError(
-                        f"shard {path} has {size} bytes, the manifest records "
-                        f"{shard.bytes}: the file was changed or truncated.")
-                if checksums and sha256_file(path) != shard.sha256:
-                    raise ManifestError(
+                    message = (f"shard {path} listed in the manifest is "
+                               "missing.")
+                elif path.stat().st_size != shard.bytes:
+                    message = (
+                        f"shard {path} has {path.stat().st_size} bytes, the "
+                        f"manifest records {shard.bytes}: the file was "
+                        "changed or truncated.")
+                elif checksums and sha256_file(path) != shard.sha256:
+                    message = (
                         f"shard {path}: sha256 differs from the manifest: the "
                         "file is corrupted or was replaced; convert again.")
+                else:
+                    continue
+                found.append((split, shard, message))
+                if first_only:
+                    return found
+        return found
+
+    def with_files(self, replaced: dict[str, str]) -> "Manifest":
+        """A copy whose shards named in ``replaced`` point to other files
+        (absolute paths), e.g. repaired copies."""
+        shards = {
+            split: tuple(dataclasses.replace(s, file=replaced.get(s.file,
+                                                                  s.file))
+                         for s in infos)
+            for split, infos in self.shards.items()}
+        return dataclasses.replace(self, shards=shards)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

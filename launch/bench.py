@@ -17,6 +17,7 @@ import time
 
 import tensorflow as tf
 
+from data.dataset import PIPELINE_COLUMN
 from features.presets import criteo
 from features.spec import DENSE_COLUMN
 from features.spec import ID_COLUMN
@@ -70,7 +71,8 @@ def _synthetic_dataset_fn(spec: FeatureSpec, batch_size: int):
                 [batch_size], seed=seed + 2) < tf.sigmoid(logit), tf.float32)
             ids = raw + offsets
             out = {DENSE_COLUMN: dense, spec.label.name: label,
-                   ID_COLUMN: tf.zeros([batch_size], tf.int64)}
+                   ID_COLUMN: tf.zeros([batch_size], tf.int64),
+                   PIPELINE_COLUMN: pipeline}
             for j, feature in enumerate(spec.categorical):
                 out[feature.name] = ids[:, j]
             return out

@@ -9,15 +9,18 @@ lazily, after :func:`launch.runtime.configure_environment`, so ``psrec
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
 from launch.runtime import configure_environment
 
-EXIT_OK = 0
-EXIT_FAILURE = 1  # permanent: the job failed (bad data, bad checkpoint, ...)
-EXIT_USAGE = 2  # permanent: bad arguments or input files
+from launch.exit_codes import EXIT_FAILURE
+from launch.exit_codes import EXIT_INTERRUPTED
+from launch.exit_codes import EXIT_OK
+from launch.exit_codes import EXIT_RETRYABLE
+from launch.exit_codes import EXIT_USAGE
 
 
 class UsageError(Exception):
@@ -235,7 +238,22 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     if "data.dataset" in sys.modules:
         from data.dataset import NotEnoughShardsError
         errors.append(NotEnoughShardsError)
+    if "data.integrity" in sys.modules:
+        from data.integrity import SplitOverlapError
+        errors.append(SplitOverlapError)
     return tuple(errors)
+
+
+def _retryable() -> tuple[type[BaseException], ...]:
+    """Errors a restart can fix: exit 138 (see launch.exit_codes)."""
+    retryable: list[type[BaseException]] = []
+    if "ps_cluster.errors" in sys.modules:
+        from ps_cluster.errors import ClusterUnavailableError
+        retryable.append(ClusterUnavailableError)
+    if "launch.local" in sys.modules:
+        from launch.local import RoleStartError
+        retryable.append(RoleStartError)
+    return tuple(retryable)
 
 
 def _failures() -> tuple[type[BaseException], ...]:
@@ -250,9 +268,6 @@ def _failures() -> tuple[type[BaseException], ...]:
     if "ps_cluster.checkpoint" in sys.modules:
         from ps_cluster.checkpoint import RestoreError
         failures.append(RestoreError)
-    if "launch.local" in sys.modules:
-        from launch.local import RoleStartError
-        failures.append(RoleStartError)
     return tuple(failures)
 
 
@@ -260,13 +275,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``psrec`` console script."""
     configure_environment()
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
     except KeyboardInterrupt:
         print("psrec: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 -- mapped to exit codes below
         if isinstance(error, _known_errors()):
             print(f"psrec {args.command}: error: {error}", file=sys.stderr)
@@ -274,6 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(error, _failures()):
             print(f"psrec {args.command}: failed: {error}", file=sys.stderr)
             return EXIT_FAILURE
+        if isinstance(error, _retryable()):
+            print(f"psrec {args.command}: failed (retryable, exit "
+                  f"{EXIT_RETRYABLE}): {error}", file=sys.stderr, flush=True)
+            # TF's coordinator threads may wait on the lost task forever.
+            sys.stdout.flush()
+            os._exit(EXIT_RETRYABLE)
         raise
 
 

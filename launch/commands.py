@@ -80,15 +80,31 @@ def _job_config(args: argparse.Namespace):
                                   shards=args.table_shards),
         data=Path(args.data) if args.data else None,
         synthetic=SyntheticData(rows=args.synthetic_rows, seed=args.seed),
-        workers=args.workers, ps=args.ps, export=not args.no_export)
+        workers=args.workers, ps=args.ps, export=not args.no_export,
+        verify_checksums=not args.no_verify_checksums,
+        max_corrupt_records=args.max_corrupt_records,
+        stall_timeout=args.stall_timeout or None)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from launch.job import prepare_data
     from launch.job import run_job
+    from launch.local import LocalCluster
+    from launch.supervisor import SupervisorConfig
+    from launch.supervisor import supervise
     cluster = _existing_cluster(args)
-    summary = run_job(_job_config(args), cluster)
-    print(summary.text())
-    return EXIT_OK
+    config = _job_config(args)
+    if cluster is not None:  # coordinate it; an orchestrator restarts us
+        print(run_job(config, cluster).text(), flush=True)
+        return EXIT_OK
+    # Local: check the data before any server starts, then supervise the
+    # roles and the coordinator (which reruns this command with --cluster).
+    prepare_data(config)
+    local = LocalCluster(config.workers, config.ps,
+                         log_dir=Path(config.workdir) / "logs")
+    return supervise(local, args.argv, SupervisorConfig(
+        max_restarts=args.max_restarts,
+        restart_workers=not args.no_restart_workers), config.workdir)
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
@@ -193,6 +209,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="shards per table (default: one per PS task)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-export", action="store_true")
+    p.add_argument("--max-restarts", type=_non_negative, default=3,
+                   help="restarts of workers/PS/coordinator allowed (local)")
+    p.add_argument("--no-restart-workers", action="store_true",
+                   help="keep training on the remaining workers instead")
+    p.add_argument("--stall-timeout", type=float, default=900.0,
+                   help="seconds without progress before the watchdog dumps "
+                   "stacks and exits retryable (138); 0 disables")
+    p.add_argument("--max-corrupt-records", type=_non_negative, default=0,
+                   help="skip up to N corrupted records (counted, reported); "
+                   "default: refuse corrupted data")
+    p.add_argument("--no-verify-checksums", action="store_true",
+                   help="check shard presence and size but not sha256")
     _add_cluster_flags(p)
     p.set_defaults(run=_cmd_train)
 

@@ -73,6 +73,10 @@ class JobConfig:
       ps: local PS processes (ignored with an existing cluster).
       export: export a SavedModel at the end.
       verify_checksums: recompute every shard's sha256 before starting.
+      max_corrupt_records: corrupted records that may be skipped (counted
+        and reported); 0 refuses any corrupted shard.
+      stall_timeout: seconds without progress before the watchdog exits
+        the coordinator with a retryable code (None: no watchdog).
     """
 
     workdir: Path = Path("runs/default")
@@ -91,6 +95,8 @@ class JobConfig:
     ps: int = 1
     export: bool = True
     verify_checksums: bool = True
+    max_corrupt_records: int = 0
+    stall_timeout: float | None = 900.0
 
     @property
     def model_config(self) -> ModelConfig:
@@ -144,21 +150,34 @@ class JobSummary:
 
 
 def prepare_data(config: JobConfig, log=print) -> Manifest:
-    """Returns the verified manifest; generates and converts the default
-    synthetic data when no data is given (reused when already converted
-    with the same spec, so a rerun resumes instead of regenerating)."""
+    """Returns a manifest that is safe to train on; nothing here needs a
+    server, so bad data is refused before any role starts.
+
+    Generates and converts the default synthetic data when no data is given
+    (reused when already converted with the same spec, so a rerun resumes
+    instead of regenerating). Then checks: the spec hash, every shard
+    (presence, size, sha256; corrupted shards repaired within
+    ``max_corrupt_records``), that train and eval splits share no example,
+    and that there are enough train shards for the workers.
+    """
+    from data.integrity import check_disjoint_splits
+    from data.integrity import repair_corrupted_shards
     if config.data is not None:
         manifest = Manifest.load(config.data)
     else:
         root = Path(config.workdir) / "data"
         try:
             manifest = Manifest.load(root / "tfrecord")
-            if manifest.spec_hash != config.spec.fingerprint():
-                raise ManifestError("spec changed")
+            manifest.check_spec(config.spec.fingerprint())
         except ManifestError:
             manifest = _generate(config, root, log)
-    manifest.verify(config.spec.fingerprint(),
-                    checksums=config.verify_checksums)
+    manifest.check_spec(config.spec.fingerprint())
+    manifest, repair = repair_corrupted_shards(
+        manifest, Path(config.workdir) / "repaired",
+        config.max_corrupt_records, checksums=config.verify_checksums)
+    if repair is not None:
+        log(repair.summary())
+    check_disjoint_splits(manifest)
     if len(manifest.files("train")) < config.workers:
         raise NotEnoughShardsError(
             f"{len(manifest.files('train'))} train shards cannot feed "
@@ -233,24 +252,83 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
 def _train(config: JobConfig, cluster: ClusterSpec, manifest: Manifest, log):
     from launch.progress import ProgressReporter
     from ps_cluster.trainer import PSTrainer
+    from ps_cluster.watchdog import Watchdog
     trainer = PSTrainer(cluster, config.spec, config.model_config,
                         config.optimizer, config.input, config.partition,
                         checkpoint_dir=config.checkpoint_dir)
-    restored = trainer.restore()
+    with _translated_errors(manifest):
+        restored = trainer.restore()
     if restored:
         log(f"resumed from {restored} at step "
-            f"{int(trainer.progress.step.numpy())}")
+            f"{int(trainer.progress.step.numpy())} (restore verified against "
+            "the checkpoint's values)")
+        _write_restore_report(config, trainer, restored)
     start = int(trainer.progress.step.numpy())
     reporter = ProgressReporter(
         config.loop.steps, start, Path(config.workdir) / "tensorboard",
         learning_rates={
             "sparse": trainer.sparse_optimizer.learning_rate,
             "dense": trainer.dense_optimizer.learning_rate},
-        log_every=config.loop.log_every)
+        log_every=config.loop.log_every,
+        extra=lambda: _per_worker(trainer))
+    watchdog = None
+    if config.stall_timeout:
+        watchdog = Watchdog(config.stall_timeout, trainer.describe_pending)
+        watchdog.start()
     try:
-        return trainer.train(trainer.dataset_fn(manifest), config.loop,
-                             eval_manifest=manifest,
-                             on_progress=reporter.update,
-                             on_boundary=reporter.boundary)
+        with _translated_errors(manifest):
+            result = trainer.train(
+                trainer.dataset_fn(manifest), config.loop,
+                eval_manifest=manifest, on_progress=reporter.update,
+                on_boundary=reporter.boundary,
+                heartbeat=watchdog.beat if watchdog else None)
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         reporter.close()
+    log(f"closures finished per worker: {_per_worker(trainer)}")
+    return result
+
+
+def _per_worker(trainer) -> str:
+    loop = getattr(trainer, "loop", None)
+    counts = dict(sorted(loop.closures_per_pipeline.items())) if loop else {}
+    return "workers " + str(counts)
+
+
+@contextlib.contextmanager
+def _translated_errors(manifest: Manifest) -> Iterator[None]:
+    """TF errors from the cluster -> psrec errors with exit codes: a lost
+    PS is retryable, a corrupted record names its file."""
+    import tensorflow as tf
+    from data.records import locate_corruption
+    from ps_cluster.errors import ClusterUnavailableError
+    try:
+        yield
+    except tf.errors.DataLossError as error:
+        located = locate_corruption(manifest.files("train")
+                                    + manifest.files("eval"))
+        raise (located or error) from error
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.CancelledError) as error:
+        raise ClusterUnavailableError(
+            f"the cluster became unreachable ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:300]}); a PS task was probably "
+            "lost. Restart the PS tasks and rerun: training resumes from the "
+            "latest checkpoint.") from error
+
+
+def _write_restore_report(config: JobConfig, trainer, path: str) -> None:
+    """``restore.json``: sha256 of every restored table, so a restore can be
+    audited against the checkpoint file independently."""
+    import hashlib
+    import numpy as np
+    tables = {}
+    for name, variable in trainer.model.sparse_arch.tables.items():
+        shards = getattr(variable, "variables", [variable])
+        values = np.concatenate([s.numpy() for s in shards], axis=0)
+        tables[name] = hashlib.sha256(values.tobytes()).hexdigest()
+    report = {"checkpoint": path, "step": int(trainer.progress.step.numpy()),
+              "table_sha256": tables}
+    (Path(config.workdir) / "restore.json").write_text(
+        json.dumps(report, indent=2) + "\n")

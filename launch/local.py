@@ -34,7 +34,7 @@ class RoleStartError(RuntimeError):
     """A role process exited or never listened."""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(
             _PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -102,7 +102,7 @@ class LocalCluster:
                    "--role", task.type, "--index", str(task.index)]
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env,
-                                   preexec_fn=_die_with_parent)
+                                   preexec_fn=die_with_parent)
         log.close()
         self.processes[task] = process
         return process

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 from typing import TextIO
 
 import tensorflow as tf
@@ -24,12 +25,14 @@ class ProgressReporter:
       learning_rates: ``{name: schedule}`` to log at each update.
       log_every: steps between lines when not on a terminal.
       stream: where to write (default stderr).
+      extra: returns text appended to each line (e.g. per-worker counts).
     """
 
     def __init__(self, total_steps: int, start_step: int = 0,
                  log_dir: str | Path | None = None,
                  learning_rates: dict | None = None, log_every: int = 100,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None,
+                 extra: Callable[[], str] | None = None) -> None:
         self.total = total_steps
         self.start_step = start_step
         self.stream = stream or sys.stderr
@@ -43,6 +46,7 @@ class ProgressReporter:
         self._last_draw = 0.0
         self._last_logged_step = start_step
         self.loss = float("nan")
+        self._extra = extra
 
     def examples_per_sec(self) -> float:
         elapsed = time.perf_counter() - self._began
@@ -78,8 +82,9 @@ class ProgressReporter:
             0, width - filled - 1)
         elapsed = time.perf_counter() - self._began
         eta = elapsed / done - elapsed if done > 0 else float("nan")
+        extra = f" {self._extra()}" if self._extra else ""
         return (f"step {step}/{self.total} [{bar}] loss {loss:.4f} "
-                f"{speed:,.0f} ex/s ETA {eta:4.0f}s")
+                f"{speed:,.0f} ex/s ETA {eta:4.0f}s{extra}")
 
     def boundary(self, step: int, result: EvalResult | None,
                  checkpoint: str | None = None) -> None:

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from data.dataset import PIPELINE_COLUMN
 from data.dataset import DatasetFn
 from data.dataset import make_eval_dataset
 from features.spec import ID_COLUMN
@@ -67,8 +68,9 @@ def make_train_closure(strategy: tf.distribute.Strategy, model: RankingModel,
                        steps: int) -> Callable:
     """A ``tf.function`` running ``steps`` training steps on one worker.
 
-    Returns ``(loss_sum, examples, seconds)`` over the steps; ``seconds`` is
-    the closure's wall time measured on the worker (steps incl. PS RPCs).
+    Returns ``(loss_sum, examples, seconds, pipeline)`` over the steps;
+    ``seconds`` is the closure's wall time measured on the worker (steps
+    incl. PS RPCs) and ``pipeline`` the input pipeline (worker) that ran it.
     """
     label = spec.label.name
 
@@ -90,13 +92,17 @@ def make_train_closure(strategy: tf.distribute.Strategy, model: RankingModel,
         with tf.control_dependencies([began]):  # order the two timestamps
             loss_sum = tf.constant(0.0)
             examples = tf.constant(0, tf.int64)
+        pipeline = tf.constant(-1, tf.int64)
         for _ in tf.range(steps):
-            loss, count = strategy.run(step, args=(next(iterator),))
+            batch = next(iterator)
+            loss, count = strategy.run(step, args=(batch,))
             loss_sum += strategy.reduce("SUM", loss, axis=None)
             examples += strategy.reduce("SUM", count, axis=None)
+            if PIPELINE_COLUMN in batch:
+                pipeline = batch[PIPELINE_COLUMN]
         with tf.control_dependencies([loss_sum, examples]):
             ended = tf.timestamp()
-        return loss_sum, examples, ended - began
+        return loss_sum, examples, ended - began, pipeline
 
     return train_closure
 
@@ -124,17 +130,6 @@ def make_eval_closure(model: RankingModel, spec: FeatureSpec,
     return eval_closure
 
 
-@dataclasses.dataclass
-class LoopState:
-    """What the loop reports to its callbacks."""
-
-    step: int
-    examples: int
-    loss: float
-    examples_per_sec: float
-    seconds: float
-
-
 class ClosureLoop:
     """Schedules training closures and collects their results in order.
 
@@ -157,8 +152,15 @@ class ClosureLoop:
         self._iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         self._max_in_flight = max(1, num_workers) * config.in_flight_per_worker
         self._pending: collections.deque = collections.deque()
-        self.executed_closures = 0
+        self.collected_closures = 0
         self.closure_seconds: list[float] = []  # worker-side, per closure
+        # Closures finished per input pipeline (= per worker): shows which
+        # workers do the work, e.g. that a restarted worker works again.
+        self.closures_per_pipeline: collections.Counter = collections.Counter()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
 
     def run(self, start_step: int, end_step: int,
             on_result: Callable[[int, float, int], None]) -> int:
@@ -184,9 +186,10 @@ class ClosureLoop:
 
     def _collect_one(self, on_result) -> None:
         step, value = self._pending.popleft()
-        loss_sum, examples, seconds = value.fetch()
-        self.executed_closures += 1
+        loss_sum, examples, seconds, pipeline = value.fetch()
+        self.collected_closures += 1
         self.closure_seconds.append(float(seconds))
+        self.closures_per_pipeline[int(pipeline)] += 1
         on_result(step, float(loss_sum), int(examples))
 
 

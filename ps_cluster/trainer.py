@@ -46,6 +46,8 @@ class TrainResult:
     eval: EvalResult | None
     checkpoint: str | None
     closure_seconds: tuple[float, ...] = ()
+    closures_per_worker: dict[int, int] = dataclasses.field(
+        default_factory=dict)
 
     @property
     def examples_per_sec(self) -> float:
@@ -135,13 +137,15 @@ class PSTrainer:
         resumes = int(self.progress.resumes.numpy())
         config = dataclasses.replace(
             self.input_config, seed=self.input_config.seed + 7919 * resumes)
-        return make_train_dataset_fn(manifest, self.spec, config)
+        return make_train_dataset_fn(manifest, self.spec, config,
+                                     ps_workers=self.cluster.num_workers)
 
     def train(self, dataset_fn: DatasetFn, loop: LoopConfig,
               eval_manifest: Manifest | None = None,
               on_progress: Callable[[int, float, int], None] | None = None,
               on_boundary: Callable[[int, EvalResult | None, str | None],
-                                    None] | None = None
+                                    None] | None = None,
+              heartbeat: Callable[[], None] | None = None
               ) -> TrainResult:
         """Trains from the current progress step up to ``loop.steps``.
 
@@ -152,8 +156,11 @@ class PSTrainer:
           eval_manifest: evaluated at eval boundaries and at the end.
           on_boundary: ``(step, eval result or None, checkpoint path or
             None)`` at each join boundary.
+          heartbeat: called whenever work completes (closure, eval,
+            checkpoint); feeds the stall watchdog.
         """
-        closures = ClosureLoop(
+        beat = heartbeat or (lambda: None)
+        self.loop = closures = ClosureLoop(
             self.coordinator,
             lambda steps: make_train_closure(
                 self.strategy, self.model, self.sparse_optimizer,
@@ -173,6 +180,7 @@ class PSTrainer:
             last_loss = loss_sum / steps
             self.progress.step.assign(at)
             self.progress.examples.assign_add(count)
+            beat()
             if on_progress is not None:
                 on_progress(at, last_loss, count)
 
@@ -183,10 +191,12 @@ class PSTrainer:
             if has_eval and (step >= loop.steps or (
                     loop.eval_every and step % loop.eval_every == 0)):
                 eval_result = self.evaluate(eval_manifest)
+                beat()
             saved = None
             if step >= loop.steps or (loop.checkpoint_every and
                                       step % loop.checkpoint_every == 0):
                 saved = path = self.save()
+                beat()
             if on_boundary is not None:
                 on_boundary(step, eval_result, saved)
         if start >= loop.steps and self.keeper is not None:  # already done
@@ -197,7 +207,18 @@ class PSTrainer:
             start_step=start, step=step, executed_steps=self.executed_steps,
             examples=examples, seconds=time.perf_counter() - began,
             final_loss=last_loss, eval=eval_result, checkpoint=path,
-            closure_seconds=tuple(closures.closure_seconds))
+            closure_seconds=tuple(closures.closure_seconds),
+            closures_per_worker=dict(closures.closures_per_pipeline))
+
+    def describe_pending(self) -> str:
+        """Closures in flight and per-worker progress (for the watchdog)."""
+        loop = getattr(self, "loop", None)
+        if loop is None:
+            return "training loop not started"
+        return (f"{loop.in_flight} closure(s) scheduled and not collected; "
+                f"closures finished per worker: "
+                f"{dict(sorted(loop.closures_per_pipeline.items()))}; "
+                f"step {int(self.progress.step.numpy())}")
 
 
 def _next_boundary(step: int, loop: LoopConfig) -> int:
