@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from data.manifest import Manifest
 from data.manifest import ManifestError
+from data.records import locate_corruption
 from data.repair import ScanResult
 from data.repair import scan_records
 from features.spec import ID_COLUMN
@@ -35,7 +36,11 @@ def _ids(files: list[str]) -> np.ndarray:
     dataset = tf.data.TFRecordDataset(files).batch(256).map(
         lambda r: tf.io.decode_raw(tf.strings.reduce_join(
             tf.io.parse_example(r, features)[ID_COLUMN]), tf.int64))
-    parts = [ids.numpy() for ids in dataset]
+    try:
+        parts = [ids.numpy() for ids in dataset]
+    except tf.errors.DataLossError as error:
+        located = locate_corruption(files)
+        raise (located or error) from error
     return np.concatenate(parts) if parts else np.zeros([0], np.int64)
 
 

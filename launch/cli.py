@@ -274,6 +274,10 @@ def _failures() -> tuple[type[BaseException], ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``psrec`` console script."""
     configure_environment()
+    # Lines reach a pipe (a supervisor, a log collector) as they happen.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)

@@ -217,7 +217,9 @@ class Supervisor:
                 process.wait()
         time.sleep(self._backoff())
         for task in tasks:
-            self.cluster.start_task(task)
+            process = self.cluster.start_task(task)
+            self.log(f"psrec supervisor: ps-{task.index} restarted (pid "
+                     f"{process.pid})")
         self.cluster.wait_ready(tasks)
 
     def _restart_frozen_workers(self) -> None:
@@ -228,8 +230,10 @@ class Supervisor:
                          "(frozen); replacing it")
                 process.kill()
                 process.wait()
-                self.cluster.start_task(task)
+                process = self.cluster.start_task(task)
                 self.cluster.wait_ready([task])
+                self.log(f"psrec supervisor: worker-{task.index} restarted "
+                         f"(pid {process.pid})")
 
     def _stop_coordinator(self, grace: float = 10.0) -> None:
         process = self.coordinator

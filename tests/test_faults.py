@@ -1,0 +1,330 @@
+"""Reliability: real OS processes, SIGKILL/SIGSTOP, hard timeouts.
+
+Each scenario runs ``psrec train`` (supervisor + PS + workers + coordinator
+as separate processes) on a small converted dataset, injects a fault and
+checks what psrec guarantees, then that no process it started remains.
+Recovery times are printed (``-s``) for the README's reliability table.
+"""
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data.convert import ConversionOptions
+from data.convert import convert
+from data.manifest import Manifest
+from data.synthetic import write_synthetic_parquet
+from features import criteo
+from tests._proc import PsrecRun
+from tests._proc import alive
+from tests._proc import assert_no_leftovers
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+STEPS = 300
+EVERY = 50
+PROGRESS = r"^step (\d+)/\d+ \[.*workers \{(.*)\}"
+
+
+@pytest.fixture(scope="module")
+def manifest_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("faultdata")
+    spec = criteo()
+    files = write_synthetic_parquet(spec, root / "parquet", 20_000, files=2)
+    convert(files, spec, root / "tfrecord",
+            ConversionOptions(shards=4, eval_fraction=0.2))
+    return root / "tfrecord"
+
+
+def _train_args(workdir: Path, data: Path, *extra: str) -> list[str]:
+    return ["train", "--workdir", str(workdir), "--data", str(data),
+            "--steps", str(STEPS), "--batch-size", "128",
+            "--steps-per-closure", "5", "--checkpoint-every", str(EVERY),
+            "--log-every", "10", "--no-export", *extra]
+
+
+def _steps_seen(run: PsrecRun) -> list[int]:
+    return [int(m.group(1)) for m in re.finditer(PROGRESS, run.output, re.M)]
+
+
+def _per_worker(line_match: re.Match) -> dict[int, int]:
+    return {int(k): int(v) for k, v in re.findall(r"(\d+): (\d+)",
+                                                  line_match.group(2))}
+
+
+def _executed(run: PsrecRun) -> int:
+    return int(re.search(r"optimizer updates executed: (\d+)",
+                         run.output).group(1))
+
+
+def _role_pid(run: PsrecRun, index: int) -> int:
+    """pids in the 'local cluster' line are ordered ps..., worker..."""
+    match = re.search(r"local cluster: .*\(pids ([\d, ]+)\)", run.output)
+    return [int(p) for p in match.group(1).split(",")][index]
+
+
+def test_worker_killed_and_not_restarted_run_completes(tmp_path,
+                                                       manifest_dir):
+    run = PsrecRun(_train_args(tmp_path, manifest_dir,
+                               "--no-restart-workers"))
+    try:
+        run.wait_for(r"^step (7\d|8\d|9\d)/", 240)  # about a quarter
+        os.kill(_role_pid(run, 2), signal.SIGKILL)  # worker-1 (after ps-0)
+        killed_at = time.monotonic()
+        assert run.wait(300) == 0, run.output[-3000:]
+        assert "worker-1 died" in run.output and "not restarted" in run.output
+        assert max(_steps_seen(run)) == STEPS
+        # at-least-once: a closure lost with the worker ran again elsewhere
+        assert _executed(run) >= STEPS
+        took = time.monotonic() - killed_at
+        print(f"\nworker loss, not restarted: finished {took:.1f} s after "
+              f"the kill; executed {_executed(run)} steps for {STEPS} "
+              "scheduled")
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_worker_killed_and_restarted_works_again(tmp_path, manifest_dir):
+    run = PsrecRun(_train_args(tmp_path, manifest_dir))
+    try:
+        run.wait_for(r"^step (7\d|8\d|9\d)/", 240)
+        os.kill(_role_pid(run, 2), signal.SIGKILL)
+        killed_at = time.monotonic()
+        restarted = run.wait_for(r"worker-1 restarted \(pid (\d+)\)", 120)
+        restart_line = len(run.lines)
+        before = _per_worker(run.wait_for(PROGRESS, 60, after=restart_line))
+        assert run.wait(300) == 0, run.output[-3000:]
+        final = re.findall(r"closures finished per worker: workers \{(.*)\}",
+                           run.output)[-1]
+        after = {int(k): int(v) for k, v in re.findall(r"(\d+): (\d+)", final)}
+        assert after.get(1, 0) > before.get(1, 0), (before, after)
+        assert _executed(run) >= STEPS
+        print(f"\nworker loss, restarted: new pid {restarted.group(1)} up "
+              f"{run.time_of('worker-1 restarted') - killed_at:.1f} s after "
+              f"the kill; worker-1 closures {before.get(1, 0)} -> "
+              f"{after.get(1, 0)}")
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_ps_killed_supervisor_restores_and_finishes(tmp_path, manifest_dir):
+    run = PsrecRun(_train_args(tmp_path, manifest_dir))
+    try:
+        run.wait_for(r"checkpoint .*ckpt-100$", 300)
+        run.wait_for(r"^step 1[2-4]\d/", 120)
+        last_step = max(_steps_seen(run))
+        os.kill(_role_pid(run, 0), signal.SIGKILL)  # ps-0
+        killed_at = time.monotonic()
+        resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
+        assert run.wait(300) == 0, run.output[-3000:]
+        resumed_step = int(resumed.group(2))
+        lost = last_step - resumed_step
+        assert 0 <= lost <= EVERY, (last_step, resumed_step)
+        assert max(_steps_seen(run)) == STEPS
+        # The restored table equals the checkpoint file's contents.
+        report = json.loads((tmp_path / "restore.json").read_text())
+        reader = tf.train.load_checkpoint(resumed.group(1))
+        table = reader.get_tensor(
+            "model/sparse_arch/categorical/.ATTRIBUTES/VARIABLE_VALUE")
+        import hashlib
+        assert report["table_sha256"]["categorical"] == hashlib.sha256(
+            np.ascontiguousarray(table).tobytes()).hexdigest()
+        print(f"\nPS loss: resumed at step {resumed_step} (lost {lost} "
+              f"steps) {run.time_of('resumed from') - killed_at:.1f} s after "
+              "the kill")
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def _kill_whole_job_then_rerun(tmp_path, manifest_dir, trigger) -> None:
+    first = PsrecRun(_train_args(tmp_path, manifest_dir))
+    try:
+        trigger(first)
+        first.process.kill()  # the supervisor: its children follow it
+        first.wait(30)
+        assert_no_leftovers(first, tmp_path)
+        latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+        assert latest is not None
+        saved_step = int(latest.rsplit("-", 1)[1])
+    finally:
+        first.kill()
+    again = PsrecRun(_train_args(tmp_path, manifest_dir))
+    try:
+        began = time.monotonic()
+        resumed = again.wait_for(r"resumed from (\S+) at step (\d+)", 240)
+        assert resumed.group(1) == latest
+        assert int(resumed.group(2)) == saved_step
+        assert again.wait(300) == 0, again.output[-3000:]
+        steps = _steps_seen(again)
+        assert min(steps) > saved_step and max(steps) == STEPS
+        print(f"\ncoordinator killed: rerun resumed from step {saved_step} "
+              f"{again.time_of('resumed from') - began:.1f} s after start")
+    finally:
+        again.kill()
+        assert_no_leftovers(again, tmp_path)
+
+
+def test_coordinator_killed_during_training_rerun_resumes(tmp_path,
+                                                          manifest_dir):
+    def during_training(run: PsrecRun) -> None:
+        run.wait_for(r"checkpoint .*ckpt-50$", 300)
+        run.wait_for(r"^step (7\d|8\d)/", 120)
+
+    _kill_whole_job_then_rerun(tmp_path, manifest_dir, during_training)
+
+
+def test_coordinator_killed_during_checkpoint_save_rerun_resumes(
+        tmp_path, manifest_dir):
+    checkpoints = tmp_path / "checkpoints"
+
+    def during_save(run: PsrecRun) -> None:
+        run.wait_for(r"checkpoint .*ckpt-50$", 300)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the next save's temp files
+            if any(p.name.endswith("_temp") for p in checkpoints.iterdir()):
+                return
+        raise AssertionError("never saw a checkpoint being written")
+
+    _kill_whole_job_then_rerun(tmp_path, manifest_dir, during_save)
+
+
+def test_stalled_worker_trips_watchdog_with_retryable_exit(tmp_path,
+                                                           manifest_dir):
+    timeout = 12
+    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--stall-timeout",
+                               str(timeout), "--max-restarts", "0"))
+    stopped = None
+    try:
+        run.wait_for(r"^step (4\d|5\d|6\d)/", 240)
+        stopped = _role_pid(run, 2)
+        os.kill(stopped, signal.SIGSTOP)
+        began = time.monotonic()
+        code = run.wait(timeout + 120)
+        assert code == 138, run.output[-3000:]
+        fired = run.time_of("psrec watchdog: no training progress")
+        assert fired - began <= timeout + 60
+        assert "Python stacks of the coordinator" in run.output
+        assert "closure(s) scheduled and not collected" in run.output
+        print(f"\nstall: watchdog fired {fired - began:.1f} s after SIGSTOP "
+              f"(--stall-timeout {timeout})")
+    finally:
+        if stopped and alive(stopped):
+            os.kill(stopped, signal.SIGCONT)
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def _copy_manifest_dir(src: Path, dst: Path) -> Path:
+    import shutil
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _flip_byte_in_record(path: Path, record: int) -> None:
+    """Flips one data byte of the ``record``-th record (framing intact)."""
+    data = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(record):
+        length = int.from_bytes(data[offset:offset + 8], "little")
+        offset += 12 + length + 4
+    length = int.from_bytes(data[offset:offset + 8], "little")
+    data[offset + 12 + length // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_wrong_sha256_in_manifest_is_refused_before_servers(tmp_path,
+                                                            manifest_dir):
+    data = _copy_manifest_dir(manifest_dir, tmp_path / "data")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["shards"]["train"][1]["sha256"] = "0" * 64
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    run = PsrecRun(_train_args(tmp_path / "work", data))
+    try:
+        assert run.wait(120) == 2
+        assert "train-00001-of-00004.tfrecord" in run.output
+        assert "sha256" in run.output
+        assert "local cluster" not in run.output  # no server was started
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_corrupted_record_during_training_names_the_file(tmp_path,
+                                                         manifest_dir):
+    data = _copy_manifest_dir(manifest_dir, tmp_path / "data")
+    bad = data / "train-00002-of-00004.tfrecord"
+    _flip_byte_in_record(bad, 3)
+    run = PsrecRun(_train_args(tmp_path / "work", data,
+                               "--no-verify-checksums"))
+    try:
+        assert run.wait(300) == 1, run.output[-3000:]
+        assert f"corrupted TFRecord file {bad}" in run.output
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_bounded_skip_counts_exactly_the_corrupted_records(tmp_path,
+                                                           manifest_dir):
+    data = _copy_manifest_dir(manifest_dir, tmp_path / "data")
+    _flip_byte_in_record(data / "train-00000-of-00004.tfrecord", 1)
+    _flip_byte_in_record(data / "train-00003-of-00004.tfrecord", 4)
+    _flip_byte_in_record(data / "train-00003-of-00004.tfrecord", 7)
+    refused = PsrecRun(_train_args(tmp_path / "w1", data,
+                                   "--max-corrupt-records", "2"))
+    try:
+        assert refused.wait(120) == 2
+        assert "3 corrupted record(s) found, above --max-corrupt-records 2" \
+            in refused.output
+        assert "local cluster" not in refused.output
+    finally:
+        refused.kill()
+        assert_no_leftovers(refused, tmp_path)
+    run = PsrecRun(_train_args(tmp_path / "w2", data, "--max-corrupt-records",
+                               "3", "--steps", "60"))
+    try:
+        assert run.wait(300) == 0, run.output[-3000:]
+        assert "skipped 3 corrupted record(s)" in run.output
+        assert re.search(r"train-00003-of-00004.tfrecord: 2 corrupted",
+                         run.output)
+        rows = Manifest.load(manifest_dir).block_rows
+        repaired = tmp_path / "w2" / "repaired" / "train-00003-of-00004.tfrecord"
+        original = sum(1 for _ in tf.data.TFRecordDataset(
+            str(manifest_dir / "train-00003-of-00004.tfrecord")))
+        assert sum(1 for _ in tf.data.TFRecordDataset(str(repaired))) == \
+            original - 2
+        assert rows > 0
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_non_loopback_cluster_refused_without_allow_remote(tmp_path,
+                                                           manifest_dir):
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"ps": ["10.0.0.5:2222"],
+                                   "worker": ["10.0.0.6:2222"]}))
+    run = PsrecRun(_train_args(tmp_path / "w", manifest_dir, "--cluster",
+                               str(cluster)))
+    try:
+        assert run.wait(120) == 2
+        assert "needs --allow-remote" in run.output
+        assert "coordinating existing cluster" not in run.output
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+    warned = PsrecRun(["tf-config", "--ps", "10.0.0.5:2222", "--workers",
+                       "10.0.0.6:2222", "--allow-remote"])
+    assert warned.wait(60) == 0
+    assert "unauthenticated" in warned.output
+    assert '"ps":["10.0.0.5:2222"]' in warned.output
