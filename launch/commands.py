@@ -83,7 +83,61 @@ def _job_config(args: argparse.Namespace):
         workers=args.workers, ps=args.ps, export=not args.no_export,
         verify_checksums=not args.no_verify_checksums,
         max_corrupt_records=args.max_corrupt_records,
+        keep_checkpoints=args.keep_checkpoints,
         stall_timeout=args.stall_timeout or None)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
+    return value
+
+
+def _cmd_train_mirrored(args: argparse.Namespace) -> int:
+    """``--strategy mirrored|multi-worker-mirrored`` (launch.mirrored_job)."""
+    from launch.mirrored_job import MirroredOptions
+    from launch.mirrored_job import run_mirrored_job
+    if args.cluster:
+        raise UsageError(
+            f"`--cluster` is for --strategy ps; with --strategy "
+            f"{args.strategy} each worker reads its own TF_CONFIG (see "
+            "`psrec tf-config`), and without TF_CONFIG psrec starts "
+            "--workers local workers.")
+    options = MirroredOptions(
+        strategy=args.strategy, collective=args.collective,
+        sync_batch_norm=args.sync_batch_norm,
+        mixed_precision=args.mixed_precision,
+        grad_accum_steps=args.grad_accum_steps,
+        memory_fraction=args.memory_fraction,
+        cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote)
+    worker = args.strategy == "multi-worker-mirrored" and bool(
+        os.environ.get("TF_CONFIG", "").strip())
+    summary = run_mirrored_job(_job_config(args), options)
+    if summary is not None:
+        print(summary.text(), flush=True)
+    if worker:  # MultiWorkerMirroredStrategy's server cannot be shut down
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+    return EXIT_OK
+
+
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from features.presets import resolve_spec
+    from ps_cluster.advise import advise
+    advice = advise(resolve_spec(args.spec), args.model,
+                    batch_size=args.batch_size,
+                    memory_fraction=args.memory_fraction,
+                    repeats=args.repeats,
+                    log=None if args.json else (
+                        lambda text: print(text, file=sys.stderr,
+                                           flush=True)))
+    if args.json:
+        print(json.dumps(advice.to_dict()), flush=True)
+    else:
+        print(advice.text(), flush=True)
+    return EXIT_OK
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -92,6 +146,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from launch.local import LocalCluster
     from launch.supervisor import SupervisorConfig
     from launch.supervisor import supervise
+    if getattr(args, "strategy", "ps") != "ps":
+        return _cmd_train_mirrored(args)
     cluster = _existing_cluster(args)
     config = _job_config(args)
     if cluster is not None:  # coordinate it; an orchestrator restarts us
@@ -219,10 +275,49 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-corrupt-records", type=_non_negative, default=0,
                    help="skip up to N corrupted records (counted, reported); "
                    "default: refuse corrupted data")
+    p.add_argument("--keep-checkpoints", type=_positive, default=3)
     p.add_argument("--no-verify-checksums", action="store_true",
                    help="check shard presence and size but not sha256")
+    p.add_argument("--strategy",
+                   choices=("ps", "mirrored", "multi-worker-mirrored"),
+                   default="ps",
+                   help="ps: parameter servers (tables sharded); mirrored: "
+                   "all local GPUs/CPU replicas, all-reduce; "
+                   "multi-worker-mirrored: workers from TF_CONFIG (or "
+                   "--workers local ones); see `psrec advise`")
+    p.add_argument("--collective", choices=("auto", "ring", "nccl"),
+                   default="auto",
+                   help="all-reduce implementation (mirrored strategies)")
+    p.add_argument("--sync-batch-norm", action="store_true",
+                   help="batch norm in the MLP towers with statistics "
+                   "all-reduced across replicas (mirrored strategies)")
+    p.add_argument("--mixed-precision", action="store_true",
+                   help="mixed_float16 on GPU, mixed_bfloat16 on CPU; "
+                   "float32 logits and loss (mirrored strategies)")
+    p.add_argument("--grad-accum-steps", type=_positive, default=1,
+                   help="micro-batches of --batch-size per update "
+                   "(mirrored strategies)")
+    p.add_argument("--memory-fraction", type=_fraction, default=0.5,
+                   help="size guard: replicated tables + optimizer slots "
+                   "may use this share of one device's memory")
+    p.add_argument("--cpu-replicas", type=_positive, default=None,
+                   help="--strategy mirrored without GPUs: split the CPU "
+                   "into N logical devices (N replicas)")
     _add_cluster_flags(p)
     p.set_defaults(run=_cmd_train)
+
+    p = sub.add_parser("advise",
+                       help="measure compute vs all-reduce vs PS round trip "
+                       "and recommend a strategy")
+    p.add_argument("--spec", default="criteo",
+                   help="preset (criteo, movielens) or spec file")
+    p.add_argument("--model", choices=models, default="dcn")
+    p.add_argument("--batch-size", type=_positive, default=1024,
+                   help="rows of one replica's (worker's) step")
+    p.add_argument("--memory-fraction", type=_fraction, default=0.5)
+    p.add_argument("--repeats", type=_positive, default=5)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=_cmd_advise)
 
     p = sub.add_parser("server", help="run one PS or worker role (blocks)")
     p.add_argument("--cluster", default=None, help="cluster spec JSON file")

@@ -75,6 +75,7 @@ class JobConfig:
       verify_checksums: recompute every shard's sha256 and check that the
         train and eval splits share no example id before starting (both
         read all the data; without it only presence and sizes are checked).
+      keep_checkpoints: recent checkpoints kept.
       max_corrupt_records: corrupted records that may be skipped (counted
         and reported); 0 refuses any corrupted shard.
       stall_timeout: seconds without progress before the watchdog exits
@@ -98,6 +99,7 @@ class JobConfig:
     export: bool = True
     verify_checksums: bool = True
     max_corrupt_records: int = 0
+    keep_checkpoints: int = 3
     stall_timeout: float | None = 900.0
 
     @property
@@ -258,7 +260,8 @@ def _train(config: JobConfig, cluster: ClusterSpec, manifest: Manifest, log):
     from ps_cluster.watchdog import Watchdog
     trainer = PSTrainer(cluster, config.spec, config.model_config,
                         config.optimizer, config.input, config.partition,
-                        checkpoint_dir=config.checkpoint_dir)
+                        checkpoint_dir=config.checkpoint_dir,
+                        keep_checkpoints=config.keep_checkpoints)
     with _translated_errors(manifest):
         restored = trainer.restore()
     if restored:

@@ -71,6 +71,7 @@ class PSTrainer:
       input_config: batch size and shuffling.
       partition: how tables are sharded across PS tasks.
       checkpoint_dir: where the coordinator writes checkpoints (None: none).
+      keep_checkpoints: how many recent checkpoints are kept.
     """
 
     def __init__(self, cluster: ClusterSpec, spec: FeatureSpec,
@@ -78,7 +79,8 @@ class PSTrainer:
                  optimizer_config: OptimizerConfig = OptimizerConfig(),
                  input_config: InputConfig = InputConfig(),
                  partition: PartitionConfig = PartitionConfig(),
-                 checkpoint_dir: str | Path | None = None) -> None:
+                 checkpoint_dir: str | Path | None = None,
+                 keep_checkpoints: int = 3) -> None:
         self.cluster = cluster
         self.spec = spec
         self.input_config = input_config
@@ -102,7 +104,8 @@ class PSTrainer:
                 checkpoint_dir, self.checkpoint,
                 optimizers={"sparse_optimizer": self.sparse_optimizer,
                             "dense_optimizer": self.dense_optimizer},
-                tables=table_checkpoint_keys(self.model))
+                tables=table_checkpoint_keys(self.model),
+                max_to_keep=keep_checkpoints)
 
     @property
     def executed_steps(self) -> int:

@@ -47,7 +47,8 @@ def _train_args(workdir: Path, data: Path, *extra: str) -> list[str]:
     return ["train", "--workdir", str(workdir), "--data", str(data),
             "--steps", str(STEPS), "--batch-size", "128",
             "--steps-per-closure", "5", "--checkpoint-every", str(EVERY),
-            "--log-every", "10", "--no-export", *extra]
+            "--log-every", "10", "--no-export", "--keep-checkpoints", "10",
+            *extra]
 
 
 def _steps_seen(run: PsrecRun) -> list[int]:
