@@ -3,8 +3,7 @@ making progress, after dumping what it was doing.
 
 The training loop calls :meth:`Watchdog.beat` whenever a closure result,
 an evaluation or a checkpoint completes. If no beat arrives for
-``timeout`` seconds, the watchdog writes every Python thread's stack
-(``faulthandler``), a description of the pending work (closures in flight,
+``timeout`` seconds, the watchdog writes every Python thread's stack, a description of the pending work (closures in flight,
 which workers still accept connections) and exits the process with
 ``EXIT_RETRYABLE`` -- what a Kubernetes liveness probe or psrec's own
 supervisor needs to restart a hung job instead of waiting forever.
@@ -12,11 +11,11 @@ supervisor needs to restart a hung job instead of waiting forever.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import sys
 import threading
 import time
+import traceback
 from typing import Callable
 
 EXIT_RETRYABLE = 138  # Kubeflow's "user-defined retryable" exit code
@@ -74,7 +73,10 @@ class Watchdog:
             err.write(f"(could not describe pending work: {error!r})\n")
         err.write("Python stacks of the coordinator:\n")
         err.flush()
-        faulthandler.dump_traceback(file=err, all_threads=True)
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            err.write(f"--- thread {names.get(ident, ident)}\n")
+            err.write("".join(traceback.format_stack(frame)))
         err.write(f"psrec watchdog: exiting with retryable code "
                   f"{EXIT_RETRYABLE}\n")
         err.flush()
