@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from data.files import write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "psrec-blocks-v1"
@@ -87,11 +88,7 @@ class Manifest:
 
     def write(self) -> Path:
         """Writes ``manifest.json`` atomically (temp file + rename)."""
-        path = self.root / MANIFEST_NAME
-        tmp = path.with_name(f".{MANIFEST_NAME}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_json_atomic(self.root / MANIFEST_NAME, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> "Manifest":

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Iterator
 
 from data.dataset import InputConfig
+from data.files import write_json_atomic
 from data.dataset import NotEnoughShardsError
 from data.manifest import Manifest
 from data.manifest import ManifestError
@@ -249,8 +249,7 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         examples_per_sec=result.examples_per_sec, eval=result.eval,
         seconds=time.perf_counter() - began,
         cluster=(cluster or live).to_tf_cluster_dict())
-    (workdir / "summary.json").write_text(
-        json.dumps(summary.to_dict(), indent=2) + "\n")
+    write_json_atomic(workdir / "summary.json", summary.to_dict())
     return summary
 
 
@@ -336,5 +335,4 @@ def _write_restore_report(config: JobConfig, trainer, path: str) -> None:
         tables[name] = hashlib.sha256(values.tobytes()).hexdigest()
     report = {"checkpoint": path, "step": int(trainer.progress.step.numpy()),
               "table_sha256": tables}
-    (Path(config.workdir) / "restore.json").write_text(
-        json.dumps(report, indent=2) + "\n")
+    write_json_atomic(Path(config.workdir) / "restore.json", report)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from data.files import write_json_atomic
 from features.spec import FeatureSpec
 from models.config import ModelConfig
 
@@ -42,12 +42,7 @@ class JobRecord:
                 "batch_size": self.batch_size, "manifest": self.manifest}
 
     def write(self, directory: str | Path) -> Path:
-        path = Path(directory) / JOB_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{JOB_FILE}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_json_atomic(Path(directory) / JOB_FILE, self.to_dict())
 
     @classmethod
     def read(cls, directory: str | Path) -> "JobRecord":
