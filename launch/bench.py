@@ -125,7 +125,7 @@ def _run_single_process(config: BenchConfig) -> dict:
     durations, loss = [], float("nan")
     began = time.perf_counter()
     for _ in range(closures):
-        loss_sum, _, seconds = closure(iterator)
+        loss_sum, _, seconds, _ = closure(iterator)
         loss = float(loss_sum) / config.steps_per_closure
         durations.append(float(seconds))
     return _result(config, time.perf_counter() - began, durations, loss)

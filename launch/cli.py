@@ -241,6 +241,12 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     if "data.integrity" in sys.modules:
         from data.integrity import SplitOverlapError
         errors.append(SplitOverlapError)
+    if "models.sizing" in sys.modules:
+        from models.sizing import ModelTooLargeError
+        errors.append(ModelTooLargeError)
+    if "ps_cluster.mirrored" in sys.modules:
+        from ps_cluster.mirrored import MirroredConfigError
+        errors.append(MirroredConfigError)
     return tuple(errors)
 
 
@@ -268,6 +274,12 @@ def _failures() -> tuple[type[BaseException], ...]:
     if "ps_cluster.checkpoint" in sys.modules:
         from ps_cluster.checkpoint import RestoreError
         failures.append(RestoreError)
+    if "launch.mirrored_job" in sys.modules:
+        from launch.mirrored_job import WorkerFailedError
+        failures.append(WorkerFailedError)
+    if "ps_cluster.advise" in sys.modules:
+        from ps_cluster.advise import AdviseError
+        failures.append(AdviseError)
     return tuple(failures)
 
 

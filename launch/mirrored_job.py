@@ -172,35 +172,47 @@ def effective_model(config: JobConfig, options: MirroredOptions
 # -- (de)serialising a job for worker processes --------------------------------
 
 
+_NESTED = {"spec": FeatureSpec.from_dict, "model": lambda d: ModelConfig(**d),
+           "optimizer": lambda d: OptimizerConfig(**d),
+           "input": lambda d: InputConfig(**d),
+           "loop": lambda d: LoopConfig(**d),
+           "synthetic": lambda d: SyntheticData(**d)}
+
+
 def job_to_dict(config: JobConfig, options: MirroredOptions,
                 model: ModelConfig) -> dict[str, Any]:
-    """The JSON a local worker process rebuilds its job from."""
-    return {
-        "workdir": str(config.workdir), "spec": config.spec.to_dict(),
-        "model_name": config.model_name, "model": dataclasses.asdict(model),
-        "optimizer": dataclasses.asdict(config.optimizer),
-        "input": dataclasses.asdict(config.input),
-        "loop": dataclasses.asdict(config.loop),
-        "data": str(config.data) if config.data else None,
-        "workers": config.workers, "export": config.export,
-        "verify_checksums": config.verify_checksums,
-        "options": dataclasses.asdict(options),
-    }
+    """The JSON a local worker process rebuilds its job from: the nested
+    configurations, paths, and every plain (JSON) field of the job."""
+    data: dict[str, Any] = {"options": dataclasses.asdict(options)}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name == "model":
+            data["model"] = dataclasses.asdict(model)
+        elif field.name == "spec":
+            data["spec"] = value.to_dict()
+        elif field.name in _NESTED:
+            data[field.name] = dataclasses.asdict(value)
+        elif isinstance(value, Path):
+            data[field.name] = str(value)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            data[field.name] = value
+    return data
 
 
 def job_from_dict(data: dict[str, Any]) -> tuple[JobConfig, MirroredOptions]:
-    """Inverse of :func:`job_to_dict`."""
-    config = JobConfig(
-        workdir=Path(data["workdir"]),
-        spec=FeatureSpec.from_dict(data["spec"]),
-        model_name=data["model_name"], model=ModelConfig(**data["model"]),
-        optimizer=OptimizerConfig(**data["optimizer"]),
-        input=InputConfig(**data["input"]), loop=LoopConfig(**data["loop"]),
-        data=Path(data["data"]) if data["data"] else None,
-        synthetic=SyntheticData(), workers=int(data["workers"]),
-        export=bool(data["export"]),
-        verify_checksums=bool(data["verify_checksums"]))
-    return config, MirroredOptions(**data["options"])
+    """Inverse of :func:`job_to_dict` (other job fields keep defaults)."""
+    names = {f.name for f in dataclasses.fields(JobConfig)}
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in names:
+            continue
+        if name in _NESTED:
+            kwargs[name] = _NESTED[name](value)
+        elif name in ("workdir", "data"):
+            kwargs[name] = Path(value) if value is not None else None
+        else:
+            kwargs[name] = value
+    return JobConfig(**kwargs), MirroredOptions(**data["options"])
 
 
 # -- training in this process ---------------------------------------------------
@@ -218,7 +230,8 @@ def _train_here(config: JobConfig, options: MirroredOptions, strategy,
         grad_accum_steps=options.grad_accum_steps,
         precision=mixed_precision_policy(options.mixed_precision),
         checkpoint_dir=config.checkpoint_dir,
-        memory_fraction=options.memory_fraction)
+        memory_fraction=options.memory_fraction,
+        keep_checkpoints=getattr(config, "keep_checkpoints", 3))
     restored = trainer.restore()
     if restored:
         log(f"resumed from {restored} at step "
@@ -360,6 +373,10 @@ def run_worker(config: JobConfig, options: MirroredOptions,
     _barrier(strategy)
     fields = _result_fields(result, options, trainer.precision)
     if not chief:
+        log(f"{tf_config.task} is not the chief: its "
+            f"{trainer.scratch_saves} checkpoint save(s) went to "
+            f"{trainer.scratch_dir}, deleted after each "
+            f"(exists now: {trainer.scratch_dir.exists()})")
         return None
     (Path(config.workdir) / RESULT_FILE).write_text(json.dumps(
         {"checkpoint": result.checkpoint, **fields}) + "\n")

@@ -69,6 +69,26 @@ def _raise_terminated(signum, frame) -> None:  # noqa: ARG001
     raise _Terminated()
 
 
+# The signal that interrupted the supervisor. CPython swallows an exception
+# raised by a signal handler while an at-fork hook runs (``subprocess.Popen``
+# forking a child: "Exception ignored in ... _releaseLock"), so a SIGINT or
+# SIGTERM landing in that window would be lost; it is remembered here and
+# raised again by the watch loop.
+_SIGNALLED: list[int] = []
+
+
+def _on_signal(signum, frame) -> None:
+    _SIGNALLED.append(signum)
+    _raise_signalled()
+
+
+def _raise_signalled() -> None:
+    if _SIGNALLED:
+        if _SIGNALLED[0] == signal.SIGTERM:
+            _raise_terminated(signal.SIGTERM, None)
+        raise KeyboardInterrupt
+
+
 def _stopped(pid: int) -> bool:
     """True when the process is stopped (SIGSTOP) -- alive but frozen."""
     try:
@@ -102,7 +122,11 @@ class Supervisor:
         self._due: dict[TaskInfo, float] = {}  # worker restarts scheduled
 
     def run(self) -> int:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        _SIGNALLED.clear()
+        previous = signal.signal(signal.SIGTERM, _on_signal)
+        previous_int = signal.getsignal(signal.SIGINT)
+        if previous_int is signal.default_int_handler:  # not when ignored
+            signal.signal(signal.SIGINT, _on_signal)
         try:
             with self.cluster:
                 self.log(f"local cluster: {self.cluster.cluster.num_workers} "
@@ -116,6 +140,8 @@ class Supervisor:
         finally:
             self._stop_coordinator()
             signal.signal(signal.SIGTERM, previous)
+            if previous_int is signal.default_int_handler:
+                signal.signal(signal.SIGINT, previous_int)
 
     # -- the loop ------------------------------------------------------------
 
@@ -151,6 +177,7 @@ class Supervisor:
         """
         assert self.coordinator is not None
         while True:
+            _raise_signalled()  # one that hit a fork was swallowed there
             try:
                 code = self.coordinator.wait(timeout=0.2)
                 return code, "coordinator exited"

@@ -55,11 +55,18 @@ class RankingModel(tf_keras.Model):
                 f"interaction {config.interaction!r} needs dense features.")
         self.sparse_arch = SparseArch(spec, wide=config.wide,
                                       name="sparse_arch")
+        # Under a mixed-precision policy the logit layers stay float32.
+        logit_dtype = "float32" if _mixed_precision() else None
         self.dense_arch = MLP(config.bottom_mlp, output_units=projection,
+                              batch_norm=config.batch_norm,
                               name="dense_arch")
         self.interaction_arch = make_interaction(config)
-        self.over_arch = MLP(config.top_mlp, output_units=1, name="over_arch")
-        self.wide_dense = (tf_keras.layers.Dense(1, name="wide_dense")
+        self.over_arch = MLP(config.top_mlp, output_units=1,
+                             batch_norm=config.batch_norm,
+                             output_dtype=logit_dtype, name="over_arch")
+        self.wide_dense = (tf_keras.layers.Dense(
+            1, name="wide_dense",
+            **({"dtype": logit_dtype} if logit_dtype else {}))
                            if config.wide and spec.dense else None)
 
     def get_config(self) -> dict:
@@ -73,14 +80,21 @@ class RankingModel(tf_keras.Model):
         else:
             dense = tf.zeros([tf.shape(embeddings[0])[0], 0])
         dense_out = self.dense_arch(dense)
+        if self.compute_dtype != "float32":  # mixed precision: one dtype in
+            embeddings = [tf.cast(e, self.compute_dtype) for e in embeddings]
+            dense_out = tf.cast(dense_out, self.compute_dtype)
         features, extra = self.interaction_arch(dense_out, embeddings)
-        logit = tf.reshape(self.over_arch(features), [-1])
+        # Logits (and so the loss) are float32 whatever the policy; under
+        # float32 these casts are no-ops.
+        logit = tf.cast(tf.reshape(self.over_arch(features), [-1]),
+                        tf.float32)
         if extra is not None:
-            logit += extra
+            logit += tf.cast(extra, tf.float32)
         if wide_logit is not None:
-            logit += wide_logit
+            logit += tf.cast(wide_logit, tf.float32)
         if self.wide_dense is not None:
-            logit += tf.reshape(self.wide_dense(dense), [-1])
+            logit += tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
+                             tf.float32)
         return logit
 
     def embedding_variables(self) -> list[tf.Variable]:
@@ -91,6 +105,11 @@ class RankingModel(tf_keras.Model):
         """Every other trainable variable: trained by the dense optimizer."""
         tables = {id(v) for v in self.embedding_variables()}
         return [v for v in self.trainable_variables if id(v) not in tables]
+
+
+def _mixed_precision() -> bool:
+    """True when the global Keras policy computes in float16/bfloat16."""
+    return tf_keras.mixed_precision.global_policy().compute_dtype != "float32"
 
 
 def example_batch(spec: FeatureSpec, rows: int = 2) -> dict[str, tf.Tensor]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -38,6 +37,7 @@ from features.spec import FeatureSpec
 from models.accumulation import add_gradients
 from models.accumulation import zero_non_finite
 from models.config import ModelConfig
+from models.embedding import WIDE_SUFFIX
 from models.optim import OptimizerConfig
 from models.optim import build_optimizers
 from models.ranking import RankingModel
@@ -186,14 +186,38 @@ def local_replicas_sharing_memory(strategy: tf.distribute.Strategy) -> int:
 # -- the trainer ----------------------------------------------------------------
 
 
-STATIC=[None]
-def _pad_slices(g, n):
-    size = tf.shape(g.indices)[0]
-    pad = n - size
-    idx = tf.concat([tf.cast(g.indices, tf.int64), tf.fill([pad], tf.cast(g.indices[0], tf.int64))], 0)
-    val = tf.concat([g.values, tf.zeros([pad, tf.shape(g.values)[1]], g.values.dtype)], 0)
-    idx = tf.ensure_shape(idx, [n]); val = tf.ensure_shape(val, [n, g.values.shape[1]])
-    return tf.IndexedSlices(val, idx, g.dense_shape)
+def ids_per_example(spec: FeatureSpec, table: str) -> int:
+    """Ids one example looks up in ``table`` (or its wide twin)."""
+    base = table.removesuffix(WIDE_SUFFIX)
+    return sum(f.max_length for f in spec.categorical if f.table == base)
+
+
+def pad_slices(grad, rows: int):
+    """A table gradient padded to exactly ``rows`` slices.
+
+    Replicas touch different numbers of distinct rows, and all-gathering
+    ``IndexedSlices`` of different sizes inside a ``tf.while`` loop of
+    updates fails (measured: "Shape mismatch in the collective instance" on
+    2 CPU replicas). Padding every replica to the same static bound (ids
+    per example x per-replica batch x micro-batches) avoids it; the padding
+    repeats a touched row with zero values, which the optimizers' duplicate
+    summing turns into no change.
+    """
+    if grad is None or not isinstance(grad, tf.IndexedSlices):
+        return grad
+    indices = tf.cast(grad.indices, tf.int64)
+    size = tf.shape(indices)[0]
+    check = tf.debugging.assert_less_equal(
+        size, rows, message="table gradient has more rows than the bound")
+    with tf.control_dependencies([check]):
+        pad = rows - size
+    first = tf.concat([indices, tf.zeros([1], tf.int64)], 0)[0]
+    indices = tf.concat([indices, tf.fill([pad], first)], 0)
+    values = tf.concat([grad.values, tf.zeros(
+        tf.stack([pad, tf.shape(grad.values)[1]]), grad.values.dtype)], 0)
+    return tf.IndexedSlices(
+        tf.ensure_shape(values, [rows] + grad.values.shape[1:].as_list()),
+        tf.ensure_shape(indices, [rows]), grad.dense_shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +256,7 @@ class MirroredTrainer:
       precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
       checkpoint_dir: the chief's checkpoint folder (None: none).
       memory_fraction: the size guard's budget (None: no guard).
+      keep_checkpoints: recent checkpoints the chief keeps.
 
     Raises:
       MirroredConfigError: a batch size that does not split over replicas,
@@ -245,8 +270,8 @@ class MirroredTrainer:
                  input_config: InputConfig = InputConfig(), *,
                  grad_accum_steps: int = 1, precision: str = "float32",
                  checkpoint_dir: str | Path | None = None,
-                 memory_fraction: float | None = DEFAULT_MEMORY_FRACTION
-                 ) -> None:
+                 memory_fraction: float | None = DEFAULT_MEMORY_FRACTION,
+                 keep_checkpoints: int = 3) -> None:
         self.strategy = strategy
         self.spec = spec
         self.input_config = input_config
@@ -297,9 +322,15 @@ class MirroredTrainer:
             dense_optimizer=self.dense_optimizer, progress=self.progress)
         self.checkpoint_dir = (Path(checkpoint_dir) if checkpoint_dir
                                is not None else None)
-        self.keeper = (CheckpointKeeper(self.checkpoint_dir, self.checkpoint)
+        self.keeper = (CheckpointKeeper(self.checkpoint_dir, self.checkpoint,
+                                        max_to_keep=keep_checkpoints)
                        if self.checkpoint_dir is not None else None)
         self._functions: dict[int, Callable] = {}
+        self.scratch_saves = 0
+        per_replica = input_config.batch_size // self.replicas
+        self._slice_rows = [
+            per_replica * grad_accum_steps * ids_per_example(spec, name)
+            for name in self.model.sparse_arch.tables]
 
     @property
     def global_batch_size(self) -> int:
@@ -325,12 +356,21 @@ class MirroredTrainer:
         step = int(self.progress.step.numpy())
         if self.chief:
             return self.keeper.save(step)
-        scratch = tempfile.mkdtemp(prefix="psrec-mwms-worker-")
+        scratch = self.scratch_dir
         try:
             CheckpointKeeper(scratch, self.checkpoint).save(step)
+            self.scratch_saves += 1
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
+
+    @property
+    def scratch_dir(self) -> Path:
+        """Where a non-chief worker saves (deleted after each save)."""
+        resolver = self.strategy.cluster_resolver
+        name = f"{resolver.task_type}-{resolver.task_id}"
+        return self.checkpoint_dir.parent / (
+            f".{self.checkpoint_dir.name}-{name}-scratch")
 
     # -- training ----------------------------------------------------------------
 
@@ -354,7 +394,10 @@ class MirroredTrainer:
             total = add_gradients(total, grads)
             loss_sum += loss
             count += tf.size(batch[label], out_type=tf.int64)
-        total[:len(tables)] = [_pad_slices(g, STATIC[0]) for g in total[:len(tables)]]
+        if self.replicas > 1:
+            total[:len(tables)] = [
+                pad_slices(g, rows) for g, rows in
+                zip(total[:len(tables)], self._slice_rows)]
         if self.loss_scale is not None:
             total = self.loss_scale.get_unscaled_gradients(total)
             # The dense LossScaleOptimizer skips a non-finite step and
@@ -378,10 +421,6 @@ class MirroredTrainer:
         def train(iterator):
             loss_sum = tf.constant(0.0)
             examples = tf.constant(0, tf.int64)
-            # A Python loop (unrolled): collectives that all-gather table
-            # gradients of different sizes per replica mismatch across
-            # iterations of a tf.while loop (measured: "Shape mismatch in
-            # the collective instance" on 2 CPU replicas).
             for _ in tf.range(steps):
                 batches = [next(iterator) for _ in range(k)]
                 loss, count = strategy.run(self._replica_step,

@@ -1,0 +1,499 @@
+"""``psrec advise``: which strategy suits a model on this machine, measured.
+
+Three timings, each the median of a few repetitions after a warm-up:
+
+* ``T_compute`` -- one training step (forward, backward, optimizer update)
+  of the model on one device at the per-replica batch, with synthetic ids;
+  tables larger than :data:`MAX_MEASURED_IDS` ids per feature are measured
+  on a smaller copy (the step's compute does not depend on table rows);
+* ``T_allreduce`` -- what the mirrored path moves per update: an all-reduce
+  of the dense gradient and an all-gather of the table gradients' slices
+  (``ids x dim`` values + ids per replica), between 2 replicas (2 GPUs
+  when there are, else 2 logical CPU devices -- in a subprocess, since the
+  CPU split must precede TensorFlow's device setup);
+* ``T_ps`` -- one worker step's parameter-server traffic on an in-process
+  loopback cluster (1 worker + 1 PS, in a subprocess): gather the batch's
+  rows, read the dense weights, push a sparse Adagrad update of the rows
+  and a dense update.
+
+The recommendation (:func:`recommend`): tables + slots over
+``memory_fraction`` of one device -> ``ps``; else
+``T_allreduce / T_compute <= threshold`` (0.3) -> ``mirrored``; else
+``T_ps / T_compute <= threshold`` -> ``ps``; else ``single-device``: above
+the threshold communication eats the gain of a second device.
+
+Caveat, printed with the result: on one machine the all-reduce crosses
+memory (or NVLink/PCIe), not a network; across machines, multiply by the
+ratio of memory to network bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from features.spec import FeatureSpec
+from models.config import ModelConfig
+from models.config import model_config as named_model
+from models.optim import OptimizerConfig
+from models.sizing import GIB
+from models.sizing import DeviceMemory
+from models.sizing import SizeEstimate
+from models.sizing import device_memory_bytes
+from models.sizing import estimate_replicated_bytes
+from models.sizing import proxy_spec
+
+DEFAULT_THRESHOLD = 0.3
+MAX_MEASURED_IDS = 100_000  # ids per feature in the compute measurement
+MAX_PS_ROWS = 1_000_000  # table rows of the PS round-trip measurement
+CHOICES = ("single-device", "mirrored", "ps")
+
+
+class AdviseError(RuntimeError):
+    """A measurement subprocess failed or timed out."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """Seconds per training step of each part, and the bytes moved.
+
+    Attributes:
+      compute_s: one step's compute on one device.
+      allreduce_s: one update's gradient all-reduce/all-gather.
+      ps_s: one step's PS round trip.
+      allreduce_bytes: bytes each replica contributes per update.
+      ps_bytes: bytes one worker step moves to and from the PS.
+      allreduce_devices: the devices the all-reduce ran between.
+    """
+
+    compute_s: float
+    allreduce_s: float
+    ps_s: float
+    allreduce_bytes: int
+    ps_bytes: int
+    allreduce_devices: str
+
+    @property
+    def mirrored_ratio(self) -> float:
+        return self.allreduce_s / self.compute_s
+
+    @property
+    def ps_ratio(self) -> float:
+        return self.ps_s / self.compute_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """The measurements, the size check and the recommendation."""
+
+    spec_name: str
+    model_name: str
+    batch_size: int
+    size: SizeEstimate
+    memory: DeviceMemory
+    memory_fraction: float
+    threshold: float
+    measurements: Measurements
+    recommendation: str
+    reasons: tuple[str, ...]
+    seconds: float
+    local_gpus: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["size"]["total_bytes"] = self.size.total_bytes
+        data["measurements"]["mirrored_ratio"] = self.measurements.mirrored_ratio
+        data["measurements"]["ps_ratio"] = self.measurements.ps_ratio
+        return data
+
+    def text(self) -> str:
+        m = self.measurements
+        budget = self.memory_fraction * self.memory.bytes
+        return "\n".join([
+            f"psrec advise: spec {self.spec_name!r}, model "
+            f"{self.model_name!r}, {self.batch_size} rows per replica step",
+            f"  T_compute   one step on one device        "
+            f"{1000 * m.compute_s:8.2f} ms",
+            f"  T_allreduce mirrored, {m.allreduce_devices}, "
+            f"{m.allreduce_bytes / 2**20:6.2f} MiB "
+            f"{1000 * m.allreduce_s:8.2f} ms  T_comm/T_compute = "
+            f"{m.mirrored_ratio:.3f}",
+            f"  T_ps        PS loopback,        {m.ps_bytes / 2**20:6.2f} MiB "
+            f"{1000 * m.ps_s:8.2f} ms  T_comm/T_compute = {m.ps_ratio:.3f}",
+            f"  replicated tables + slots: {self.size.text()}",
+            f"  budget: {self.memory_fraction:g} x "
+            f"{self.memory.bytes / GIB:.1f} GiB {self.memory.kind} = "
+            f"{budget / GIB:.2f} GiB",
+            f"  recommendation: {self.recommendation}",
+            *[f"    - {reason}" for reason in self.reasons],
+            f"  (measured in {self.seconds:.0f} s; the all-reduce ran within "
+            "one machine -- across machines scale it by memory/network "
+            "bandwidth)",
+        ])
+
+
+def recommend(size: SizeEstimate, memory: DeviceMemory,
+              measurements: Measurements, memory_fraction: float = 0.5,
+              threshold: float = DEFAULT_THRESHOLD,
+              local_gpus: int | None = None
+              ) -> tuple[str, tuple[str, ...]]:
+    """The strategy and its reasons (see the module docstring's rule).
+
+    ``local_gpus``, when given and below 2, adds a note to a ``mirrored``
+    recommendation: the replicas must be GPUs or machines, since logical
+    CPU devices share the same cores.
+
+    Raises:
+      ValueError: ``memory_fraction`` outside (0, 1] or ``threshold`` <= 0.
+    """
+    if not 0.0 < memory_fraction <= 1.0:
+        raise ValueError(f"`--memory-fraction` = {memory_fraction!r} must be "
+                         "in (0, 1].")
+    if not threshold > 0:
+        raise ValueError(f"`threshold` = {threshold!r} must be > 0.")
+    budget = memory_fraction * memory.bytes
+    fits = size.total_bytes <= budget
+    mirrored, ps = measurements.mirrored_ratio, measurements.ps_ratio
+    fit_text = (f"tables + optimizer slots {size.total_bytes / GIB:.3f} GiB "
+                f"per replica {'fit in' if fits else 'exceed'} "
+                f"{memory_fraction:g} of one {memory.kind}'s "
+                f"{memory.bytes / GIB:.1f} GiB ({budget / GIB:.2f} GiB)")
+    if not fits:
+        return "ps", (fit_text + ": a replica cannot hold every table; "
+                      "shard them across parameter servers",
+                      f"PS round trip T_comm/T_compute = {ps:.2f}")
+    if mirrored <= threshold:
+        reasons = (
+            fit_text,
+            f"all-reduce T_comm/T_compute = {mirrored:.2f} <= {threshold:g}:"
+            " synchronous data parallelism keeps most of the gain of each "
+            "added replica, and converges like one device with a larger "
+            "batch")
+        if local_gpus is not None and local_gpus < 2:
+            reasons += (
+                f"this machine has {local_gpus} GPU(s): use --strategy "
+                "mirrored on a machine with several GPUs, or "
+                "multi-worker-mirrored across machines; logical CPU devices "
+                "share the same cores and bring no speed-up",)
+        return "mirrored", reasons
+    if ps <= threshold:
+        return "ps", (
+            fit_text,
+            f"all-reduce T_comm/T_compute = {mirrored:.2f} > {threshold:g}: "
+            "the all-reduce eats the gain of mirrored replicas",
+            f"PS round trip T_comm/T_compute = {ps:.2f} <= {threshold:g}: "
+            "workers exchange only the rows they touch")
+    return "single-device", (
+        fit_text,
+        f"all-reduce T_comm/T_compute = {mirrored:.2f} and PS round trip "
+        f"{ps:.2f} both exceed {threshold:g}: communication eats the gain of "
+        "a second device; train on one device (or raise the batch so "
+        "compute grows and re-run advise)")
+
+
+# -- measurements --------------------------------------------------------------
+
+
+def _median_seconds(run: Callable[[], Any], repeats: int,
+                    steps: int = 1) -> float:
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - began) / steps)
+    return statistics.median(times)
+
+
+def synthetic_batch(spec: FeatureSpec, rows: int, seed: int = 0):
+    """A batch in the model's input format with uniform random ids."""
+    import tensorflow as tf
+
+    from features.spec import DENSE_COLUMN
+    batch = {spec.label.name: tf.cast(tf.random.stateless_uniform(
+        [rows], [seed, 1]) < 0.3, tf.float32)}
+    if spec.dense:
+        batch[DENSE_COLUMN] = tf.random.stateless_uniform(
+            [rows, len(spec.dense)], [seed, 2], maxval=10.0)
+    for i, feature in enumerate(spec.categorical):
+        shape = [rows, feature.max_length] if feature.multi_hot else [rows]
+        batch[feature.name] = feature.row_offset + tf.random.stateless_uniform(
+            shape, [seed, 3 + i], maxval=feature.num_ids, dtype=tf.int64)
+    return batch
+
+
+def measure_compute(spec: FeatureSpec, model: ModelConfig, batch_size: int,
+                    optimizer: OptimizerConfig = OptimizerConfig(),
+                    repeats: int = 5, steps: int = 5) -> float:
+    """Median seconds of one training step on the default device."""
+    import tensorflow as tf
+
+    from models.optim import build_optimizers
+    from models.ranking import build_model
+    if any((f.hash_buckets or 0) > MAX_MEASURED_IDS
+           for f in spec.categorical):
+        spec = proxy_spec(spec, MAX_MEASURED_IDS)
+    net = build_model(spec, model)
+    sparse, dense = build_optimizers(optimizer, batch_size)
+    batch = synthetic_batch(spec, batch_size)
+    label = spec.label.name
+
+    @tf.function
+    def train(batch):
+        for _ in range(steps):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                    batch[label], net(batch, training=True)))
+            tables, others = net.embedding_variables(), net.dense_variables()
+            grads = tape.gradient(loss, tables + others)
+            sparse.apply_gradients(zip(grads[:len(tables)], tables))
+            dense.apply_gradients(zip(grads[len(tables):], others))
+        return loss
+
+    train(batch).numpy()  # trace + warm up
+    train(batch).numpy()
+    return _median_seconds(lambda: train(batch).numpy(), repeats, steps)
+
+
+def _run_helper(kind: str, args: dict[str, Any], timeout: float
+                ) -> dict[str, Any]:
+    from launch.runtime import role_environment
+    command = [sys.executable, "-m", "ps_cluster.advise", kind,
+               json.dumps(args)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True,
+                              timeout=timeout, env=role_environment(),
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise AdviseError(f"the {kind} measurement did not finish within "
+                          f"{timeout:.0f} s.") from None
+    lines = [line for line in done.stdout.splitlines()
+             if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = "\n".join(done.stderr.splitlines()[-15:])
+        raise AdviseError(f"the {kind} measurement failed (exit "
+                          f"{done.returncode}):\n{tail}")
+    return json.loads(lines[-1])
+
+
+def gradient_traffic(spec: FeatureSpec, model: ModelConfig,
+                     batch_size: int, dense_parameters: int
+                     ) -> dict[str, int]:
+    """What one replica exchanges per update: dense floats, and table
+    slices (ids of the batch x width) per table width."""
+    ids = {}
+    for table in spec.tables:
+        count = batch_size * sum(f.max_length for f in spec.categorical
+                                 if f.table == table.name)
+        ids[table.dim] = ids.get(table.dim, 0) + count
+        if model.wide:
+            ids[1] = ids.get(1, 0) + count
+    return {"dense": dense_parameters,
+            "slices": {str(dim): rows for dim, rows in ids.items()}}
+
+
+def traffic_bytes(traffic: dict[str, Any]) -> int:
+    """Bytes of :func:`gradient_traffic`: float32 values + int64 ids."""
+    return 4 * traffic["dense"] + sum(
+        rows * (4 * int(dim) + 8) for dim, rows in traffic["slices"].items())
+
+
+def measure_allreduce(traffic: dict[str, Any], repeats: int = 5,
+                      timeout: float = 180.0) -> tuple[float, str]:
+    """Median seconds of one update's all-reduce + all-gathers between two
+    replicas (in a subprocess); returns ``(seconds, devices)``."""
+    out = _run_helper("allreduce", {"traffic": traffic, "repeats": repeats},
+                      timeout)
+    return float(out["seconds"]), str(out["devices"])
+
+
+def measure_ps(spec: FeatureSpec, traffic: dict[str, Any],
+               repeats: int = 5, timeout: float = 180.0) -> float:
+    """Median seconds of one worker step's PS round trip (subprocess)."""
+    rows = min(MAX_PS_ROWS, max(t.rows for t in spec.tables))
+    out = _run_helper("ps", {"traffic": traffic, "rows": rows,
+                             "repeats": repeats}, timeout)
+    return float(out["seconds"])
+
+
+def advise(spec: FeatureSpec, model_name: str = "dcn", *,
+           model: ModelConfig | None = None, batch_size: int = 1024,
+           optimizer: OptimizerConfig = OptimizerConfig(),
+           memory_fraction: float = 0.5, threshold: float = DEFAULT_THRESHOLD,
+           repeats: int = 5, memory: DeviceMemory | None = None,
+           log: Callable[[str], None] | None = None) -> Advice:
+    """Measures this machine and recommends a strategy for the model.
+
+    Args:
+      spec: the feature spec.
+      model_name: the named configuration (``model`` overrides it).
+      batch_size: rows of one replica's (or worker's) step.
+      memory_fraction: the size guard's share of device memory.
+      threshold: the T_comm/T_compute above which communication is said
+        to eat the gain.
+      repeats: timed repetitions per measurement (median).
+      memory: the device memory (default: measured).
+      log: progress lines.
+
+    Raises:
+      ValueError: ``batch_size`` or ``repeats`` < 1.
+      AdviseError: a measurement subprocess failed.
+    """
+    for key, value in (("batch_size", batch_size), ("repeats", repeats)):
+        if value < 1:
+            raise ValueError(f"`--{key.replace('_', '-')}` = {value!r} must "
+                             "be >= 1.")
+    began = time.perf_counter()
+    say = log or (lambda text: None)
+    config = model or named_model(model_name)
+    size = estimate_replicated_bytes(spec, config, optimizer)
+    memory = memory or device_memory_bytes()
+    traffic = gradient_traffic(spec, config, batch_size, size.dense_bytes // 4)
+    say("measuring one training step on one device ...")
+    compute = measure_compute(spec, config, batch_size, optimizer, repeats)
+    say("measuring one gradient all-reduce between 2 replicas ...")
+    allreduce, devices = measure_allreduce(traffic, repeats)
+    say("measuring one parameter-server round trip (loopback) ...")
+    ps = measure_ps(spec, traffic, repeats)
+    measurements = Measurements(
+        compute_s=compute, allreduce_s=allreduce, ps_s=ps,
+        allreduce_bytes=traffic_bytes(traffic),
+        ps_bytes=2 * traffic_bytes(traffic), allreduce_devices=devices)
+    import tensorflow as tf
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    choice, reasons = recommend(size, memory, measurements, memory_fraction,
+                                threshold, gpus)
+    return Advice(spec_name=spec.name, model_name=model_name,
+                  batch_size=batch_size, size=size, memory=memory,
+                  memory_fraction=memory_fraction, threshold=threshold,
+                  measurements=measurements, recommendation=choice,
+                  reasons=reasons, seconds=time.perf_counter() - began,
+                  local_gpus=gpus)
+
+
+# -- measurement subprocesses ----------------------------------------------------
+
+
+def _helper_allreduce(args: dict[str, Any]) -> dict[str, Any]:
+    import tensorflow as tf
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= 2:
+        devices = ["/gpu:0", "/gpu:1"]
+    else:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        devices = ["/cpu:0", "/cpu:1"]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    traffic = args["traffic"]
+
+    def replica():
+        ctx = tf.distribute.get_replica_context()
+        out = [ctx.all_reduce("SUM", tf.ones([max(1, traffic["dense"])]))]
+        for dim, rows in traffic["slices"].items():
+            out.append(ctx.all_gather(tf.ones([rows, int(dim)]), axis=0))
+            out.append(ctx.all_gather(tf.ones([rows], tf.int64), axis=0))
+        return [tf.reduce_sum(tf.cast(o[:1], tf.float32)) for o in out]
+
+    step = tf.function(lambda: strategy.run(replica))
+    for _ in range(2):
+        tf.nest.map_structure(lambda v: v.numpy(), strategy.experimental_local_results(step()))
+    seconds = _median_seconds(lambda: tf.nest.map_structure(
+        lambda v: v.numpy(), strategy.experimental_local_results(step())),
+        args["repeats"])
+    return {"seconds": seconds, "devices": "2 x " + devices[0][1:4].upper()}
+
+
+def _helper_ps(args: dict[str, Any]) -> dict[str, Any]:
+    import tensorflow as tf
+    import tf_keras
+
+    from ps_cluster.in_process import in_process_cluster
+    from ps_cluster.partitioning import table_creation_scope
+    from ps_cluster.strategy import build_coordinator
+    from ps_cluster.strategy import build_strategy
+    traffic, rows, steps = args["traffic"], int(args["rows"]), 10
+    strategy = build_strategy(in_process_cluster(1, 1))
+    coordinator = build_coordinator(strategy)
+    with strategy.scope():
+        with table_creation_scope():
+            tables = {dim: tf.Variable(tf.zeros([rows, int(dim)]))
+                      for dim in traffic["slices"]}
+        dense = tf.Variable(tf.zeros([max(1, traffic["dense"])]))
+        optimizer = tf_keras.optimizers.legacy.Adagrad(0.01)
+        shards = [v for t in tables.values()
+                  for v in getattr(t, "variables", [t])]
+        optimizer._create_all_weights(shards + [dense])  # noqa: SLF001
+
+    def step(i: int):
+        grads, total = [], tf.constant(0.0)
+        for dim, table in tables.items():
+            ids = tf.random.stateless_uniform(
+                [traffic["slices"][dim]], [i, 7], maxval=rows, dtype=tf.int64)
+            unique, _ = tf.unique(ids)
+            looked = tf.nn.embedding_lookup(table, unique)
+            total += tf.reduce_sum(looked[:1])
+            for shard, part in _split_by_shard(table, unique, looked):
+                grads.append((part, shard))
+        total += tf.reduce_sum(dense[:1])
+        grads.append((tf.ones_like(dense) * 1e-3, dense))
+        optimizer.apply_gradients(grads)
+        return total
+
+    @tf.function
+    def closure():
+        total = tf.constant(0.0)
+        for i in range(steps):
+            total += strategy.run(step, args=(i,))
+        return total
+
+    def run():
+        coordinator.schedule(closure)
+        coordinator.join()
+
+    for _ in range(2):
+        run()
+    return {"seconds": _median_seconds(run, args["repeats"], steps)}
+
+
+def _split_by_shard(table, ids, values):
+    """``IndexedSlices`` gradients per shard of a (sharded) table."""
+    import tensorflow as tf
+    shards = list(getattr(table, "variables", [table]))
+    if len(shards) == 1:
+        return [(shards[0], tf.IndexedSlices(values, ids,
+                                             tf.shape(shards[0],
+                                                      out_type=tf.int64)))]
+    out, start = [], 0
+    for shard in shards:
+        size = shard.shape[0]
+        mask = (ids >= start) & (ids < start + size)
+        out.append((shard, tf.IndexedSlices(
+            tf.boolean_mask(values, mask), tf.boolean_mask(ids, mask) - start,
+            tf.shape(shard, out_type=tf.int64))))
+        start += size
+    return out
+
+
+def _helper_main(argv: list[str]) -> int:
+    from launch.runtime import configure_environment
+    configure_environment()
+    kind, args = argv[0], json.loads(argv[1])
+    helpers = {"allreduce": _helper_allreduce, "ps": _helper_ps}
+    if kind not in helpers:
+        print(f"unknown measurement {kind!r}; use {', '.join(helpers)}",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(helpers[kind](args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import os
+    code = _helper_main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)  # in-process gRPC servers cannot be shut down

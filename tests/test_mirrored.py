@@ -1,0 +1,486 @@
+"""The mirrored path: MirroredStrategy on 2 logical CPU devices,
+MultiWorkerMirroredStrategy over loopback, sync batch norm, mixed precision,
+gradient accumulation, the size guard and the serving export.
+
+The CPU can only be split into logical devices before TensorFlow sets up its
+devices, which the pytest process may already have done (other tests, the
+in-process PS cluster). So each 2-replica check runs this file as a script
+in a fresh process (``python tests/test_mirrored.py CHECK ARGS``), which
+prints one JSON line of results; the test asserts on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Losses of mirrored (2 replicas) and single-device training may differ only
+# by float reduction order: measured differences are ~1e-7; allowed 1e-4.
+LOSS_TOLERANCE = 1e-4
+
+
+def _run_check(name: str, *args: str, timeout: float = 240) -> dict:
+    """Runs one check of this file in a fresh process with 2 CPU devices."""
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), name, *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
+        stdin=subprocess.DEVNULL, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, (
+        f"check {name} failed (exit {done.returncode}):\n"
+        + "\n".join(done.stderr.splitlines()[-30:]))
+    return json.loads(lines[-1])
+
+
+# -- tests -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_mirrored_on_two_replicas_matches_single_device_training():
+    out = _run_check("equivalence")
+    assert out["replicas"] == {"one": 1, "mirrored": 2}
+    one, mirrored = np.array(out["one"]), np.array(out["mirrored"])
+    assert len(one) == len(mirrored) == 6  # mean loss of each 2 updates
+    assert np.abs(one - mirrored).max() < LOSS_TOLERANCE, (one, mirrored)
+    assert out["weights_max_diff"] < 1e-3
+    assert np.ptp(one) > 10 * LOSS_TOLERANCE  # the losses did move
+    # Sync batch norm: global statistics, so still equal to one device ...
+    sync = np.array(out["mirrored_sync_bn"])
+    assert np.abs(np.array(out["one_bn"]) - sync).max() < LOSS_TOLERANCE
+    # ... while per-replica batch norm differs (the check can tell).
+    local = np.array(out["mirrored_local_bn"])
+    assert np.abs(np.array(out["one_bn"]) - local).max() > 10 * LOSS_TOLERANCE
+
+
+def test_sync_batch_norm_normalizes_with_global_statistics():
+    out = _run_check("sync_batch_norm")
+    x0, x1 = np.array(out["inputs"][0]), np.array(out["inputs"][1])
+    both = np.concatenate([x0, x1])
+    mean, var = both.mean(axis=0), both.var(axis=0)  # by hand: global
+    eps = out["epsilon"]
+    for replica, x in enumerate((x0, x1)):
+        expected = (x - mean) / np.sqrt(var + eps)
+        np.testing.assert_allclose(out["sync"][replica], expected,
+                                   rtol=1e-4, atol=1e-4)
+        local = (x - x.mean(axis=0)) / np.sqrt(x.var(axis=0) + eps)
+        np.testing.assert_allclose(out["batch"][replica], local, rtol=1e-4,
+                                   atol=1e-4)
+        assert np.abs(expected - local).max() > 0.5  # the two differ
+    momentum = out["momentum"]
+    np.testing.assert_allclose(out["moving_mean"], (1 - momentum) * mean,
+                               rtol=1e-4, atol=1e-5)
+    assert out["model_norms_synchronized"] == [True, True]
+
+
+@pytest.mark.slow
+def test_mixed_precision_keeps_float32_logits_and_loss():
+    out = _run_check("mixed_precision")
+    for name, dtype in out["model_logits"].items():
+        assert dtype == "float32", name
+    assert set(out["compute_dtypes"]) == {"bfloat16"}
+    assert out["variable_dtypes"] == ["float32"]
+    assert out["logit_layer_dtype"] == "float32"
+    for policy in ("mixed_bfloat16", "mixed_float16"):
+        run = out["trained"][policy]
+        assert run["logits_dtype"] == "float32"
+        assert all(np.isfinite(run["losses"]))
+        assert run["replicas"] == 2
+    assert out["trained"]["mixed_float16"]["loss_scale"] > 0
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_equals_one_k_times_larger_batch():
+    out = _run_check("accumulation")
+    assert out["replicas"] == 2
+    # Same rows, same summed gradient, one SGD update per k micro-batches.
+    assert out["weights_max_diff"] < 1e-5
+    np.testing.assert_allclose(out["accumulated"], out["large"], atol=1e-5)
+    assert out["updates"] == {"accumulated": 3, "large": 3}
+    # Applying every micro-batch separately would not match (sensitivity).
+    assert out["unaccumulated_max_diff"] > 1e-3
+
+
+@pytest.mark.slow
+def test_mirrored_job_checkpoints_and_exports_the_ps_serving_signature(
+        tmp_path):
+    out = _run_check("job", str(tmp_path))
+    assert out["replicas"] == 2 and out["step"] == 6
+    assert out["precision"] == "mixed_bfloat16"
+    assert out["grad_accum_steps"] == 2
+    record = json.loads((tmp_path / "checkpoints" / "job.json").read_text())
+    assert record["model"]["batch_norm"] == "sync"
+    _assert_ps_serving_signature(Path(out["export"]), out["spec"])
+    assert out["eval"]["count"] > 0
+    # A rerun with more steps resumes from the verified checkpoint.
+    resumed = out["resumed"]
+    assert (resumed["start_step"], resumed["step"]) == (6, 9)
+    assert resumed["checkpoint"].endswith("ckpt-9")
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_two_worker_multi_worker_mirrored_run_only_chief_checkpoints(
+        tmp_path):
+    from data.dataset import InputConfig
+    from features.presets import criteo
+    from launch.job import JobConfig
+    from launch.job import SyntheticData
+    from launch.mirrored_job import MirroredOptions
+    from launch.mirrored_job import run_mirrored_job
+    from ps_cluster.train_loop import LoopConfig
+    spec = criteo(buckets=100, dim=4)
+    config = JobConfig(
+        workdir=tmp_path, spec=spec, model_name="dcn",
+        input=InputConfig(batch_size=64),
+        loop=LoopConfig(steps=8, steps_per_closure=4, checkpoint_every=4,
+                        log_every=4),
+        synthetic=SyntheticData(rows=3000, shards=4, files=1), workers=2)
+    summary = run_mirrored_job(config, MirroredOptions(
+        strategy="multi-worker-mirrored", collective="ring",
+        worker_timeout=240), log=lambda text: None)
+    assert summary.replicas == 2 and summary.workers == 2
+    assert summary.step == 8
+    assert Path(summary.checkpoint).name == "ckpt-8"
+    # Only the chief's checkpoint folder holds checkpoint files.
+    indexes = sorted(p.relative_to(tmp_path)
+                     for p in tmp_path.rglob("ckpt-*.index"))
+    assert indexes == [Path("checkpoints/ckpt-4.index"),
+                       Path("checkpoints/ckpt-8.index")]
+    # Worker 1 did save (collectively), into a scratch folder now gone.
+    log = (tmp_path / "logs" / "mwms-worker-1.log").read_text()
+    assert "worker[1] is not the chief: its 2 checkpoint save(s)" in log
+    assert "(exists now: False)" in log
+    assert not list(tmp_path.glob(".checkpoints-*"))
+    _assert_ps_serving_signature(Path(summary.export), spec.to_dict())
+    assert summary.eval is not None and summary.eval.count == 600
+
+
+def test_size_guard_stops_the_cli_with_the_size_and_ps_advice(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", "train", "--strategy", "mirrored",
+         "--memory-fraction", "0.000001", "--workdir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "psrec train: error: replicated tables and optimizer slots" in (
+        done.stderr)
+    assert "GiB" in done.stderr and "Use --strategy ps" in done.stderr
+    assert not (tmp_path / "data").exists()  # stopped before any data work
+
+
+def test_mirrored_options_name_the_argument_and_value():
+    from launch.cli import main
+    from launch.mirrored_job import MirroredOptions
+    from ps_cluster.mirrored import MirroredConfigError
+    from ps_cluster.mirrored import build_strategy
+    with pytest.raises(MirroredConfigError, match=r"`--collective` = 'ring'"):
+        build_strategy("mirrored", "ring")
+    with pytest.raises(MirroredConfigError, match=r"`--strategy` = 'ps'"):
+        MirroredOptions(strategy="ps")
+    with pytest.raises(MirroredConfigError,
+                       match=r"`--grad-accum-steps` = 0"):
+        MirroredOptions(grad_accum_steps=0)
+    with pytest.raises(MirroredConfigError,
+                       match=r"`--memory-fraction` = 1.5"):
+        MirroredOptions(memory_fraction=1.5)
+    assert main(["train", "--strategy", "mirrored", "--cluster",
+                 "c.json"]) == 2
+
+
+def test_accumulated_table_gradients_stay_sparse():
+    import tensorflow as tf
+
+    from models.accumulation import add_gradients
+    a = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([1, 4]),
+                         tf.constant([10, 3]))
+    b = tf.IndexedSlices(2 * tf.ones([1, 3]), tf.constant([4]),
+                         tf.constant([10, 3]))
+    total = add_gradients([a, tf.ones([2]), None], [b, tf.ones([2]), None])
+    assert isinstance(total[0], tf.IndexedSlices)
+    dense = tf.math.unsorted_segment_sum(total[0].values, total[0].indices, 10)
+    np.testing.assert_allclose(dense.numpy()[[1, 4]], [[1] * 3, [3] * 3])
+    np.testing.assert_allclose(total[1].numpy(), [2, 2])
+    assert total[2] is None
+    with pytest.raises(ValueError, match="has 1 gradients but the sum has 2"):
+        add_gradients(total[:2], [b])
+
+
+def _assert_ps_serving_signature(export: Path, spec_dict: dict) -> None:
+    """The export takes the raw columns of the PS path's signature."""
+    import tensorflow as tf
+
+    from features.spec import FeatureSpec
+    from models.export import serving_signature
+    spec = FeatureSpec.from_dict(spec_dict)
+    loaded = tf.saved_model.load(str(export))
+    function = loaded.signatures["serving_default"]
+    inputs = function.structured_input_signature[1]
+    expected = serving_signature(spec)
+    assert set(inputs) == set(expected)
+    for name, tensor_spec in expected.items():
+        assert inputs[name].dtype == tensor_spec.dtype, name
+        assert inputs[name].shape.as_list() == tensor_spec.shape.as_list()
+    raw = {f.name: tf.constant([1.0, float("nan")]) for f in spec.dense}
+    raw.update({f.name: tf.constant(["a", ""]) for f in spec.categorical})
+    out = function(**raw)
+    assert set(out) == {"probability", "logit"}
+    assert out["logit"].dtype == tf.float32 and out["logit"].shape == (2,)
+    assert np.all((out["probability"].numpy() > 0)
+                  & (out["probability"].numpy() < 1))
+
+
+# -- the checks, run as a script with 2 logical CPU devices ----------------------
+
+
+def _data(spec, rows: int, seed: int = 0) -> dict:
+    from features.spec import DENSE_COLUMN
+    rng = np.random.default_rng(seed)
+    dense = rng.uniform(0, 5, (rows, len(spec.dense))).astype(np.float32)
+    data = {DENSE_COLUMN: dense}
+    signal = dense[:, 0] - 2.5
+    for feature in spec.categorical:
+        ids = rng.integers(0, feature.hash_buckets, rows)
+        data[feature.name] = (ids + feature.row_offset).astype(np.int64)
+        signal += (ids % 3 == 0) * 0.5
+    data[spec.label.name] = (rng.uniform(size=rows)
+                             < 1 / (1 + np.exp(-signal))).astype(np.float32)
+    return data
+
+
+def _in_order_dataset_fn(data: dict, global_batch: int):
+    """Consecutive rows in order: replica r of a step reads rows
+    [r*b, (r+1)*b) of the step's global batch, so any replica count sees
+    the same global batches."""
+    import tensorflow as tf
+
+    def dataset_fn(context=None):
+        rows = (context.get_per_replica_batch_size(global_batch)
+                if context else global_batch)
+        return tf.data.Dataset.from_tensor_slices(data).batch(
+            rows, drop_remainder=True).repeat()
+    return dataset_fn
+
+
+def _trainer(strategy, spec, model, optimizer, batch, **kwargs):
+    from data.dataset import InputConfig
+    from ps_cluster.mirrored import MirroredTrainer
+    return MirroredTrainer(strategy, spec, model, optimizer,
+                           InputConfig(batch_size=batch),
+                           memory_fraction=None, **kwargs)
+
+
+def _strategies():
+    import tensorflow as tf
+
+    from ps_cluster.mirrored import build_strategy
+    return (tf.distribute.OneDeviceStrategy("/cpu:0"),
+            build_strategy("mirrored"))
+
+
+def _check_equivalence() -> dict:
+    from features.presets import criteo
+    from models.config import model_config
+    from models.optim import OptimizerConfig
+    from ps_cluster.train_loop import LoopConfig
+    spec = criteo(buckets=100, dim=4)
+    data = _data(spec, 2048)
+    optimizer = OptimizerConfig(warmup_steps=4, base_batch_size=64,
+                                dense_lr=0.01)
+    loop = LoopConfig(steps=12, steps_per_closure=2, checkpoint_every=0)
+    one_strategy, mirrored_strategy = _strategies()
+    out: dict = {"replicas": {}}
+    runs = [  # (key, batch norm, strategy); BN runs share initial weights
+        ("one", "none", one_strategy), ("mirrored", "none", mirrored_strategy),
+        ("one_bn", "sync", one_strategy),
+        ("mirrored_sync_bn", "sync", mirrored_strategy),
+        ("mirrored_local_bn", "batch", mirrored_strategy)]
+    initial: dict = {}
+    trainers = {}
+    for key, bn, strategy in runs:
+        model = model_config("dcn", top_mlp=(32, 16), batch_norm=bn)
+        trainer = _trainer(strategy, spec, model, optimizer, 64)
+        family = bn == "none"
+        initial.setdefault(family, trainer.model.get_weights())
+        trainer.model.set_weights(initial[family])  # same initial values
+        result = trainer.train(_in_order_dataset_fn(data, 64), loop)
+        trainers[key] = trainer
+        out[key] = list(result.losses)
+        if bn == "none":
+            out["replicas"][key] = result.replicas
+    out["weights_max_diff"] = max(
+        float(np.abs(a - b).max()) for a, b in zip(
+            trainers["one"].model.get_weights(),
+            trainers["mirrored"].model.get_weights()))
+    return out
+
+
+def _check_sync_batch_norm() -> dict:
+    import tensorflow as tf
+
+    from features.presets import criteo
+    from models.blocks import batch_norm_layer
+    from models.config import model_config
+    from models.ranking import build_model
+    _, strategy = _strategies()
+    rng = np.random.default_rng(3)
+    inputs = [rng.normal(0, 1, (4, 3)).astype(np.float32),
+              rng.normal(5, 3, (4, 3)).astype(np.float32)]
+    momentum, epsilon = 0.5, 1e-3
+    out = {"inputs": [x.tolist() for x in inputs], "epsilon": epsilon,
+           "momentum": momentum}
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(inputs[ctx.replica_id_in_sync_group]))
+    for kind in ("sync", "batch"):
+        with strategy.scope():
+            layer = batch_norm_layer(kind, momentum=momentum,
+                                     epsilon=epsilon)
+            layer.build((None, 3))
+        result = strategy.run(tf.function(
+            lambda x: layer(x, training=True)), args=(values,))
+        out[kind] = [r.numpy().tolist()
+                     for r in strategy.experimental_local_results(result)]
+        if kind == "sync":
+            out["moving_mean"] = layer.moving_mean.numpy().tolist()
+    with strategy.scope():
+        model = build_model(criteo(buckets=10, dim=4),
+                            model_config("dcn", top_mlp=(8, 4),
+                                         batch_norm="sync"))
+    out["model_norms_synchronized"] = [
+        bool(n.synchronized) for n in model.over_arch.norms]
+    return out
+
+
+def _check_mixed_precision() -> dict:
+    import tf_keras
+
+    from features.presets import criteo
+    from features.presets import movielens
+    from models.config import MODEL_PRESETS
+    from models.config import model_config
+    from models.optim import OptimizerConfig
+    from models.ranking import build_model
+    from models.ranking import example_batch
+    from ps_cluster.train_loop import LoopConfig
+    out: dict = {"model_logits": {}, "trained": {}}
+    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        for name in MODEL_PRESETS:
+            for spec in (criteo(buckets=20, dim=4), movielens(dim=4)):
+                model = build_model(spec, model_config(name))
+                logits = model(example_batch(spec, 3), training=True)
+                out["model_logits"][f"{name}/{spec.name}"] = logits.dtype.name
+        out["compute_dtypes"] = sorted(
+            {layer.compute_dtype for layer in model.over_arch.hidden})
+        out["variable_dtypes"] = sorted(
+            {v.dtype.name for v in model.trainable_variables})
+        out["logit_layer_dtype"] = model.over_arch.out.compute_dtype
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+    spec = criteo(buckets=50, dim=4)
+    data = _data(spec, 1024)
+    _, strategy = _strategies()
+    for policy in ("mixed_bfloat16", "mixed_float16"):
+        trainer = _trainer(strategy, spec, model_config(
+            "deepfm", top_mlp=(16,), batch_norm="sync"), OptimizerConfig(),
+            64, precision=policy)
+        result = trainer.train(_in_order_dataset_fn(data, 64), LoopConfig(
+            steps=4, steps_per_closure=2, checkpoint_every=0))
+        batch = {k: v[:8] for k, v in data.items()}
+        run = {"losses": list(result.losses), "replicas": result.replicas,
+               "logits_dtype": trainer.model(batch).dtype.name}
+        if trainer.loss_scale is not None:
+            run["loss_scale"] = float(trainer.loss_scale.loss_scale)
+        out["trained"][policy] = run
+    return out
+
+
+def _check_accumulation() -> dict:
+    from features.presets import criteo
+    from models.config import model_config
+    from models.optim import OptimizerConfig
+    from ps_cluster.train_loop import LoopConfig
+    spec = criteo(buckets=100, dim=4)
+    data = _data(spec, 1024, seed=5)
+    model = model_config("deepfm", top_mlp=(16,))
+    sgd = OptimizerConfig(sparse="sgd", dense="sgd", sparse_lr=0.5,
+                          dense_lr=0.5, base_batch_size=128, warmup_steps=0)
+    loop = LoopConfig(steps=3, steps_per_closure=3, checkpoint_every=0)
+    _, strategy = _strategies()
+    k = 4
+    runs = {"accumulated": (32, k), "large": (128, 1), "unaccumulated": (32, 1)}
+    weights, trained, out = None, {}, {"updates": {}}
+    for name, (batch, steps) in runs.items():
+        trainer = _trainer(strategy, spec, model, sgd, batch,
+                           grad_accum_steps=steps)
+        if weights is None:
+            weights = trainer.model.get_weights()
+        trainer.model.set_weights(weights)
+        run_loop = loop if name != "unaccumulated" else LoopConfig(
+            steps=3 * k, steps_per_closure=3 * k, checkpoint_every=0)
+        result = trainer.train(_in_order_dataset_fn(data, batch), run_loop)
+        trained[name] = trainer.model.get_weights()
+        if name != "unaccumulated":
+            out[name] = list(result.losses)
+            out["updates"][name] = int(
+                trainer.dense_optimizer.iterations.numpy())
+        out["replicas"] = result.replicas
+
+    def diff(a: str, b: str) -> float:
+        return max(float(np.abs(x - y).max())
+                   for x, y in zip(trained[a], trained[b]))
+    out["weights_max_diff"] = diff("accumulated", "large")
+    out["unaccumulated_max_diff"] = diff("unaccumulated", "large")
+    return out
+
+
+def _check_job(workdir: str) -> dict:
+    from data.dataset import InputConfig
+    from features.presets import criteo
+    from launch.job import JobConfig
+    from launch.job import SyntheticData
+    from launch.mirrored_job import MirroredOptions
+    from launch.mirrored_job import run_mirrored_job
+    from ps_cluster.train_loop import LoopConfig
+    spec = criteo(buckets=100, dim=4)
+    config = JobConfig(
+        workdir=Path(workdir), spec=spec, model_name="dcn",
+        input=InputConfig(batch_size=64),
+        loop=LoopConfig(steps=6, steps_per_closure=3, checkpoint_every=3,
+                        log_every=3),
+        synthetic=SyntheticData(rows=3000, shards=2, files=1))
+    options = MirroredOptions(cpu_replicas=2, sync_batch_norm=True,
+                              mixed_precision=True, grad_accum_steps=2)
+    summary = run_mirrored_job(config, options, log=lambda text: None)
+    resumed = run_mirrored_job(dataclasses.replace(config, loop=LoopConfig(
+        steps=9, steps_per_closure=3, checkpoint_every=3)), options,
+        log=lambda text: None)
+    return {**summary.to_dict(), "spec": spec.to_dict(),
+            "resumed": resumed.to_dict()}
+
+
+def _main(argv: list[str]) -> int:
+    from launch.runtime import configure_environment
+    configure_environment()
+    from ps_cluster.mirrored import split_cpu
+    split_cpu(2)
+    checks = {"equivalence": _check_equivalence,
+              "sync_batch_norm": _check_sync_batch_norm,
+              "mixed_precision": _check_mixed_precision,
+              "accumulation": _check_accumulation, "job": _check_job}
+    print(json.dumps(checks[argv[0]](*argv[1:])), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
