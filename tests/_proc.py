@@ -1,5 +1,10 @@
 """Running ``psrec`` as a real OS process in tests: output watched line by
-line with deadlines, pids parsed from its output, leftovers checked."""
+line with deadlines, pids parsed from its output, leftovers checked and
+killed by pid.
+
+The one process harness of the suite (test_local_cluster.py,
+test_faults.py, test_existing_cluster.py). It imports no TensorFlow.
+"""
 
 from __future__ import annotations
 
@@ -11,25 +16,98 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterable, Sequence
+
+from launch.runtime import role_environment
 
 REPO = Path(__file__).resolve().parents[1]
-_PID_LINES = (re.compile(r"local cluster: .*\(pids ([\d, ]+)\)"),
-              re.compile(r"coordinator pid (\d+)"),
-              re.compile(r"restarted \(pid (\d+)\)"))
+_ROLE_PIDS = re.compile(r"local cluster: .*\(pids ([\d, ]+)\)")
+_COORDINATOR_PID = re.compile(r"coordinator pid (\d+)")
+_RESTARTED_PID = re.compile(r"restarted \(pid (\d+)\)")
+
+# -- pids ---------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Waits until none of ``pids`` is alive; returns those still alive."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def kill_pids(pids: Iterable[int]) -> None:
+    """SIGKILLs each pid that is still alive (test cleanup, by pid)."""
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def processes_matching(needles: Iterable[str]) -> dict[int, str]:
+    """Live processes (not this one) whose command line contains any needle,
+    as ``{pid: command line}``."""
+    needles = [n for n in needles if n]
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(
+                b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(n in cmdline for n in needles) and pid_alive(int(entry.name)):
+            found[int(entry.name)] = cmdline
+    return found
+
+
+# -- psrec runs -----------------------------------------------------------------
 
 
 class PsrecRun:
-    """``python -m launch ARGS`` with its merged output collected."""
+    """``python -m launch ARGS`` in its own session (process group), its
+    merged stdout/stderr collected line by line, with arrival times, by a
+    reader thread.
 
-    def __init__(self, args: list[str], cwd: Path | None = None) -> None:
-        self.args = args
+    Use either directly (call :meth:`kill` in a ``finally``) or as a context
+    manager: on exit the process group is SIGKILLed if psrec still runs, and
+    every role, coordinator or restarted pid it announced is killed by pid.
+    """
+
+    def __init__(self, args: Sequence[object], cwd: Path | None = None
+                 ) -> None:
+        self.args = [str(a) for a in args]
         self.lines: list[tuple[float, str]] = []
         self._cond = threading.Condition()
         self.started = time.monotonic()
+        env = role_environment()
+        env["PYTHONUNBUFFERED"] = "1"  # lines arrive as they are printed
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "launch", *args], cwd=cwd or REPO,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True, bufsize=1)
+            [sys.executable, "-m", "launch", *self.args], cwd=cwd or REPO,
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, bufsize=1,
+            start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -41,6 +119,21 @@ class PsrecRun:
                 self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()
+
+    def __enter__(self) -> "PsrecRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=30)
+        self._reader.join(timeout=10)
+        kill_pids(self.pids() - {self.process.pid})
+
+    # -- output ---------------------------------------------------------------
 
     @property
     def output(self) -> str:
@@ -61,14 +154,18 @@ class PsrecRun:
                         return match
                 seen = len(self.lines)
                 left = deadline - time.monotonic()
-                if left <= 0 or (self.process.poll() is not None
-                                 and not self._reader.is_alive()):
+                ended = (self.process.poll() is not None
+                         and not self._reader.is_alive())
+                if left <= 0 or ended:
+                    why = (f"output ended (exit {self.process.returncode})"
+                           if ended else f"none within {timeout} s")
                     raise AssertionError(
-                        f"no line matching {pattern!r} within {timeout} s; "
+                        f"no line matching {pattern!r}: {why}; "
                         f"output:\n{self.output[-4000:]}")
                 self._cond.wait(min(left, 0.5))
 
     def time_of(self, pattern: str) -> float:
+        """When the first line matching ``pattern`` arrived (monotonic)."""
         regex = re.compile(pattern)
         with self._cond:
             for stamp, line in self.lines:
@@ -76,52 +173,57 @@ class PsrecRun:
                     return stamp
         raise AssertionError(f"no line matching {pattern!r}")
 
+    # -- pids -----------------------------------------------------------------
+
+    @property
+    def role_pids(self) -> list[int]:
+        """The pids of the last 'local cluster' line (ps..., worker...)."""
+        found = _ROLE_PIDS.findall(self.output)
+        return [int(p) for p in found[-1].split(",")] if found else []
+
+    @property
+    def coordinator_pids(self) -> list[int]:
+        """The supervisor's coordinator children (one per restart)."""
+        return [int(p) for p in _COORDINATOR_PID.findall(self.output)]
+
+    def pids(self) -> set[int]:
+        """Every pid psrec reported starting (roles, coordinators, restarted
+        roles), and psrec's own."""
+        found = {self.process.pid}
+        for regex in (_ROLE_PIDS, _COORDINATOR_PID, _RESTARTED_PID):
+            for match in regex.finditer(self.output):
+                found.update(int(p) for p in match.group(1).split(","))
+        return found
+
+    # -- exit -----------------------------------------------------------------
+
     def wait(self, timeout: float) -> int:
+        """Waits for the exit and the rest of the output; returns the code.
+        Past ``timeout`` psrec is killed and the test fails."""
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(
-                f"psrec {self.args[0]} did not exit within {timeout} s; "
+                f"psrec {self.args} did not exit within {timeout} s; "
                 f"output:\n{self.output[-4000:]}") from None
         self._reader.join(timeout=10)
         return code
 
     def kill(self) -> None:
+        """SIGKILLs psrec itself (its children must follow it on their
+        own: that is what :func:`assert_no_leftovers` checks)."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
 
-    def pids(self) -> set[int]:
-        """Every pid psrec reported starting (roles, coordinators)."""
-        found = {self.process.pid}
-        for regex in _PID_LINES:
-            for match in regex.finditer(self.output):
-                found.update(int(p) for p in match.group(1).split(","))
-        return found
 
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if text.encode() in cmdline and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
+def run_psrec(args: Sequence[object], timeout: float
+              ) -> tuple[int, PsrecRun]:
+    """Runs ``psrec ARGS`` to completion (killed after ``timeout`` s)."""
+    with PsrecRun(args) as run:
+        code = run.wait(timeout)
+    return code, run
 
 
 def assert_no_leftovers(run: PsrecRun, workdir: Path,
@@ -129,14 +231,10 @@ def assert_no_leftovers(run: PsrecRun, workdir: Path,
     """No process psrec started (or that names the workdir) survives."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in run.pids() if alive(p)]
-        left += processes_mentioning(str(workdir))
+        left = [p for p in run.pids() if pid_alive(p)]
+        left += list(processes_matching([str(workdir)]))
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    for pid in left:  # never leave them behind, even when failing
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_pids(left)  # never leave them behind, even when failing
     assert not left, f"processes left behind: {sorted(set(left))}"

@@ -23,8 +23,8 @@ from data.manifest import Manifest
 from data.synthetic import write_synthetic_parquet
 from features import criteo
 from tests._proc import PsrecRun
-from tests._proc import alive
 from tests._proc import assert_no_leftovers
+from tests._proc import pid_alive
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -67,8 +67,7 @@ def _executed(run: PsrecRun) -> int:
 
 def _role_pid(run: PsrecRun, index: int) -> int:
     """pids in the 'local cluster' line are ordered ps..., worker..."""
-    match = re.search(r"local cluster: .*\(pids ([\d, ]+)\)", run.output)
-    return [int(p) for p in match.group(1).split(",")][index]
+    return run.role_pids[index]
 
 
 def test_worker_killed_and_not_restarted_run_completes(tmp_path,
@@ -94,9 +93,11 @@ def test_worker_killed_and_not_restarted_run_completes(tmp_path,
 
 
 def test_worker_killed_and_restarted_works_again(tmp_path, manifest_dir):
-    run = PsrecRun(_train_args(tmp_path, manifest_dir))
+    # Long enough that the restarted worker has work left after it rejoins.
+    steps = 1200
+    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--steps", str(steps)))
     try:
-        run.wait_for(r"^step (7\d|8\d|9\d)/", 240)
+        run.wait_for(r"^step (2[5-9]\d|3[0-4]\d)/", 240)
         os.kill(_role_pid(run, 2), signal.SIGKILL)
         killed_at = time.monotonic()
         restarted = run.wait_for(r"worker-1 restarted \(pid (\d+)\)", 120)
@@ -107,7 +108,7 @@ def test_worker_killed_and_restarted_works_again(tmp_path, manifest_dir):
                            run.output)[-1]
         after = {int(k): int(v) for k, v in re.findall(r"(\d+): (\d+)", final)}
         assert after.get(1, 0) > before.get(1, 0), (before, after)
-        assert _executed(run) >= STEPS
+        assert _executed(run) >= steps
         print(f"\nworker loss, restarted: new pid {restarted.group(1)} up "
               f"{run.time_of('worker-1 restarted') - killed_at:.1f} s after "
               f"the kill; worker-1 closures {before.get(1, 0)} -> "
@@ -219,7 +220,7 @@ def test_stalled_worker_trips_watchdog_with_retryable_exit(tmp_path,
         print(f"\nstall: watchdog fired {fired - began:.1f} s after SIGSTOP "
               f"(--stall-timeout {timeout})")
     finally:
-        if stopped and alive(stopped):
+        if stopped and pid_alive(stopped):
             os.kill(stopped, signal.SIGCONT)
         run.kill()
         assert_no_leftovers(run, tmp_path)

@@ -1,0 +1,338 @@
+"""Shared helpers of the cluster tests, and a small CLI for the work that
+needs its own process (another in-process cluster shape, a clean SavedModel
+load).
+
+Run as ``python -m tests._ps_helpers COMMAND ...`` from the repository root
+(:func:`run_helper` does that, with a timeout). Commands:
+
+* ``reshard --ps N [--train-to DIR] [--restore CKPT ...] --out DIR``: starts
+  an in-process cluster of 1 worker + N PS, optionally trains a few steps and
+  saves into DIR, then restores each CKPT in turn and dumps the restored full
+  table, Adagrad accumulator and a dense kernel as ``.npy`` under DIR.
+* ``serve --model DIR --spec JSON --parquet FILE --rows N --out DIR``: loads
+  a SavedModel in a fresh process without any cluster, runs
+  ``serving_default`` on the first N raw Parquet rows and writes the
+  probabilities and the signature.
+
+Every command ends with ``os._exit`` after flushing: in-process gRPC servers
+cannot be stopped, so the process does not wait on them at shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from launch.runtime import configure_environment
+from launch.runtime import role_environment
+
+configure_environment()
+
+import numpy as np  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from features.presets import criteo  # noqa: E402
+from features.spec import DENSE_COLUMN  # noqa: E402
+from features.spec import ID_COLUMN  # noqa: E402
+from features.spec import FeatureSpec  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
+from tests._proc import REPO  # noqa: E402
+
+# The shared in-process cluster and data of the pytest process (conftest.py).
+CLUSTER_WORKERS = 2
+CLUSTER_PS = 2
+SMALL_CRITEO = {"buckets": 200, "dim": 8}
+SYNTHETIC_ROWS = 20_000
+
+# -- subprocesses ---------------------------------------------------------------
+# (``psrec`` runs and pid helpers: tests/_proc.py)
+
+
+def run_helper(args: Sequence[str], timeout: float
+               ) -> subprocess.CompletedProcess:
+    """Runs ``python -m tests._ps_helpers ARGS`` (killed after ``timeout``
+    seconds: ``subprocess.run`` kills the child before raising)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests._ps_helpers", *map(str, args)],
+        cwd=REPO, env=role_environment(), capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise AssertionError(
+            f"helper {list(args)} exited with {result.returncode}:\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+    return result
+
+
+# -- graph inspection -------------------------------------------------------------
+
+_CALL_ATTRS = {
+    "While": ("cond", "body"), "StatelessWhile": ("cond", "body"),
+    "If": ("then_branch", "else_branch"),
+    "StatelessIf": ("then_branch", "else_branch"),
+    "PartitionedCall": ("f",), "StatefulPartitionedCall": ("f",),
+}
+_FIRST_INPUT_IS_PREDICATE = ("If", "StatelessIf", "Case", "StatelessCase")
+
+
+def _source(name: str) -> str:
+    """The node or argument an input string refers to."""
+    return name.split(":")[0]
+
+
+def resource_uses(concrete_function, handles: dict[str, tf.Variable]
+                  ) -> collections.Counter:
+    """Counts ``(op type, key)`` for every op that consumes the handle of
+    one of ``handles`` (key -> variable), following the handle through
+    ``Identity`` ops and into nested functions (while bodies, conditionals,
+    function calls) of the graph's library.
+
+    Raises:
+      AssertionError: when a variable is not captured by the function.
+    """
+    graph = concrete_function.graph
+    roots = {}
+    for key, variable in handles.items():
+        matches = [internal for external, internal in graph.captures
+                   if external is variable.handle]
+        assert matches, f"{key} ({variable.name}) is not captured by the graph"
+        for internal in matches:
+            roots[internal.op.name] = key
+    graph_def = graph.as_graph_def()
+    library = {f.signature.name: f for f in graph_def.library.function}
+    counts: collections.Counter = collections.Counter()
+
+    def visit(nodes, aliases: dict[str, str], depth: int = 0) -> None:
+        assert depth < 50, "function nesting too deep"
+        aliases = dict(aliases)
+        changed = True
+        while changed:  # handles passed through Identity ops
+            changed = False
+            for node in nodes:
+                if (node.op == "Identity" and node.name not in aliases
+                        and node.input and _source(node.input[0]) in aliases):
+                    aliases[node.name] = aliases[_source(node.input[0])]
+                    changed = True
+        for node in nodes:
+            inputs = [_source(i) for i in node.input if not i.startswith("^")]
+            hits = [(j, aliases[s]) for j, s in enumerate(inputs)
+                    if s in aliases]
+            if not hits:
+                continue
+            for _, key in hits:
+                counts[(node.op, key)] += 1
+            callees = []
+            for attr in _CALL_ATTRS.get(node.op, ()):
+                callees.append(node.attr[attr].func.name)
+            if node.op in ("Case", "StatelessCase"):
+                callees += [f.name for f in node.attr["branches"].list.func]
+            if node.op in library:
+                callees.append(node.op)
+            offset = 1 if node.op in _FIRST_INPUT_IS_PREDICATE else 0
+            for callee in callees:
+                function = library[callee]
+                args = function.signature.input_arg
+                visit(function.node_def,
+                      {args[j - offset].name: key for j, key in hits
+                       if 0 <= j - offset < len(args)}, depth + 1)
+
+    visit(graph_def.node, roots)
+    return counts
+
+
+def uses_by_op(counts: collections.Counter, key: str) -> dict[str, int]:
+    return {op: n for (op, k), n in counts.items() if k == key}
+
+
+# -- data -------------------------------------------------------------------------
+
+
+def raw_rows(parquet: str | Path, spec: FeatureSpec, rows: int
+             ) -> dict[str, np.ndarray]:
+    """The first ``rows`` rows of a Parquet file as serving input: dense
+    float32 with NaN for nulls, categorical values in the spec's raw dtype
+    (nulls as "" or -1; multi-hot lists padded to the longest with those)."""
+    table = pq.read_table(parquet, columns=[
+        f.name for f in spec.dense + spec.categorical]).slice(0, rows)
+    raw = {}
+    for feature in spec.dense:
+        column = table.column(feature.name)
+        values = pc.cast(column, "float64").to_numpy(zero_copy_only=False)
+        null = pc.is_null(column).to_numpy(zero_copy_only=False)
+        raw[feature.name] = np.where(null, np.nan, values).astype(np.float32)
+    for feature in spec.categorical:
+        pad = -1 if feature.dtype == "int64" else ""
+        values = table.column(feature.name).to_pylist()
+        if feature.multi_hot:
+            width = max(1, max(len(v or []) for v in values))
+            values = [list(v or []) + [pad] * (width - len(v or []))
+                      for v in values]
+        else:
+            values = [pad if v is None else v for v in values]
+        raw[feature.name] = np.array(
+            values, np.int64 if feature.dtype == "int64" else object)
+    return raw
+
+
+def read_split(manifest, spec: FeatureSpec, split: str,
+               batch_size: int = 1024) -> dict[str, np.ndarray]:
+    """Every row of a converted split, eagerly, as numpy arrays."""
+    from data.dataset import make_eval_dataset
+    parts = collections.defaultdict(list)
+    for batch in make_eval_dataset(manifest.files(split), spec, batch_size,
+                                   manifest.block_rows):
+        for name, value in batch.items():
+            parts[name].append(value.numpy())
+    return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+def random_dataset_fn(spec: FeatureSpec, batch_size: int):
+    """Seeded random batches in the decoded-record format (no files)."""
+    def dataset_fn(context: tf.distribute.InputContext | None = None):
+        pipeline = tf.cast(context.input_pipeline_id if context else 0,
+                           tf.int64)
+
+        def batch(i):
+            seed = tf.stack([i, pipeline])
+            out = {DENSE_COLUMN: tf.random.stateless_uniform(
+                [batch_size, len(spec.dense)], seed=seed, maxval=5.0),
+                   ID_COLUMN: tf.zeros([batch_size], tf.int64)}
+            label_logit = tf.zeros([batch_size])
+            for j, feature in enumerate(spec.categorical):
+                ids = tf.random.stateless_uniform(
+                    [batch_size], seed=seed + j + 1, maxval=feature.hash_buckets,
+                    dtype=tf.int64)
+                label_logit += tf.cast(ids % 3, tf.float32) - 1.0
+                out[feature.name] = ids + feature.row_offset
+            out[spec.label.name] = tf.cast(
+                tf.random.stateless_uniform([batch_size], seed=seed - 1)
+                < tf.sigmoid(label_logit), tf.float32)
+            return out
+
+        return tf.data.Dataset.range(2 ** 62).map(batch).prefetch(2)
+
+    return dataset_fn
+
+
+# -- reshard ------------------------------------------------------------------------
+
+RESHARD_SPEC_ARGS = {"buckets": 50, "dim": 4}
+RESHARD_MODEL = ModelConfig(interaction="concat", top_mlp=(8,))
+TABLE = "categorical"
+TABLE_KEY = f"model/sparse_arch/{TABLE}/.ATTRIBUTES/VARIABLE_VALUE"
+SLOT_KEY = (f"model/sparse_arch/{TABLE}/.OPTIMIZER_SLOT/sparse_optimizer/"
+            "accumulator/.ATTRIBUTES/VARIABLE_VALUE")
+KERNEL_KEY = "model/over_arch/out/kernel/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _reshard(args: argparse.Namespace) -> dict:
+    from data.dataset import InputConfig
+    from models.optim import OptimizerConfig
+    from ps_cluster.in_process import in_process_cluster
+    from ps_cluster.partitioning import PartitionConfig
+    from ps_cluster.train_loop import LoopConfig
+    from ps_cluster.trainer import PSTrainer
+    spec = criteo(**RESHARD_SPEC_ARGS)
+    cluster = in_process_cluster(1, args.ps)
+    trainer = PSTrainer(
+        cluster, spec, RESHARD_MODEL,
+        OptimizerConfig(sparse_lr=0.1, dense_lr=0.01, base_batch_size=64,
+                        warmup_steps=0),
+        InputConfig(batch_size=64), PartitionConfig(kind="fixed"),
+        checkpoint_dir=args.train_to or Path(args.out) / "unused")
+    table = trainer.model.sparse_arch.tables[TABLE]
+    shards = list(getattr(table, "variables", [table]))
+    report = {"shards": [[s.device, list(s.shape)] for s in shards],
+              "dumps": []}
+    if args.train_to:
+        result = trainer.train(random_dataset_fn(spec, 64), LoopConfig(
+            steps=args.steps, steps_per_closure=5, checkpoint_every=0))
+        report["checkpoint"] = result.checkpoint
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, path in enumerate(args.restore or ()):
+        trainer.keeper.restore(path)
+        accumulators = [trainer.sparse_optimizer.get_slot(s, "accumulator")
+                        for s in shards]
+        dump = {
+            "table": tf.concat([s.read_value() for s in shards], 0).numpy(),
+            "accumulator": tf.concat([a.read_value() for a in accumulators],
+                                     0).numpy(),
+            "kernel": trainer.model.over_arch.out.kernel.numpy(),
+        }
+        for name, value in dump.items():
+            np.save(out / f"{i}-{name}.npy", value)
+        report["dumps"].append({"checkpoint": path, "prefix": str(out / str(i)),
+                                "slot_devices": [a.device for a in accumulators]})
+    return report
+
+
+# -- serving ----------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> dict:
+    spec = FeatureSpec.from_dict(json.loads(Path(args.spec).read_text()))
+    loaded = tf.saved_model.load(args.model)
+    signature = loaded.signatures["serving_default"]
+    _, inputs = signature.structured_input_signature
+    raw = raw_rows(args.parquet, spec, args.rows)
+    outputs = signature(**{k: tf.constant(v) for k, v in raw.items()})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "probability.npy", outputs["probability"].numpy())
+    np.save(out / "logit.npy", outputs["logit"].numpy())
+    return {
+        "inputs": {name: [s.dtype.name, s.shape.as_list()]
+                   for name, s in inputs.items()},
+        "outputs": sorted(outputs),
+        "devices": sorted({d.name for d in tf.config.list_logical_devices()}),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="tests._ps_helpers")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("reshard")
+    p.add_argument("--ps", type=int, required=True)
+    p.add_argument("--train-to", default=None)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--restore", nargs="*", default=[])
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_reshard)
+    p = sub.add_parser("serve")
+    p.add_argument("--model", required=True)
+    p.add_argument("--spec", required=True, help="spec JSON file")
+    p.add_argument("--parquet", required=True)
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_serve)
+    args = parser.parse_args(argv)
+    code = 0
+    try:
+        print("RESULT " + json.dumps(args.run(args)), flush=True)
+    except BaseException:  # noqa: BLE001 -- reported, then a hard exit
+        import traceback
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def helper_result(completed: subprocess.CompletedProcess) -> dict:
+    """The JSON a helper command printed on its ``RESULT`` line."""
+    for line in completed.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"no RESULT line in:\n{completed.stdout[-3000:]}")
+
+
+if __name__ == "__main__":
+    main()
