@@ -36,21 +36,11 @@ from features import criteo
 from features import movielens
 from features.spec import DENSE_COLUMN
 from features.spec import ID_COLUMN
+from tests._shared import CRITEO_SAMPLE
+from tests._shared import shared_data
 
 REPO = Path(__file__).resolve().parents[1]
-CRITEO_SAMPLE = "criteo/criteo_combined_10390.txt"
 CRITEO_SAMPLE_ROWS = 10_390
-
-
-def _shared_data(relative: str) -> Path:
-    """A path under the read-only shared data folder; fails if missing."""
-    path = Path(__file__).resolve().parents[2] / "shared" / "data" / relative
-    if not path.exists():
-        pytest.fail(
-            f"Shared test data {str(path)!r} is missing; these tests need the "
-            "read-only shared data folder next to the repository "
-            "(<repo>/../shared/data).")
-    return path
 
 
 def _read_back(manifest: Manifest, spec, splits=("train", "eval")) -> dict:
@@ -86,7 +76,7 @@ def _shard_files(folder: Path) -> list[Path]:
 
 
 def test_criteo_sample_ingest_convert_parse_back_equals_parquet(tmp_path):
-    source = _shared_data(CRITEO_SAMPLE)
+    source = shared_data(CRITEO_SAMPLE)
     ingested = ingest_criteo([source], tmp_path / "parquet")
     assert ingested.rows == CRITEO_SAMPLE_ROWS
     parquet = ingested.files[0]

@@ -18,26 +18,10 @@ from data.ingest import (
     ingest_criteo,
     ingest_movielens,
 )
+from tests._shared import CRITEO_SAMPLE
+from tests._shared import MOVIELENS_DIR
+from tests._shared import shared_data
 
-CRITEO_SAMPLE = "criteo/criteo_combined_10390.txt"
-MOVIELENS_DIR = "movielens-100k"
-
-
-def _shared_data(relative: str) -> Path:
-    """Returns a path under the shared data folder; fails if it is missing.
-
-    The shared folder sits next to the repository checkout
-    (``<repo>/../shared/data``). Missing data is a broken test setup, so the
-    test fails (it is not skipped).
-    """
-    path = Path(__file__).resolve().parents[2] / "shared" / "data" / relative
-    if not path.exists():
-        pytest.fail(
-            f"Shared test data {str(path)!r} is missing; these tests need the "
-            "read-only shared data folder next to the repository "
-            "(<repo>/../shared/data)."
-        )
-    return path
 
 
 def _criteo_line(
@@ -75,7 +59,7 @@ def _hand_parse_criteo(line: str) -> dict[str, object]:
 
 
 def test_criteo_sample_rows_positives_schema_and_name(tmp_path):
-    src = _shared_data(CRITEO_SAMPLE)
+    src = shared_data(CRITEO_SAMPLE)
     out = tmp_path / "out"
 
     report = ingest_criteo([src], out)
@@ -100,7 +84,7 @@ def test_criteo_sample_rows_positives_schema_and_name(tmp_path):
 
 
 def test_criteo_values_and_nulls_match_raw_text(tmp_path):
-    src = _shared_data(CRITEO_SAMPLE)
+    src = shared_data(CRITEO_SAMPLE)
     lines = src.read_text(encoding="ascii").splitlines(keepends=True)
     report = ingest_criteo([src], tmp_path)
     table = pq.read_table(report.files[0])
@@ -120,7 +104,7 @@ def test_criteo_values_and_nulls_match_raw_text(tmp_path):
 
 
 def test_criteo_small_blocks_stream_to_same_table(tmp_path):
-    src = _shared_data(CRITEO_SAMPLE)
+    src = shared_data(CRITEO_SAMPLE)
     whole = ingest_criteo([src], tmp_path / "whole")
     streamed = ingest_criteo(
         [src], tmp_path / "blocks", block_size_bytes=1 << 16
@@ -134,7 +118,7 @@ def test_criteo_small_blocks_stream_to_same_table(tmp_path):
 
 
 def test_criteo_leaves_no_temporary_file(tmp_path):
-    src = _shared_data(CRITEO_SAMPLE)
+    src = shared_data(CRITEO_SAMPLE)
     ingest_criteo([src], tmp_path, block_size_bytes=1 << 16)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "criteo_combined_10390.parquet"
@@ -229,7 +213,7 @@ def test_criteo_rejects_missing_and_empty_inputs(tmp_path):
 
 
 def test_movielens_rows_schema_order_and_join(tmp_path):
-    ml = _shared_data(MOVIELENS_DIR)
+    ml = shared_data(MOVIELENS_DIR)
     out = tmp_path / "out"
     report = ingest_movielens(ml, out)
 
@@ -270,7 +254,7 @@ def test_movielens_rows_schema_order_and_join(tmp_path):
 
 
 def test_movielens_genres_match_raw_item_line(tmp_path):
-    ml = _shared_data(MOVIELENS_DIR)
+    ml = shared_data(MOVIELENS_DIR)
     report = ingest_movielens(ml, tmp_path)
     table = pq.read_table(report.files[0])
 
@@ -292,7 +276,7 @@ def test_movielens_genres_match_raw_item_line(tmp_path):
 
 
 def _copy_movielens(tmp_path: Path) -> Path:
-    src = _shared_data(MOVIELENS_DIR)
+    src = shared_data(MOVIELENS_DIR)
     dst = tmp_path / "ml"
     dst.mkdir()
     for name in ("u.data", "u.item", "u.genre", "u.user"):
