@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 from launch.runtime import configure_environment
 
+from launch.argtypes import fraction
+from launch.argtypes import positive
 from launch.exit_codes import EXIT_FAILURE
 from launch.exit_codes import EXIT_INTERRUPTED
 from launch.exit_codes import EXIT_OK
@@ -28,20 +30,6 @@ class UsageError(Exception):
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in [0, 1]")
-    return value
 
 
 def _existing_files(paths: Sequence[str], what: str) -> list[str]:
@@ -172,20 +160,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True,
                    help="preset name (criteo, movielens) or YAML/JSON file")
     p.add_argument("--out", required=True)
-    p.add_argument("--shards", type=_positive, default=4)
-    p.add_argument("--eval-fraction", type=_fraction, default=0.0)
-    p.add_argument("--eval-shards", type=_positive, default=None)
+    p.add_argument("--shards", type=positive, default=4)
+    p.add_argument("--eval-fraction", type=fraction, default=0.0)
+    p.add_argument("--eval-shards", type=positive, default=None)
     p.add_argument("--split", choices=("tail", "hash"), default="tail",
                    help="eval rows: the last rows (tail, default: time-ordered "
                    "logs) or a stable hash of the row id")
-    p.add_argument("--block-rows", type=_positive, default=256)
-    p.add_argument("--max-bad-fraction", type=_fraction, default=0.001)
+    p.add_argument("--block-rows", type=positive, default=256)
+    p.add_argument("--max-bad-fraction", type=fraction, default=0.001)
     p.set_defaults(run=_cmd_convert)
 
     p = sub.add_parser("audit-shards",
                        help="check per-pipeline input: overlap and coverage")
     p.add_argument("manifest", help="manifest.json or its folder")
-    p.add_argument("--pipelines", type=_positive, required=True)
+    p.add_argument("--pipelines", type=positive, required=True)
     p.add_argument("--split", choices=("train", "eval"), default="train")
     p.add_argument("--spec", default=None)
     p.set_defaults(run=_cmd_audit)
@@ -197,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synth", help="write seeded synthetic Parquet for a spec")
     p.add_argument("--spec", default="criteo")
-    p.add_argument("--rows", type=_positive, default=100_000)
-    p.add_argument("--files", type=_positive, default=4)
+    p.add_argument("--rows", type=positive, default=100_000)
+    p.add_argument("--files", type=positive, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(run=_cmd_synth)
@@ -222,65 +210,42 @@ def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     add_commands(sub)
 
 
-def _known_errors() -> tuple[type[BaseException], ...]:
-    """Errors that mean bad input: reported in one line, exit 2."""
-    from data.ingest import IngestError
-    from data.manifest import ManifestError
-    from features.spec import SpecError
-    from ps_cluster.spec import ClusterSpecError
-    from models.config import ModelConfigError
-    errors: list[type[BaseException]] = [
-        UsageError, IngestError, ManifestError, SpecError, ClusterSpecError,
-        ModelConfigError, FileNotFoundError]
-    if "data.convert" in sys.modules:
-        from data.convert import SchemaError
-        errors.append(SchemaError)
-    if "data.dataset" in sys.modules:
-        from data.dataset import NotEnoughShardsError
-        errors.append(NotEnoughShardsError)
-    if "data.integrity" in sys.modules:
-        from data.integrity import SplitOverlapError
-        errors.append(SplitOverlapError)
-    if "models.sizing" in sys.modules:
-        from models.sizing import ModelTooLargeError
-        errors.append(ModelTooLargeError)
-    if "ps_cluster.mirrored" in sys.modules:
-        from ps_cluster.mirrored import MirroredConfigError
-        errors.append(MirroredConfigError)
-    return tuple(errors)
+# Which errors map to which exit code (see launch.exit_codes). A module is
+# consulted only once it is loaded, so this table imports nothing (an error
+# class cannot have been raised from a module that was never imported).
+_ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
+    # bad input: one line, permanent
+    ("launch.cli", "UsageError", EXIT_USAGE),
+    ("data.ingest", "IngestError", EXIT_USAGE),
+    ("data.manifest", "ManifestError", EXIT_USAGE),
+    ("features.spec", "SpecError", EXIT_USAGE),
+    ("ps_cluster.spec", "ClusterSpecError", EXIT_USAGE),
+    ("models.config", "ModelConfigError", EXIT_USAGE),
+    ("data.convert", "SchemaError", EXIT_USAGE),
+    ("data.dataset", "NotEnoughShardsError", EXIT_USAGE),
+    ("data.integrity", "SplitOverlapError", EXIT_USAGE),
+    ("models.sizing", "ModelTooLargeError", EXIT_USAGE),
+    ("ps_cluster.mirrored", "MirroredConfigError", EXIT_USAGE),
+    ("builtins", "FileNotFoundError", EXIT_USAGE),
+    # the job failed on its data or state: permanent
+    ("data.convert", "BadDataError", EXIT_FAILURE),
+    ("data.records", "CorruptRecordError", EXIT_FAILURE),
+    ("ps_cluster.checkpoint", "RestoreError", EXIT_FAILURE),
+    ("launch.mirrored_job", "WorkerFailedError", EXIT_FAILURE),
+    ("ps_cluster.advise", "AdviseError", EXIT_FAILURE),
+    # a restart can fix it: retryable
+    ("ps_cluster.errors", "ClusterUnavailableError", EXIT_RETRYABLE),
+    ("launch.local", "RoleStartError", EXIT_RETRYABLE),
+)
 
 
-def _retryable() -> tuple[type[BaseException], ...]:
-    """Errors a restart can fix: exit 138 (see launch.exit_codes)."""
-    retryable: list[type[BaseException]] = []
-    if "ps_cluster.errors" in sys.modules:
-        from ps_cluster.errors import ClusterUnavailableError
-        retryable.append(ClusterUnavailableError)
-    if "launch.local" in sys.modules:
-        from launch.local import RoleStartError
-        retryable.append(RoleStartError)
-    return tuple(retryable)
-
-
-def _failures() -> tuple[type[BaseException], ...]:
-    """Errors that mean the job failed on its data: exit 1."""
-    failures: list[type[BaseException]] = []
-    if "data.convert" in sys.modules:
-        from data.convert import BadDataError
-        failures.append(BadDataError)
-    if "data.records" in sys.modules:
-        from data.records import CorruptRecordError
-        failures.append(CorruptRecordError)
-    if "ps_cluster.checkpoint" in sys.modules:
-        from ps_cluster.checkpoint import RestoreError
-        failures.append(RestoreError)
-    if "launch.mirrored_job" in sys.modules:
-        from launch.mirrored_job import WorkerFailedError
-        failures.append(WorkerFailedError)
-    if "ps_cluster.advise" in sys.modules:
-        from ps_cluster.advise import AdviseError
-        failures.append(AdviseError)
-    return tuple(failures)
+def exit_code_for(error: BaseException) -> int | None:
+    """The exit code of a known error, None for an unexpected one."""
+    for module, name, code in _ERROR_EXITS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(error, cls):
+            return code
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -301,19 +266,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("psrec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 -- mapped to exit codes below
-        if isinstance(error, _known_errors()):
-            print(f"psrec {args.command}: error: {error}", file=sys.stderr)
-            return EXIT_USAGE
-        if isinstance(error, _failures()):
-            print(f"psrec {args.command}: failed: {error}", file=sys.stderr)
-            return EXIT_FAILURE
-        if isinstance(error, _retryable()):
-            print(f"psrec {args.command}: failed (retryable, exit "
-                  f"{EXIT_RETRYABLE}): {error}", file=sys.stderr, flush=True)
+        code = exit_code_for(error)
+        if code is None:
+            raise
+        kind = {EXIT_USAGE: "error", EXIT_FAILURE: "failed"}.get(
+            code, f"failed (retryable, exit {code})")
+        print(f"psrec {args.command}: {kind}: {error}", file=sys.stderr,
+              flush=True)
+        if code == EXIT_RETRYABLE:
             # TF's coordinator threads may wait on the lost task forever.
             sys.stdout.flush()
-            os._exit(EXIT_RETRYABLE)
-        raise
+            os._exit(code)
+        return code
 
 
 if __name__ == "__main__":

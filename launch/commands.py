@@ -8,23 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+from launch.argtypes import non_negative
+from launch.argtypes import positive
+from launch.argtypes import positive_fraction
 from launch.cli import UsageError
+from models.config import MODEL_PRESETS
 
 EXIT_OK = 0
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
-    return value
+MODEL_NAMES = tuple(MODEL_PRESETS)
 
 
 def _existing_cluster(args: argparse.Namespace):
@@ -85,13 +76,6 @@ def _job_config(args: argparse.Namespace):
         max_corrupt_records=args.max_corrupt_records,
         keep_checkpoints=args.keep_checkpoints,
         stall_timeout=args.stall_timeout or None)
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
-    return value
 
 
 def _cmd_train_mirrored(args: argparse.Namespace) -> int:
@@ -222,6 +206,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     os._exit(EXIT_OK)
 
 
+def _add_workload_flags(p: argparse.ArgumentParser, steps: int) -> None:
+    """Model, cluster shape and step flags shared by train and bench."""
+    p.add_argument("--model", choices=MODEL_NAMES, default="dcn")
+    p.add_argument("--workers", type=positive, default=2)
+    p.add_argument("--ps", type=positive, default=1)
+    p.add_argument("--steps", type=positive, default=steps)
+    p.add_argument("--steps-per-closure", type=positive, default=10)
+    p.add_argument("--batch-size", type=positive, default=1024)
+
+
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-remote", action="store_true",
                    help="permit non-loopback hosts; TF gRPC servers accept "
@@ -231,7 +225,6 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers the training-side sub-commands."""
-    models = ("dlrm", "dcn", "deepfm", "wide_deep")
 
     p = sub.add_parser("train", help="train on a local or existing PS cluster")
     p.add_argument("--workdir", default="runs/default")
@@ -240,42 +233,37 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None,
                    help="manifest of converted data (default: generate the "
                    "embedded synthetic data)")
-    p.add_argument("--synthetic-rows", type=_positive, default=250_000)
-    p.add_argument("--model", choices=models, default="dcn")
-    p.add_argument("--cross-low-rank", type=_positive, default=None)
-    p.add_argument("--workers", type=_positive, default=2)
-    p.add_argument("--ps", type=_positive, default=1)
+    p.add_argument("--synthetic-rows", type=positive, default=250_000)
+    _add_workload_flags(p, steps=600)
+    p.add_argument("--cross-low-rank", type=positive, default=None)
     p.add_argument("--cluster", default=None,
                    help="coordinate an existing cluster (JSON cluster spec or "
                    "TF_CONFIG file); TF_CONFIG naming this task chief also "
                    "does")
-    p.add_argument("--steps", type=_positive, default=600)
-    p.add_argument("--steps-per-closure", type=_positive, default=10)
-    p.add_argument("--batch-size", type=_positive, default=1024)
-    p.add_argument("--base-batch-size", type=_positive, default=1024)
+    p.add_argument("--base-batch-size", type=positive, default=1024)
     p.add_argument("--sparse-lr", type=float, default=0.05)
     p.add_argument("--dense-lr", type=float, default=0.001)
-    p.add_argument("--warmup-steps", type=_non_negative, default=100)
-    p.add_argument("--eval-every", type=_non_negative, default=0)
-    p.add_argument("--checkpoint-every", type=_non_negative, default=200)
-    p.add_argument("--log-every", type=_positive, default=50)
+    p.add_argument("--warmup-steps", type=non_negative, default=100)
+    p.add_argument("--eval-every", type=non_negative, default=0)
+    p.add_argument("--checkpoint-every", type=non_negative, default=200)
+    p.add_argument("--log-every", type=positive, default=50)
     p.add_argument("--partitioner", choices=("min-size", "fixed", "max-size"),
                    default="min-size")
-    p.add_argument("--table-shards", type=_positive, default=None,
+    p.add_argument("--table-shards", type=positive, default=None,
                    help="shards per table (default: one per PS task)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-export", action="store_true")
-    p.add_argument("--max-restarts", type=_non_negative, default=3,
+    p.add_argument("--max-restarts", type=non_negative, default=3,
                    help="restarts of workers/PS/coordinator allowed (local)")
     p.add_argument("--no-restart-workers", action="store_true",
                    help="keep training on the remaining workers instead")
     p.add_argument("--stall-timeout", type=float, default=900.0,
                    help="seconds without progress before the watchdog dumps "
                    "stacks and exits retryable (138); 0 disables")
-    p.add_argument("--max-corrupt-records", type=_non_negative, default=0,
+    p.add_argument("--max-corrupt-records", type=non_negative, default=0,
                    help="skip up to N corrupted records (counted, reported); "
                    "default: refuse corrupted data")
-    p.add_argument("--keep-checkpoints", type=_positive, default=3)
+    p.add_argument("--keep-checkpoints", type=positive, default=3)
     p.add_argument("--no-verify-checksums", action="store_true",
                    help="check shard presence and size but not sha256")
     p.add_argument("--strategy",
@@ -294,13 +282,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mixed-precision", action="store_true",
                    help="mixed_float16 on GPU, mixed_bfloat16 on CPU; "
                    "float32 logits and loss (mirrored strategies)")
-    p.add_argument("--grad-accum-steps", type=_positive, default=1,
+    p.add_argument("--grad-accum-steps", type=positive, default=1,
                    help="micro-batches of --batch-size per update "
                    "(mirrored strategies)")
-    p.add_argument("--memory-fraction", type=_fraction, default=0.5,
+    p.add_argument("--memory-fraction", type=positive_fraction, default=0.5,
                    help="size guard: replicated tables + optimizer slots "
                    "may use this share of one device's memory")
-    p.add_argument("--cpu-replicas", type=_positive, default=None,
+    p.add_argument("--cpu-replicas", type=positive, default=None,
                    help="--strategy mirrored without GPUs: split the CPU "
                    "into N logical devices (N replicas)")
     _add_cluster_flags(p)
@@ -311,11 +299,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "and recommend a strategy")
     p.add_argument("--spec", default="criteo",
                    help="preset (criteo, movielens) or spec file")
-    p.add_argument("--model", choices=models, default="dcn")
-    p.add_argument("--batch-size", type=_positive, default=1024,
+    p.add_argument("--model", choices=MODEL_NAMES, default="dcn")
+    p.add_argument("--batch-size", type=positive, default=1024,
                    help="rows of one replica's (worker's) step")
-    p.add_argument("--memory-fraction", type=_fraction, default=0.5)
-    p.add_argument("--repeats", type=_positive, default=5)
+    p.add_argument("--memory-fraction", type=positive_fraction, default=0.5)
+    p.add_argument("--repeats", type=positive, default=5)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=_cmd_advise)
 
@@ -339,14 +327,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cmd_eval)
 
     p = sub.add_parser("bench", help="training throughput (examples/s)")
-    p.add_argument("--model", choices=models, default="dcn")
-    p.add_argument("--workers", type=_positive, default=2)
-    p.add_argument("--ps", type=_positive, default=1)
-    p.add_argument("--batch-size", type=_positive, default=1024)
-    p.add_argument("--buckets", type=_positive, default=100_000)
-    p.add_argument("--dim", type=_positive, default=16)
-    p.add_argument("--steps", type=_positive, default=300)
-    p.add_argument("--steps-per-closure", type=_positive, default=10)
+    _add_workload_flags(p, steps=300)
+    p.add_argument("--buckets", type=positive, default=100_000)
+    p.add_argument("--dim", type=positive, default=16)
     p.add_argument("--single-process", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=_cmd_bench)

@@ -42,7 +42,8 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         pass  # not Linux: the launcher's own cleanup still applies
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def tail_log(path: Path, lines: int = 20) -> str:
+    """The last lines of a role's log, for error messages."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -123,7 +124,7 @@ class LocalCluster:
                     raise RoleStartError(
                         f"{task.type}-{task.index} did not listen on "
                         f"{host}:{port} within {self.start_timeout:.0f} s; log "
-                        f"tail:\n{_tail(self.log_dir / f'{task.type}-{task.index}.log')}")
+                        f"tail:\n{tail_log(self.log_dir / f'{task.type}-{task.index}.log')}")
                 try:  # wait on the process itself between attempts
                     code = process.wait(timeout=0.05)
                 except subprocess.TimeoutExpired:
@@ -131,7 +132,7 @@ class LocalCluster:
                 raise RoleStartError(
                     f"{task.type}-{task.index} exited with code {code} before "
                     f"listening; log tail:\n"
-                    f"{_tail(self.log_dir / f'{task.type}-{task.index}.log')}")
+                    f"{tail_log(self.log_dir / f'{task.type}-{task.index}.log')}")
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes.values()]

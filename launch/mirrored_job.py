@@ -20,11 +20,9 @@ from the checkpoint, so the serving signature is the PS path's), plus
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -39,6 +37,8 @@ from launch.job import JobConfig
 from launch.job import SyntheticData
 from launch.job import prepare_data
 from launch.jobfile import JobRecord
+from launch.local import die_with_parent
+from launch.local import tail_log
 from launch.runtime import role_environment
 from models.config import ModelConfig
 from models.optim import OptimizerConfig
@@ -52,7 +52,6 @@ from ps_cluster.spec import TaskInfo
 from ps_cluster.spec import TFConfig
 from ps_cluster.train_loop import LoopConfig
 
-_PR_SET_PDEATHSIG = 1
 RESULT_FILE = "mirrored-result.json"
 
 
@@ -397,21 +396,6 @@ def _barrier(strategy) -> None:
 # -- the local launcher ------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(
-            _PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def local_worker_cluster(workers: int) -> ClusterSpec:
     """``workers`` worker tasks on free 127.0.0.1 ports (worker 0 is chief),
     validated for multi-worker-mirrored."""
@@ -456,7 +440,7 @@ def run_local_workers(config: JobConfig, options: MirroredOptions,
                     [sys.executable, "-m", "launch.mirrored_job",
                      str(job_file)], stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=env,
-                    preexec_fn=_die_with_parent)
+                    preexec_fn=die_with_parent)
         log(f"local multi-worker-mirrored: {config.workers} workers on "
             f"{', '.join(cluster.workers)} (pids "
             f"{', '.join(str(p.pid) for p in processes.values())})")
@@ -483,13 +467,13 @@ def _wait(processes: dict[int, subprocess.Popen], logs: Path,
                 raise WorkerFailedError(
                     f"multi-worker-mirrored worker {index} exited with code "
                     f"{code}; log tail:\n"
-                    f"{_tail(logs / f'mwms-worker-{index}.log')}")
+                    f"{tail_log(logs / f'mwms-worker-{index}.log')}")
         if pending and time.monotonic() > deadline:
             index = min(pending)
             raise WorkerFailedError(
                 f"multi-worker-mirrored worker(s) {sorted(pending)} did not "
                 f"finish within {timeout:.0f} s; log tail of worker "
-                f"{index}:\n{_tail(logs / f'mwms-worker-{index}.log')}")
+                f"{index}:\n{tail_log(logs / f'mwms-worker-{index}.log')}")
         time.sleep(0.2)
 
 

@@ -1,0 +1,49 @@
+"""Models: one composable ranking model and its parts.
+
+``models.config`` is plain Python; everything else needs TensorFlow, so the
+public names are resolved lazily (importing ``models`` or ``models.config``
+does not import TensorFlow, which must see ``TF_USE_LEGACY_KERAS=1`` first;
+see ``launch.runtime``).
+"""
+
+import importlib
+
+from models.config import MODEL_PRESETS
+from models.config import ModelConfig
+from models.config import ModelConfigError
+from models.config import model_config
+
+_LAZY = {
+    "RankingModel": "models.ranking",
+    "build_model": "models.ranking",
+    "SparseArch": "models.embedding",
+    "MLP": "models.blocks",
+    "make_interaction": "models.interaction",
+    "OptimizerConfig": "models.optim",
+    "build_optimizers": "models.optim",
+    "ServingModule": "models.export",
+    "export_saved_model": "models.export",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")
+
+
+__all__ = [
+    "MLP",
+    "MODEL_PRESETS",
+    "ModelConfig",
+    "ModelConfigError",
+    "OptimizerConfig",
+    "RankingModel",
+    "ServingModule",
+    "SparseArch",
+    "build_model",
+    "build_optimizers",
+    "export_saved_model",
+    "make_interaction",
+    "model_config",
+]
