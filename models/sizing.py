@@ -173,8 +173,10 @@ def _host_memory() -> tuple[int, str]:
 
 
 def _gpu_memory() -> tuple[int, str] | None:
-    """The smallest GPU's memory: ``nvidia-smi`` (no TensorFlow device is
-    initialized), else TensorFlow's own device list."""
+    """The smallest GPU's memory from ``nvidia-smi`` (no TensorFlow device
+    is initialized). TensorFlow's public API reports GPU memory use but not
+    capacity, so without ``nvidia-smi`` the size is unknown (None) and the
+    guard falls back to host memory."""
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=memory.total",
@@ -185,13 +187,7 @@ def _gpu_memory() -> tuple[int, str] | None:
             return min(sizes), "nvidia-smi"
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
-    import tensorflow as tf
-    if not tf.config.list_physical_devices("GPU"):
-        return None
-    from tensorflow.python.client import device_lib
-    limits = [d.memory_limit for d in device_lib.list_local_devices()
-              if d.device_type == "GPU"]
-    return (min(limits), "tensorflow memory_limit") if limits else None
+    return None
 
 
 def device_memory_bytes(kind: str | None = None) -> DeviceMemory:
