@@ -234,7 +234,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="manifest of converted data (default: generate the "
                    "embedded synthetic data)")
     p.add_argument("--synthetic-rows", type=positive, default=250_000)
-    _add_workload_flags(p, steps=600)
+    _add_workload_flags(p, steps=400)
     p.add_argument("--cross-low-rank", type=positive, default=None)
     p.add_argument("--cluster", default=None,
                    help="coordinate an existing cluster (JSON cluster spec or "

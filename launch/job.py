@@ -88,7 +88,7 @@ class JobConfig:
     model: ModelConfig | None = None
     optimizer: OptimizerConfig = OptimizerConfig()
     input: InputConfig = InputConfig(batch_size=1024)
-    loop: LoopConfig = LoopConfig(steps=600, steps_per_closure=10,
+    loop: LoopConfig = LoopConfig(steps=400, steps_per_closure=10,
                                   log_every=50, eval_every=0,
                                   checkpoint_every=200)
     partition: PartitionConfig = PartitionConfig()
