@@ -12,6 +12,7 @@ checkpoint boundaries.
 from __future__ import annotations
 
 import collections
+import time
 import dataclasses
 from typing import Callable
 
@@ -157,6 +158,7 @@ class ClosureLoop:
         # Closures finished per input pipeline (= per worker): shows which
         # workers do the work, e.g. that a restarted worker works again.
         self.closures_per_pipeline: collections.Counter = collections.Counter()
+        self.last_result_at: dict[int, float] = {}  # pipeline -> monotonic
 
     @property
     def in_flight(self) -> int:
@@ -190,6 +192,7 @@ class ClosureLoop:
         self.collected_closures += 1
         self.closure_seconds.append(float(seconds))
         self.closures_per_pipeline[int(pipeline)] += 1
+        self.last_result_at[int(pipeline)] = time.monotonic()
         on_result(step, float(loss_sum), int(examples))
 
 

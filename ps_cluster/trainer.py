@@ -218,10 +218,16 @@ class PSTrainer:
         loop = getattr(self, "loop", None)
         if loop is None:
             return "training loop not started"
-        return (f"{loop.in_flight} closure(s) scheduled and not collected; "
-                f"closures finished per worker: "
-                f"{dict(sorted(loop.closures_per_pipeline.items()))}; "
-                f"step {int(self.progress.step.numpy())}")
+        now = time.monotonic()
+        workers = "; ".join(
+            f"worker {w}: {loop.closures_per_pipeline[w]} closures finished, "
+            + (f"last {now - loop.last_result_at[w]:.0f} s ago"
+               if w in loop.last_result_at else "none yet")
+            for w in range(self.cluster.num_workers))
+        return (f"{loop.in_flight} closure(s) scheduled and not collected "
+                f"(the oldest is awaited); step "
+                f"{int(self.progress.step.numpy())}; {workers}. A worker "
+                "whose last result is oldest holds the stalled closure.")
 
 
 def _next_boundary(step: int, loop: LoopConfig) -> int:
