@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -28,6 +29,33 @@ from ps_cluster.spec import ClusterSpec
 from ps_cluster.spec import TaskInfo
 
 _PR_SET_PDEATHSIG = 1
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this launcher may hand out: ``CUDA_VISIBLE_DEVICES`` when set,
+    else what ``nvidia-smi -L`` lists (no TensorFlow import)."""
+    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None:
+        return [g for g in preset.split(",") if g.strip()]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                                 text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines())
+            if line.startswith("GPU ")]
+
+
+def worker_gpus(index: int, num_workers: int, gpus: list[str]) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` of worker ``index``: an equal share of
+    the GPUs (ParameterServerStrategy needs the same count on every worker),
+    or one shared GPU each when there are fewer GPUs than workers; None when
+    there is no GPU (the worker computes on its CPU)."""
+    if not gpus:
+        return None
+    share = max(1, len(gpus) // num_workers)
+    first = index * share
+    return ",".join(gpus[(first + j) % len(gpus)] for j in range(share))
 
 
 class RoleStartError(RuntimeError):
@@ -70,6 +98,7 @@ class LocalCluster:
         self.log_dir = Path(log_dir)
         self.start_timeout = start_timeout
         self.processes: dict[TaskInfo, subprocess.Popen] = {}
+        self._gpus = visible_gpus()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -97,6 +126,11 @@ class LocalCluster:
         env = role_environment()
         if task.type == "ps":
             env["CUDA_VISIBLE_DEVICES"] = ""  # PS tasks only hold variables
+        else:
+            share = worker_gpus(task.index, self.cluster.num_workers,
+                                self._gpus)
+            if share is not None:
+                env["CUDA_VISIBLE_DEVICES"] = share
         log = open(self.log_dir / f"{task.type}-{task.index}.log", "ab")
         command = [sys.executable, "-m", "launch", "server",
                    "--cluster-json", json.dumps(self.cluster.to_tf_cluster_dict()),

@@ -159,3 +159,12 @@ def test_local_cluster_stops_its_processes_on_error(tmp_path):
             "ps-0.log", "worker-0.log"]
     finally:
         kill_pids(pids)
+
+
+def test_workers_get_equal_gpu_shares_and_ps_none():
+    from launch.local import worker_gpus
+    gpus = ["0", "1", "2", "3"]
+    assert [worker_gpus(i, 2, gpus) for i in range(2)] == ["0,1", "2,3"]
+    assert [worker_gpus(i, 3, gpus) for i in range(3)] == ["0", "1", "2"]
+    assert [worker_gpus(i, 2, ["0"]) for i in range(2)] == ["0", "0"]
+    assert worker_gpus(0, 2, []) is None
