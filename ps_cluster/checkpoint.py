@@ -52,17 +52,17 @@ class Progress(tf.Module):
         self.resumes = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
+_COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
+
+
 def io_options() -> tf.train.CheckpointOptions:
-    """Every byte goes through the coordinator's own CPU (not the PS tasks'
-    file systems), so only the coordinator writes checkpoint files."""
+    """In a cluster, every byte goes through the coordinator's own CPU (not
+    the PS tasks' file systems), so only the coordinator writes checkpoint
+    files; outside a cluster, the default."""
+    in_cluster = any(d.name == _COORDINATOR_CPU
+                     for d in tf.config.list_logical_devices("CPU"))
     return tf.train.CheckpointOptions(
-        experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0"
-        if tf.config.list_logical_devices() and _in_cluster()
-        else None)
-
-
-def _in_cluster() -> bool:
-    return any("/job:chief" in d.name for d in tf.config.list_logical_devices())
+        experimental_io_device=_COORDINATOR_CPU if in_cluster else None)
 
 
 def _tensor_keys(reader: tf.train.CheckpointReader) -> dict[str, list[int]]:
