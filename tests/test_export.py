@@ -156,3 +156,20 @@ def test_movielens_export_takes_int64_ids_and_multi_hot_strings(tmp_path):
     wider = dict(tensors, genres=tf.pad(tensors["genres"], [[0, 0], [0, 2]]))
     np.testing.assert_allclose(signature(**wider)["probability"].numpy(),
                                served, atol=TOLERANCE)
+
+
+def test_eval_of_a_checkpoint_matches_the_cluster_evaluation(
+        exported, criteo_data, capsys):
+    from launch.cli import main
+    from launch.exporting import evaluate_checkpoint
+    trainer, _, _, root = exported
+    manifest, _ = criteo_data
+    on_cluster = trainer.evaluate(manifest)
+    offline = evaluate_checkpoint(root / "checkpoints", manifest)
+    assert offline.count == manifest.rows("eval") == on_cluster.count
+    assert offline.id_sum == on_cluster.id_sum  # the same rows, once each
+    assert offline.auc == pytest.approx(on_cluster.auc, abs=1e-4)
+    assert offline.logloss == pytest.approx(on_cluster.logloss, abs=1e-4)
+    assert main(["eval", str(root / "checkpoints"), "--data",
+                 str(manifest.root)]) == 0
+    assert f"eval: {manifest.rows('eval')} examples" in capsys.readouterr().out
