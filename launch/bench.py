@@ -48,15 +48,24 @@ class BenchConfig:
     single_process: bool = False
 
 
-def _synthetic_dataset_fn(spec: FeatureSpec, batch_size: int):
-    """Whole synthetic batches in the decoded-record format, per worker."""
+def _synthetic_dataset_fn(spec: FeatureSpec, batch_size: int,
+                          on_ps_workers: bool):
+    """Whole synthetic batches in the decoded-record format, per worker.
+
+    Each worker's stream is seeded by its own index (under
+    ParameterServerStrategy every ``input_context`` says pipeline 0, so that
+    would give every worker the same batches)."""
     buckets = spec.categorical[0].hash_buckets
     offsets = tf.constant([f.row_offset for f in spec.categorical], tf.int64)
     num_dense, num_sparse = len(spec.dense), len(spec.categorical)
 
     def dataset_fn(context: tf.distribute.InputContext | None = None):
-        pipeline = tf.cast(context.input_pipeline_id if context else 0,
-                           tf.int64)
+        if on_ps_workers:
+            pipeline = (tf.distribute.coordinator
+                        .experimental_get_current_worker_index())
+        else:
+            pipeline = tf.constant(context.input_pipeline_id if context else 0,
+                                   tf.int64)
 
         def batch(i):
             seed = tf.stack([i, pipeline])
@@ -118,7 +127,7 @@ def _run_single_process(config: BenchConfig) -> dict:
     sparse, dense = build_optimizers(optimizer_cfg, config.batch_size)
     closure = make_train_closure(strategy, model, sparse, dense, spec,
                                  config.steps_per_closure)
-    iterator = iter(_synthetic_dataset_fn(spec, config.batch_size)(None))
+    iterator = iter(_synthetic_dataset_fn(spec, config.batch_size, False)(None))
     closures = config.steps // config.steps_per_closure
     for _ in range(max(5, closures // 5)):  # warm-up, as the baseline does
         closure(iterator)
@@ -139,7 +148,7 @@ def _run_cluster(config: BenchConfig) -> dict:
     trainer = PSTrainer(cluster, spec, model_cfg, optimizer_cfg,
                         InputConfig(batch_size=config.batch_size),
                         PartitionConfig())
-    dataset_fn = _synthetic_dataset_fn(spec, config.batch_size)
+    dataset_fn = _synthetic_dataset_fn(spec, config.batch_size, True)
     warm = max(config.steps_per_closure * 5, config.steps // 5)
     trainer.train(dataset_fn, LoopConfig(
         steps=warm, steps_per_closure=config.steps_per_closure,

@@ -126,6 +126,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from launch.job import prepare_data
+    from launch.job import record_verified
     from launch.job import run_job
     from launch.local import LocalCluster
     from launch.supervisor import SupervisorConfig
@@ -135,14 +136,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cluster = _existing_cluster(args)
     config = _job_config(args)
     if cluster is not None:  # coordinate it; an orchestrator restarts us
-        print(run_job(config, cluster).text(), flush=True)
+        print(run_job(config, cluster, data_verified=args.data_verified)
+              .text(), flush=True)
         return EXIT_OK
-    # Local: check the data before any server starts, then supervise the
-    # roles and the coordinator (which reruns this command with --cluster).
-    prepare_data(config)
+    # Local: check the data once, before any server starts, then supervise
+    # the roles and the coordinator (which reruns this command with
+    # --cluster and --data-verified, after every restart too).
+    record_verified(config, prepare_data(config))
     local = LocalCluster(config.workers, config.ps,
                          log_dir=Path(config.workdir) / "logs")
-    return supervise(local, args.argv, SupervisorConfig(
+    return supervise(local, args.argv + ["--data-verified"], SupervisorConfig(
         max_restarts=args.max_restarts,
         restart_workers=not args.no_restart_workers), config.workdir)
 
@@ -264,6 +267,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="skip up to N corrupted records (counted, reported); "
                    "default: refuse corrupted data")
     p.add_argument("--keep-checkpoints", type=positive, default=3)
+    p.add_argument("--data-verified", action="store_true",
+                   help=argparse.SUPPRESS)  # set by the supervisor
     p.add_argument("--no-verify-checksums", action="store_true",
                    help="check shard presence and size but not sha256")
     p.add_argument("--strategy",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Iterator
@@ -111,6 +112,29 @@ class JobConfig:
         return Path(self.workdir) / "checkpoints"
 
 
+def summary_dict(summary) -> dict:
+    """A job summary dataclass as JSON-able data."""
+    data = dataclasses.asdict(summary)
+    data["eval"] = dataclasses.asdict(summary.eval) if summary.eval else None
+    return data
+
+
+def summary_lines(title: str, summary, middle: list[str]) -> str:
+    """The printed summary of a job: title, eval, ``middle``, artefacts."""
+    lines = [title]
+    if summary.eval is not None:
+        lines.append(f"  AUC {summary.eval.auc:.4f}  logloss "
+                     f"{summary.eval.logloss:.4f}  on {summary.eval.count} "
+                     "eval examples")
+    lines += middle + [
+        f"  data:        {summary.manifest}",
+        f"  checkpoint:  {summary.checkpoint}",
+        f"  export:      {summary.export}",
+        f"  tensorboard: {summary.tensorboard}",
+    ]
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class JobSummary:
     """What ``psrec train`` prints at the end."""
@@ -128,29 +152,16 @@ class JobSummary:
     cluster: dict
 
     def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["eval"] = dataclasses.asdict(self.eval) if self.eval else None
-        return data
+        return summary_dict(self)
 
     def text(self) -> str:
-        lines = ["psrec train summary:"]
-        if self.eval is not None:
-            lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
-                         f"{self.eval.logloss:.4f}  on {self.eval.count} eval "
-                         "examples")
-        lines += [
+        return summary_lines("psrec train summary:", self, [
             f"  steps {self.start_step} -> {self.step} (optimizer updates "
             f"executed: {self.executed_steps}), {self.examples_per_sec:,.0f} "
             "examples/s",
             f"  total time {self.seconds:.1f} s on "
             f"{len(self.cluster.get('worker', []))} workers + "
-            f"{len(self.cluster.get('ps', []))} PS",
-            f"  data:        {self.manifest}",
-            f"  checkpoint:  {self.checkpoint}",
-            f"  export:      {self.export}",
-            f"  tensorboard: {self.tensorboard}",
-        ]
-        return "\n".join(lines)
+            f"{len(self.cluster.get('ps', []))} PS"])
 
 
 def prepare_data(config: JobConfig, log=print) -> Manifest:
@@ -191,6 +202,50 @@ def prepare_data(config: JobConfig, log=print) -> Manifest:
     return manifest
 
 
+VERIFIED_FILE = "verified-data.json"
+
+
+def record_verified(config: JobConfig, manifest: Manifest) -> Path:
+    """Notes in the workdir that ``manifest`` passed :func:`prepare_data`
+    (with the repaired shards it uses), so the coordinators a supervisor
+    starts -- and restarts after every failure -- do not read all the data
+    again."""
+    original = Manifest.load(manifest.root)
+    replaced = {
+        before.file: after.file
+        for split in original.shards
+        for before, after in zip(original.shards[split],
+                                 manifest.shards[split])
+        if before.file != after.file}
+    return write_json_atomic(Path(config.workdir) / VERIFIED_FILE, {
+        "manifest": str(manifest.root.resolve()),
+        "spec_hash": config.spec.fingerprint(), "replaced": replaced})
+
+
+def load_verified(config: JobConfig) -> Manifest:
+    """The manifest :func:`record_verified` noted for this job.
+
+    Raises:
+      ManifestError: when there is no record, or it is for another spec or
+        other data than ``config`` names.
+    """
+    path = Path(config.workdir) / VERIFIED_FILE
+    if not path.is_file():
+        raise ManifestError(f"{path} is missing: the data was not checked by "
+                            "a supervisor; run without --data-verified.")
+    record = json.loads(path.read_text())
+    root = Path(record["manifest"])
+    wanted = (Path(config.data) if config.data is not None
+              else Path(config.workdir) / "data" / "tfrecord")
+    if wanted.is_file():
+        wanted = wanted.parent
+    if (record["spec_hash"] != config.spec.fingerprint()
+            or wanted.resolve() != root):
+        raise ManifestError(f"{path} records other data or another spec than "
+                            "this job; run without --data-verified.")
+    return Manifest.load(root).with_files(record["replaced"])
+
+
 def _generate(config: JobConfig, root: Path, log) -> Manifest:
     from data.convert import ConversionOptions
     from data.convert import convert
@@ -223,10 +278,16 @@ def _cluster(config: JobConfig, cluster: ClusterSpec | None,
 
 
 def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
-            log=print) -> JobSummary:
-    """Runs the whole job; resumes from the latest checkpoint if any."""
+            log=print, data_verified: bool = False) -> JobSummary:
+    """Runs the whole job; resumes from the latest checkpoint if any.
+
+    Args:
+      data_verified: the data already passed :func:`prepare_data` in this
+        workdir (a supervisor checked it); use the recorded result.
+    """
     began = time.perf_counter()
-    manifest = prepare_data(config, log)
+    manifest = (load_verified(config) if data_verified
+                else prepare_data(config, log))
     workdir = Path(config.workdir)
     record = JobRecord(spec=config.spec, model_name=config.model_name,
                        model=config.model_config,

@@ -36,6 +36,8 @@ from features.spec import FeatureSpec
 from launch.job import JobConfig
 from launch.job import SyntheticData
 from launch.job import prepare_data
+from launch.job import summary_dict
+from launch.job import summary_lines
 from launch.jobfile import JobRecord
 from launch.local import die_with_parent
 from launch.local import tail_log
@@ -134,29 +136,16 @@ class MirroredJobSummary:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["eval"] = dataclasses.asdict(self.eval) if self.eval else None
-        return data
+        return summary_dict(self)
 
     def text(self) -> str:
-        lines = [f"psrec train ({self.strategy}) summary:"]
-        if self.eval is not None:
-            lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
-                         f"{self.eval.logloss:.4f}  on {self.eval.count} eval "
-                         "examples")
-        lines += [
+        return summary_lines(f"psrec train ({self.strategy}) summary:", self, [
             f"  steps {self.start_step} -> {self.step}, final train loss "
             f"{self.final_loss:.4f}, {self.examples_per_sec:,.0f} examples/s",
             f"  {self.replicas} replica(s) on {self.workers} worker(s), "
             f"global batch {self.global_batch_size} x "
             f"{self.grad_accum_steps} micro-batch(es), {self.precision}",
-            f"  total time {self.seconds:.1f} s",
-            f"  data:        {self.manifest}",
-            f"  checkpoint:  {self.checkpoint}",
-            f"  export:      {self.export}",
-            f"  tensorboard: {self.tensorboard}",
-        ]
-        return "\n".join(lines)
+            f"  total time {self.seconds:.1f} s"])
 
 
 def effective_model(config: JobConfig, options: MirroredOptions
