@@ -34,7 +34,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launch.runtime import configure_environment  # noqa: E402
+from psrec.launch.runtime import configure_environment  # noqa: E402
 
 configure_environment()
 
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows < 1 or args.repeat < 1:
         parser.error("--rows and --repeat must be >= 1")
 
-    from data.synthetic import write_synthetic_parquet
-    from features import criteo
+    from psrec.data.synthetic import write_synthetic_parquet
+    from psrec.features import criteo
 
     spec = criteo()
     work = Path(tempfile.mkdtemp(prefix="psrec-convert-bench-"))
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
              f"{time.perf_counter() - started:.1f} s (not timed)")
 
         _restrict_to_one_core()
-        from data.convert import ConversionOptions
-        from data.convert import convert
-        from data.dataset import make_eval_dataset
-        from features.spec import ID_COLUMN
+        from psrec.data.convert import ConversionOptions
+        from psrec.data.convert import convert
+        from psrec.data.dataset import make_eval_dataset
+        from psrec.features.spec import ID_COLUMN
 
         options = ConversionOptions(shards=args.shards,
                                     block_rows=args.block_rows)

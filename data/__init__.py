@@ -5,14 +5,14 @@ modules (``data.convert``, ``data.dataset``, ``data.records``,
 ``data.audit``) are imported where they are used.
 """
 
-from data.ingest import IngestError
-from data.ingest import IngestReport
-from data.ingest import ingest_criteo
-from data.ingest import ingest_movielens
-from data.manifest import Manifest
-from data.manifest import ManifestError
-from data.synthetic import synthetic_table
-from data.synthetic import write_synthetic_parquet
+from psrec.data.ingest import IngestError
+from psrec.data.ingest import IngestReport
+from psrec.data.ingest import ingest_criteo
+from psrec.data.ingest import ingest_movielens
+from psrec.data.manifest import Manifest
+from psrec.data.manifest import ManifestError
+from psrec.data.synthetic import synthetic_table
+from psrec.data.synthetic import write_synthetic_parquet
 
 __all__ = [
     "IngestError",

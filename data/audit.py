@@ -15,13 +15,13 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from data.dataset import InputConfig
-from data.dataset import iterate_checked
-from data.dataset import make_train_dataset_fn
-from data.dataset import shard_files
-from data.manifest import Manifest
-from features.spec import ID_COLUMN
-from features.spec import FeatureSpec
+from psrec.data.dataset import InputConfig
+from psrec.data.dataset import iterate_checked
+from psrec.data.dataset import make_train_dataset_fn
+from psrec.data.dataset import shard_files
+from psrec.data.manifest import Manifest
+from psrec.features.spec import ID_COLUMN
+from psrec.features.spec import FeatureSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,8 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -27,17 +28,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from data.manifest import MANIFEST_NAME
-from data.manifest import Manifest
-from data.manifest import ShardInfo
-from data.manifest import sha256_file
-from data.records import PAD_ID
-from data.records import encode_block
-from features.spec import DENSE_COLUMN
-from features.spec import ID_COLUMN
-from features.spec import CategoricalFeature
-from features.spec import FeatureSpec
-from features.transforms import CategoricalEncoder
+from psrec.data.manifest import MANIFEST_NAME
+from psrec.data.manifest import Manifest
+from psrec.data.manifest import ShardInfo
+from psrec.data.manifest import sha256_file
+from psrec.data.records import PAD_ID
+from psrec.data.records import encode_block
+from psrec.errors import ConfigError
+from psrec.errors import DataError
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import ID_COLUMN
+from psrec.features.spec import CategoricalFeature
+from psrec.features.spec import FeatureSpec
+from psrec.features.transforms import CategoricalEncoder
 
 SPLIT_MODES = ("tail", "hash")
 QUARANTINE_NAME = "quarantine.parquet"
@@ -47,11 +50,11 @@ _QUARANTINE_SCHEMA = pa.schema([
     ("reason", pa.string()), ("record", pa.string())])
 
 
-class SchemaError(ValueError):
+class SchemaError(ConfigError):
     """A Parquet file's schema does not match the spec."""
 
 
-class BadDataError(ValueError):
+class BadDataError(DataError):
     """Too many rows failed the row checks."""
 
 

@@ -16,14 +16,17 @@ per-replica batch size -> prefetch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator, Sequence
+from typing import Callable
+from typing import Iterator
+from typing import Sequence
 
 import tensorflow as tf
 
-from data.manifest import Manifest
-from data.records import decode_blocks
-from data.records import locate_corruption
-from features.spec import FeatureSpec
+from psrec.data.manifest import Manifest
+from psrec.data.records import decode_blocks
+from psrec.data.records import locate_corruption
+from psrec.errors import ConfigError
+from psrec.features.spec import FeatureSpec
 
 Batch = dict[str, tf.Tensor]
 # A scalar in every training batch: the input pipeline (worker) it came from.
@@ -31,7 +34,7 @@ PIPELINE_COLUMN = "psrec__pipeline"
 DatasetFn = Callable[[tf.distribute.InputContext | None], tf.data.Dataset]
 
 
-class NotEnoughShardsError(ValueError):
+class NotEnoughShardsError(ConfigError):
     """There are fewer shard files than input pipelines."""
 
 

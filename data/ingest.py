@@ -29,7 +29,8 @@ import contextlib
 import dataclasses
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+
+from psrec.errors import ConfigError
 
 __all__ = [
     "CRITEO_CATEGORICAL_COLUMNS",
@@ -78,7 +81,7 @@ _CRITEO_FIX = (
 )
 
 
-class IngestError(ValueError):
+class IngestError(ConfigError):
     """A raw input file cannot be converted; the message names file and fix."""
 
 

@@ -17,15 +17,16 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from data.manifest import Manifest
-from data.manifest import ManifestError
-from data.records import locate_corruption
-from data.repair import ScanResult
-from data.repair import scan_records
-from features.spec import ID_COLUMN
+from psrec.data.manifest import Manifest
+from psrec.data.manifest import ManifestError
+from psrec.data.records import locate_corruption
+from psrec.data.repair import ScanResult
+from psrec.data.repair import scan_records
+from psrec.errors import ConfigError
+from psrec.features.spec import ID_COLUMN
 
 
-class SplitOverlapError(ValueError):
+class SplitOverlapError(ConfigError):
     """Eval examples also appear in the train split."""
 
 

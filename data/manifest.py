@@ -14,14 +14,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from data.files import write_json_atomic
+from psrec.data.files import write_json_atomic
+from psrec.errors import ConfigError
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "psrec-blocks-v1"
 SPLITS = ("train", "eval")
 
 
-class ManifestError(ValueError):
+class ManifestError(ConfigError):
     """A manifest is missing, malformed or does not match its files/spec."""
 
 

@@ -19,20 +19,22 @@ A block record has these features (all ``bytes_list`` with one value, except
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable
+from typing import Mapping
 
 import numpy as np
 import tensorflow as tf
 
-from features.spec import DENSE_COLUMN
-from features.spec import ID_COLUMN
-from features.spec import FeatureSpec
+from psrec.errors import DataError
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import ID_COLUMN
+from psrec.features.spec import FeatureSpec
 
 ROWS_KEY = "__rows__"
 PAD_ID = -1
 
 
-class CorruptRecordError(RuntimeError):
+class CorruptRecordError(DataError):
     """A TFRecord file failed its CRC check or is truncated."""
 
     def __init__(self, path: str, offset: int | None, detail: str) -> None:

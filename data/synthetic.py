@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from features.spec import CategoricalFeature
-from features.spec import DenseFeature
-from features.spec import FeatureSpec
+from psrec.features.spec import CategoricalFeature
+from psrec.features.spec import DenseFeature
+from psrec.features.spec import FeatureSpec
 
 _CHUNK_ROWS = 50_000
 _ZIPF_EXPONENT = 1.15

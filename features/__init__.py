@@ -4,16 +4,16 @@ Importing this package does not import TensorFlow; the TF transforms live in
 ``features.transforms``.
 """
 
-from features.presets import PRESETS
-from features.presets import criteo
-from features.presets import movielens
-from features.presets import resolve_spec
-from features.spec import CategoricalFeature
-from features.spec import DenseFeature
-from features.spec import FeatureSpec
-from features.spec import LabelConfig
-from features.spec import SpecError
-from features.spec import TableConfig
+from psrec.features.presets import PRESETS
+from psrec.features.presets import criteo
+from psrec.features.presets import movielens
+from psrec.features.presets import resolve_spec
+from psrec.features.spec import CategoricalFeature
+from psrec.features.spec import DenseFeature
+from psrec.features.spec import FeatureSpec
+from psrec.features.spec import LabelConfig
+from psrec.features.spec import SpecError
+from psrec.features.spec import TableConfig
 
 __all__ = [
     "PRESETS",

@@ -28,9 +28,12 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from typing import Mapping
 
 import yaml
+
+from psrec.errors import ConfigError
 
 DENSE_TRANSFORMS = ("none", "log1p", "standardize")
 COMBINERS = ("sum", "mean")
@@ -43,7 +46,7 @@ DENSE_COLUMN = "psrec__dense"
 RESERVED_NAMES = (ID_COLUMN, DENSE_COLUMN)
 
 
-class SpecError(ValueError):
+class SpecError(ConfigError):
     """A feature spec is malformed; the message names the key and the value."""
 
 

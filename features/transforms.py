@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from features.spec import CategoricalFeature
-from features.spec import FeatureSpec
+from psrec.features.spec import CategoricalFeature
+from psrec.features.spec import FeatureSpec
 
 MISSING_TOKEN = ""  # how a missing categorical value is hashed
 

@@ -3,7 +3,7 @@
 Importing this package does not import TensorFlow.
 """
 
-from launch.runtime import configure_environment
-from launch.runtime import role_environment
+from psrec.launch.runtime import configure_environment
+from psrec.launch.runtime import role_environment
 
 __all__ = ["configure_environment", "role_environment"]

@@ -17,20 +17,20 @@ import time
 
 import tensorflow as tf
 
-from data.dataset import PIPELINE_COLUMN
-from features.presets import criteo
-from features.spec import DENSE_COLUMN
-from features.spec import ID_COLUMN
-from features.spec import FeatureSpec
-from models.config import ModelConfig
-from models.config import model_config
-from models.optim import OptimizerConfig
-from models.optim import build_optimizers
-from models.ranking import build_model
-from ps_cluster.in_process import in_process_cluster
-from ps_cluster.partitioning import PartitionConfig
-from ps_cluster.train_loop import LoopConfig
-from ps_cluster.train_loop import make_train_closure
+from psrec.data.dataset import PIPELINE_COLUMN
+from psrec.features.presets import criteo
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import ID_COLUMN
+from psrec.features.spec import FeatureSpec
+from psrec.models.config import ModelConfig
+from psrec.models.config import model_config
+from psrec.models.optim import OptimizerConfig
+from psrec.models.optim import build_optimizers
+from psrec.models.ranking import build_model
+from psrec.ps_cluster.in_process import in_process_cluster
+from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.ps_cluster.train_loop import make_train_closure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +141,8 @@ def _run_single_process(config: BenchConfig) -> dict:
 
 
 def _run_cluster(config: BenchConfig) -> dict:
-    from ps_cluster.trainer import PSTrainer
-    from data.dataset import InputConfig
+    from psrec.data.dataset import InputConfig
+    from psrec.ps_cluster.trainer import PSTrainer
     spec, model_cfg, optimizer_cfg = _workload(config)
     cluster = in_process_cluster(config.workers, config.ps)
     trainer = PSTrainer(cluster, spec, model_cfg, optimizer_cfg,

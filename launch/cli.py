@@ -12,20 +12,22 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
+from typing import Sequence
 
-from launch.runtime import configure_environment
+from psrec.errors import EXIT_FAILURE
+from psrec.errors import EXIT_INTERRUPTED
+from psrec.errors import EXIT_OK
+from psrec.errors import EXIT_RETRYABLE
+from psrec.errors import EXIT_USAGE
+from psrec.errors import ConfigError
+from psrec.errors import PsrecError
+from psrec.launch.argtypes import fraction
+from psrec.launch.argtypes import positive
+from psrec.launch.runtime import configure_environment
 
-from launch.argtypes import fraction
-from launch.argtypes import positive
-from launch.exit_codes import EXIT_FAILURE
-from launch.exit_codes import EXIT_INTERRUPTED
-from launch.exit_codes import EXIT_OK
-from launch.exit_codes import EXIT_RETRYABLE
-from launch.exit_codes import EXIT_USAGE
 
-
-class UsageError(Exception):
+class UsageError(ConfigError):
     """A command-line argument is invalid; exits with EXIT_USAGE."""
 
 
@@ -40,7 +42,7 @@ def _existing_files(paths: Sequence[str], what: str) -> list[str]:
 
 
 def _load_spec(text: str):
-    from features.presets import resolve_spec
+    from psrec.features.presets import resolve_spec
     return resolve_spec(text)
 
 
@@ -48,8 +50,8 @@ def _load_spec(text: str):
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from data.ingest import ingest_criteo
-    from data.ingest import ingest_movielens
+    from psrec.data.ingest import ingest_criteo
+    from psrec.data.ingest import ingest_movielens
     if args.dataset == "criteo":
         report = ingest_criteo(_existing_files(args.inputs, "input TSV"),
                                args.out)
@@ -63,8 +65,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from data.convert import ConversionOptions
-    from data.convert import convert
+    from psrec.data.convert import ConversionOptions
+    from psrec.data.convert import convert
     options = ConversionOptions(
         shards=args.shards, eval_fraction=args.eval_fraction,
         split_mode=args.split, eval_shards=args.eval_shards,
@@ -76,8 +78,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from data.audit import audit_shards
-    from data.manifest import Manifest
+    from psrec.data.audit import audit_shards
+    from psrec.data.manifest import Manifest
     manifest = Manifest.load(args.manifest)
     spec = _load_spec(args.spec) if args.spec else _spec_of(manifest)
     report = audit_shards(manifest, spec, args.pipelines, split=args.split)
@@ -87,7 +89,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 def _spec_of(manifest) -> object:
     """The preset a manifest was converted with, when it is one."""
-    from features.presets import PRESETS
+    from psrec.features.presets import PRESETS
     for build in PRESETS.values():
         spec = build()
         if spec.fingerprint() == manifest.spec_hash:
@@ -108,7 +110,7 @@ def _cmd_spec(args: argparse.Namespace) -> int:
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from data.synthetic import write_synthetic_parquet
+    from psrec.data.synthetic import write_synthetic_parquet
     paths = write_synthetic_parquet(_load_spec(args.spec), args.out,
                                     args.rows, files=args.files,
                                     seed=args.seed)
@@ -120,10 +122,10 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_tf_config(args: argparse.Namespace) -> int:
-    from ps_cluster.spec import ClusterSpec
-    from ps_cluster.spec import REMOTE_WARNING
-    from ps_cluster.spec import tf_configs_for_all_tasks
-    from ps_cluster.spec import write_tf_config_files
+    from psrec.ps_cluster.spec import REMOTE_WARNING
+    from psrec.ps_cluster.spec import ClusterSpec
+    from psrec.ps_cluster.spec import tf_configs_for_all_tasks
+    from psrec.ps_cluster.spec import write_tf_config_files
     spec = ClusterSpec.build(ps=args.ps, workers=args.workers,
                              chief=args.chief)
     spec.validate(allow_remote=args.allow_remote)
@@ -206,45 +208,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     """Training-side commands live in ``launch.commands``."""
-    from launch.commands import add_commands
+    from psrec.launch.commands import add_commands
     add_commands(sub)
 
 
-# Which errors map to which exit code (see launch.exit_codes). A module is
-# consulted only once it is loaded, so this table imports nothing (an error
-# class cannot have been raised from a module that was never imported).
-_ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
-    # bad input: one line, permanent
-    ("launch.cli", "UsageError", EXIT_USAGE),
-    ("data.ingest", "IngestError", EXIT_USAGE),
-    ("data.manifest", "ManifestError", EXIT_USAGE),
-    ("features.spec", "SpecError", EXIT_USAGE),
-    ("ps_cluster.spec", "ClusterSpecError", EXIT_USAGE),
-    ("models.config", "ModelConfigError", EXIT_USAGE),
-    ("data.convert", "SchemaError", EXIT_USAGE),
-    ("data.dataset", "NotEnoughShardsError", EXIT_USAGE),
-    ("data.integrity", "SplitOverlapError", EXIT_USAGE),
-    ("models.sizing", "ModelTooLargeError", EXIT_USAGE),
-    ("ps_cluster.mirrored", "MirroredConfigError", EXIT_USAGE),
-    ("builtins", "FileNotFoundError", EXIT_USAGE),
-    # the job failed on its data or state: permanent
-    ("data.convert", "BadDataError", EXIT_FAILURE),
-    ("data.records", "CorruptRecordError", EXIT_FAILURE),
-    ("ps_cluster.checkpoint", "RestoreError", EXIT_FAILURE),
-    ("launch.mirrored_job", "WorkerFailedError", EXIT_FAILURE),
-    ("ps_cluster.advise", "AdviseError", EXIT_FAILURE),
-    # a restart can fix it: retryable
-    ("ps_cluster.errors", "ClusterUnavailableError", EXIT_RETRYABLE),
-    ("launch.local", "RoleStartError", EXIT_RETRYABLE),
-)
-
-
 def exit_code_for(error: BaseException) -> int | None:
-    """The exit code of a known error, None for an unexpected one."""
-    for module, name, code in _ERROR_EXITS:
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(error, cls):
-            return code
+    """The exit code of a known error, None for an unexpected one.
+
+    Every psrec error carries its own (:class:`psrec.errors.PsrecError`); a
+    missing input file is a usage error, and a failed import is a broken
+    installation or a shadowing module: permanent, never retried.
+    """
+    if isinstance(error, PsrecError):
+        return error.exit_code
+    if isinstance(error, (FileNotFoundError, ImportError)):
+        return EXIT_USAGE
     return None
 
 

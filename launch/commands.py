@@ -8,11 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-from launch.argtypes import non_negative
-from launch.argtypes import positive
-from launch.argtypes import positive_fraction
-from launch.cli import UsageError
-from models.config import MODEL_PRESETS
+from psrec.launch.argtypes import non_negative
+from psrec.launch.argtypes import positive
+from psrec.launch.argtypes import positive_fraction
+from psrec.launch.cli import UsageError
+from psrec.models.config import MODEL_PRESETS
 
 EXIT_OK = 0
 MODEL_NAMES = tuple(MODEL_PRESETS)
@@ -21,9 +21,9 @@ MODEL_NAMES = tuple(MODEL_PRESETS)
 def _existing_cluster(args: argparse.Namespace):
     """The cluster to coordinate, from --cluster or TF_CONFIG; None means
     start a local one."""
-    from ps_cluster.spec import ClusterSpec
-    from ps_cluster.spec import REMOTE_WARNING
-    from ps_cluster.spec import TFConfig
+    from psrec.ps_cluster.spec import REMOTE_WARNING
+    from psrec.ps_cluster.spec import ClusterSpec
+    from psrec.ps_cluster.spec import TFConfig
     if args.cluster:
         data = json.loads(Path(args.cluster).read_text())
         config = (TFConfig.from_dict(data) if "cluster" in data
@@ -44,14 +44,14 @@ def _existing_cluster(args: argparse.Namespace):
 
 
 def _job_config(args: argparse.Namespace):
-    from data.dataset import InputConfig
-    from features.presets import resolve_spec
-    from launch.job import JobConfig
-    from launch.job import SyntheticData
-    from models.config import model_config
-    from models.optim import OptimizerConfig
-    from ps_cluster.partitioning import PartitionConfig
-    from ps_cluster.train_loop import LoopConfig
+    from psrec.data.dataset import InputConfig
+    from psrec.features.presets import resolve_spec
+    from psrec.launch.job import JobConfig
+    from psrec.launch.job import SyntheticData
+    from psrec.models.config import model_config
+    from psrec.models.optim import OptimizerConfig
+    from psrec.ps_cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.train_loop import LoopConfig
     overrides = {}
     if args.cross_low_rank:
         overrides["cross_low_rank"] = args.cross_low_rank
@@ -80,8 +80,8 @@ def _job_config(args: argparse.Namespace):
 
 def _cmd_train_mirrored(args: argparse.Namespace) -> int:
     """``--strategy mirrored|multi-worker-mirrored`` (launch.mirrored_job)."""
-    from launch.mirrored_job import MirroredOptions
-    from launch.mirrored_job import run_mirrored_job
+    from psrec.launch.mirrored_job import MirroredOptions
+    from psrec.launch.mirrored_job import run_mirrored_job
     if args.cluster:
         raise UsageError(
             f"`--cluster` is for --strategy ps; with --strategy "
@@ -108,8 +108,8 @@ def _cmd_train_mirrored(args: argparse.Namespace) -> int:
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
-    from features.presets import resolve_spec
-    from ps_cluster.advise import advise
+    from psrec.features.presets import resolve_spec
+    from psrec.ps_cluster.advise import advise
     advice = advise(resolve_spec(args.spec), args.model,
                     batch_size=args.batch_size,
                     memory_fraction=args.memory_fraction,
@@ -125,12 +125,12 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from launch.job import prepare_data
-    from launch.job import record_verified
-    from launch.job import run_job
-    from launch.local import LocalCluster
-    from launch.supervisor import SupervisorConfig
-    from launch.supervisor import supervise
+    from psrec.launch.job import prepare_data
+    from psrec.launch.job import record_verified
+    from psrec.launch.job import run_job
+    from psrec.launch.local import LocalCluster
+    from psrec.launch.supervisor import SupervisorConfig
+    from psrec.launch.supervisor import supervise
     if getattr(args, "strategy", "ps") != "ps":
         return _cmd_train_mirrored(args)
     cluster = _existing_cluster(args)
@@ -151,10 +151,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
-    from ps_cluster.server import start_server
-    from ps_cluster.spec import ClusterSpec
-    from ps_cluster.spec import TaskInfo
-    from ps_cluster.spec import TFConfig
+    from psrec.ps_cluster.server import start_server
+    from psrec.ps_cluster.spec import ClusterSpec
+    from psrec.ps_cluster.spec import TaskInfo
+    from psrec.ps_cluster.spec import TFConfig
     if args.cluster_json or args.cluster:
         text = args.cluster_json or Path(args.cluster).read_text()
         data = json.loads(text)
@@ -178,14 +178,14 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from launch.exporting import export_checkpoint
+    from psrec.launch.exporting import export_checkpoint
     print(export_checkpoint(args.checkpoint_dir, args.out))
     return EXIT_OK
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from data.manifest import Manifest
-    from launch.exporting import evaluate_checkpoint
+    from psrec.data.manifest import Manifest
+    from psrec.launch.exporting import evaluate_checkpoint
     result = evaluate_checkpoint(args.checkpoint_dir, Manifest.load(args.data),
                                  split=args.split)
     print(result.summary())
@@ -193,8 +193,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from launch.bench import BenchConfig
-    from launch.bench import run_bench
+    from psrec.launch.bench import BenchConfig
+    from psrec.launch.bench import run_bench
     result = run_bench(BenchConfig(
         model=args.model, workers=args.workers, ps=args.ps,
         batch_size=args.batch_size, buckets=args.buckets, dim=args.dim,

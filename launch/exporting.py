@@ -9,18 +9,18 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from data.dataset import iterate_checked
-from data.dataset import make_eval_dataset
-from data.manifest import Manifest
-from features.spec import ID_COLUMN
-from launch.jobfile import JobRecord
-from models.export import export_saved_model
-from models.ranking import RankingModel
-from models.ranking import build_model
-from ps_cluster.checkpoint import CheckpointKeeper
-from ps_cluster.metrics import EvalResult
-from ps_cluster.metrics import batch_statistics
-from ps_cluster.metrics import merge
+from psrec.data.dataset import iterate_checked
+from psrec.data.dataset import make_eval_dataset
+from psrec.data.manifest import Manifest
+from psrec.features.spec import ID_COLUMN
+from psrec.launch.jobfile import JobRecord
+from psrec.models.export import export_saved_model
+from psrec.models.ranking import RankingModel
+from psrec.models.ranking import build_model
+from psrec.ps_cluster.checkpoint import CheckpointKeeper
+from psrec.ps_cluster.metrics import EvalResult
+from psrec.ps_cluster.metrics import batch_statistics
+from psrec.ps_cluster.metrics import merge
 
 
 def restore_plain_model(checkpoint_dir: str | Path,

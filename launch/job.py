@@ -18,22 +18,22 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from data.dataset import InputConfig
-from data.files import write_json_atomic
-from data.dataset import NotEnoughShardsError
-from data.manifest import Manifest
-from data.manifest import ManifestError
-from features.presets import criteo
-from features.spec import FeatureSpec
-from launch.jobfile import JobRecord
-from launch.local import LocalCluster
-from models.config import ModelConfig
-from models.config import model_config
-from models.optim import OptimizerConfig
-from ps_cluster.metrics import EvalResult
-from ps_cluster.partitioning import PartitionConfig
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.train_loop import LoopConfig
+from psrec.data.dataset import InputConfig
+from psrec.data.dataset import NotEnoughShardsError
+from psrec.data.files import write_json_atomic
+from psrec.data.manifest import Manifest
+from psrec.data.manifest import ManifestError
+from psrec.features.presets import criteo
+from psrec.features.spec import FeatureSpec
+from psrec.launch.jobfile import JobRecord
+from psrec.launch.local import LocalCluster
+from psrec.models.config import ModelConfig
+from psrec.models.config import model_config
+from psrec.models.optim import OptimizerConfig
+from psrec.ps_cluster.metrics import EvalResult
+from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.train_loop import LoopConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +175,8 @@ def prepare_data(config: JobConfig, log=print) -> Manifest:
     ``max_corrupt_records``), that train and eval splits share no example,
     and that there are enough train shards for the workers.
     """
-    from data.integrity import check_disjoint_splits
-    from data.integrity import repair_corrupted_shards
+    from psrec.data.integrity import check_disjoint_splits
+    from psrec.data.integrity import repair_corrupted_shards
     if config.data is not None:
         manifest = Manifest.load(config.data)
     else:
@@ -247,9 +247,9 @@ def load_verified(config: JobConfig) -> Manifest:
 
 
 def _generate(config: JobConfig, root: Path, log) -> Manifest:
-    from data.convert import ConversionOptions
-    from data.convert import convert
-    from data.synthetic import write_synthetic_parquet
+    from psrec.data.convert import ConversionOptions
+    from psrec.data.convert import convert
+    from psrec.data.synthetic import write_synthetic_parquet
     synthetic = config.synthetic
     log(f"generating {synthetic.rows:,} synthetic rows for spec "
         f"{config.spec.name!r} (embedded default data) ...")
@@ -298,7 +298,7 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         result = _train(config, live, manifest, log)
     export_path = None
     if config.export and result.checkpoint is not None:
-        from launch.exporting import export_checkpoint
+        from psrec.launch.exporting import export_checkpoint
         export_path = str(export_checkpoint(config.checkpoint_dir,
                                             workdir / "export"))
     summary = JobSummary(
@@ -315,9 +315,9 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
 
 
 def _train(config: JobConfig, cluster: ClusterSpec, manifest: Manifest, log):
-    from launch.progress import ProgressReporter
-    from ps_cluster.trainer import PSTrainer
-    from ps_cluster.watchdog import Watchdog
+    from psrec.launch.progress import ProgressReporter
+    from psrec.ps_cluster.trainer import PSTrainer
+    from psrec.ps_cluster.watchdog import Watchdog
     trainer = PSTrainer(cluster, config.spec, config.model_config,
                         config.optimizer, config.input, config.partition,
                         checkpoint_dir=config.checkpoint_dir,
@@ -367,8 +367,9 @@ def _translated_errors(manifest: Manifest) -> Iterator[None]:
     """TF errors from the cluster -> psrec errors with exit codes: a lost
     PS is retryable, a corrupted record names its file."""
     import tensorflow as tf
-    from data.records import locate_corruption
-    from ps_cluster.errors import ClusterUnavailableError
+
+    from psrec.data.records import locate_corruption
+    from psrec.ps_cluster.errors import ClusterUnavailableError
     try:
         yield
     except tf.errors.DataLossError as error:
@@ -388,6 +389,7 @@ def _write_restore_report(config: JobConfig, trainer, path: str) -> None:
     """``restore.json``: sha256 of every restored table, so a restore can be
     audited against the checkpoint file independently."""
     import hashlib
+
     import numpy as np
     tables = {}
     for name, variable in trainer.model.sparse_arch.tables.items():

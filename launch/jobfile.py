@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from data.files import write_json_atomic
-from features.spec import FeatureSpec
-from models.config import ModelConfig
+from psrec.data.files import write_json_atomic
+from psrec.features.spec import FeatureSpec
+from psrec.models.config import ModelConfig
 
 JOB_FILE = "job.json"
 

@@ -1,6 +1,6 @@
 """A local cluster: PS and worker roles as separate OS processes on loopback.
 
-``LocalCluster`` starts each role as ``python -m launch server ...`` bound to
+``LocalCluster`` starts each role as ``python -m psrec server ...`` bound to
 a free port on 127.0.0.1, waits until every port accepts connections (it
 polls the port and waits on the process between attempts -- no fixed
 sleeps -- and fails with the role's log tail if a role dies), and stops
@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from launch.runtime import role_environment
-from ps_cluster.server import loopback_cluster
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.spec import TaskInfo
+from psrec.errors import RetryableError
+from psrec.launch.runtime import role_environment
+from psrec.ps_cluster.server import loopback_cluster
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import TaskInfo
 
 _PR_SET_PDEATHSIG = 1
 
@@ -58,7 +59,7 @@ def worker_gpus(index: int, num_workers: int, gpus: list[str]) -> str | None:
     return ",".join(gpus[(first + j) % len(gpus)] for j in range(share))
 
 
-class RoleStartError(RuntimeError):
+class RoleStartError(RetryableError):
     """A role process exited or never listened."""
 
 
@@ -132,7 +133,7 @@ class LocalCluster:
             if share is not None:
                 env["CUDA_VISIBLE_DEVICES"] = share
         log = open(self.log_dir / f"{task.type}-{task.index}.log", "ab")
-        command = [sys.executable, "-m", "launch", "server",
+        command = [sys.executable, "-m", "psrec", "server",
                    "--cluster-json", json.dumps(self.cluster.to_tf_cluster_dict()),
                    "--role", task.type, "--index", str(task.index)]
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

@@ -29,35 +29,36 @@ import time
 from pathlib import Path
 from typing import Any
 
-from data.dataset import InputConfig
-from data.dataset import make_train_dataset_fn
-from data.manifest import Manifest
-from features.spec import FeatureSpec
-from launch.job import JobConfig
-from launch.job import SyntheticData
-from launch.job import prepare_data
-from launch.job import summary_dict
-from launch.job import summary_lines
-from launch.jobfile import JobRecord
-from launch.local import die_with_parent
-from launch.local import tail_log
-from launch.runtime import role_environment
-from models.config import ModelConfig
-from models.optim import OptimizerConfig
-from ps_cluster.metrics import EvalResult
-from ps_cluster.mirrored import COLLECTIVES
-from ps_cluster.mirrored import STRATEGIES
-from ps_cluster.mirrored import MirroredConfigError
-from ps_cluster.server import free_loopback_ports
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.spec import TaskInfo
-from ps_cluster.spec import TFConfig
-from ps_cluster.train_loop import LoopConfig
+from psrec.data.dataset import InputConfig
+from psrec.data.dataset import make_train_dataset_fn
+from psrec.data.manifest import Manifest
+from psrec.errors import DataError
+from psrec.features.spec import FeatureSpec
+from psrec.launch.job import JobConfig
+from psrec.launch.job import SyntheticData
+from psrec.launch.job import prepare_data
+from psrec.launch.job import summary_dict
+from psrec.launch.job import summary_lines
+from psrec.launch.jobfile import JobRecord
+from psrec.launch.local import die_with_parent
+from psrec.launch.local import tail_log
+from psrec.launch.runtime import role_environment
+from psrec.models.config import ModelConfig
+from psrec.models.optim import OptimizerConfig
+from psrec.ps_cluster.metrics import EvalResult
+from psrec.ps_cluster.mirrored import COLLECTIVES
+from psrec.ps_cluster.mirrored import STRATEGIES
+from psrec.ps_cluster.mirrored import MirroredConfigError
+from psrec.ps_cluster.server import free_loopback_ports
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import TaskInfo
+from psrec.ps_cluster.spec import TFConfig
+from psrec.ps_cluster.train_loop import LoopConfig
 
 RESULT_FILE = "mirrored-result.json"
 
 
-class WorkerFailedError(RuntimeError):
+class WorkerFailedError(DataError):
     """A local multi-worker-mirrored worker exited with an error or hung."""
 
 
@@ -209,9 +210,9 @@ def job_from_dict(data: dict[str, Any]) -> tuple[JobConfig, MirroredOptions]:
 def _train_here(config: JobConfig, options: MirroredOptions, strategy,
                 manifest: Manifest, log) -> tuple[Any, Any]:
     """Builds the trainer (size guard first), resumes, trains."""
-    from launch.progress import ProgressReporter
-    from ps_cluster.mirrored import MirroredTrainer
-    from ps_cluster.mirrored import mixed_precision_policy
+    from psrec.launch.progress import ProgressReporter
+    from psrec.ps_cluster.mirrored import MirroredTrainer
+    from psrec.ps_cluster.mirrored import mixed_precision_policy
     trainer = MirroredTrainer(
         strategy, config.spec, effective_model(config, options),
         config.optimizer, config.input,
@@ -251,8 +252,8 @@ def _finish(config: JobConfig, options: MirroredOptions, manifest: Manifest,
             checkpoint: str | None, result: dict[str, Any], workers: int,
             began: float, log) -> MirroredJobSummary:
     """Export, evaluation and summary.json (the chief's or launcher's)."""
-    from launch.exporting import evaluate_checkpoint
-    from launch.exporting import export_checkpoint
+    from psrec.launch.exporting import evaluate_checkpoint
+    from psrec.launch.exporting import export_checkpoint
     workdir = Path(config.workdir)
     export_path = eval_result = None
     if checkpoint is not None:
@@ -296,8 +297,8 @@ def _record(config: JobConfig, options: MirroredOptions,
 def run_mirrored(config: JobConfig, options: MirroredOptions,
                  log=print) -> MirroredJobSummary:
     """``--strategy mirrored``: one process, all local devices."""
-    from ps_cluster.mirrored import build_strategy
-    from ps_cluster.mirrored import split_cpu
+    from psrec.ps_cluster.mirrored import build_strategy
+    from psrec.ps_cluster.mirrored import split_cpu
     began = time.perf_counter()
     if options.cpu_replicas:
         split_cpu(options.cpu_replicas)
@@ -315,10 +316,10 @@ def run_mirrored(config: JobConfig, options: MirroredOptions,
 
 def _guard(config: JobConfig, options: MirroredOptions, strategy) -> None:
     """The size guard, before any data is generated or model built."""
-    from models.sizing import check_fits
-    from models.sizing import device_memory_bytes
-    from models.sizing import estimate_replicated_bytes
-    from ps_cluster.mirrored import local_replicas_sharing_memory
+    from psrec.models.sizing import check_fits
+    from psrec.models.sizing import device_memory_bytes
+    from psrec.models.sizing import estimate_replicated_bytes
+    from psrec.ps_cluster.mirrored import local_replicas_sharing_memory
     check_fits(estimate_replicated_bytes(
         config.spec, effective_model(config, options), config.optimizer),
         device_memory_bytes(), options.memory_fraction,
@@ -340,8 +341,8 @@ def run_worker(config: JobConfig, options: MirroredOptions,
       MirroredConfigError: no ``--data`` (workers must not each generate
         data; the local launcher prepares it once).
     """
-    from ps_cluster.mirrored import build_strategy
-    from ps_cluster.mirrored import is_chief
+    from psrec.ps_cluster.mirrored import build_strategy
+    from psrec.ps_cluster.mirrored import is_chief
     began = time.perf_counter()
     strategy = build_strategy("multi-worker-mirrored", options.collective,
                               tf_config=tf_config,
@@ -426,7 +427,7 @@ def run_local_workers(config: JobConfig, options: MirroredOptions,
             env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
             with open(logs / f"mwms-worker-{index}.log", "ab") as out:
                 processes[index] = subprocess.Popen(
-                    [sys.executable, "-m", "launch.mirrored_job",
+                    [sys.executable, "-m", "psrec.launch.mirrored_job",
                      str(job_file)], stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=env,
                     preexec_fn=die_with_parent)

@@ -10,7 +10,7 @@ from typing import TextIO
 
 import tensorflow as tf
 
-from ps_cluster.metrics import EvalResult
+from psrec.ps_cluster.metrics import EvalResult
 
 
 class ProgressReporter:

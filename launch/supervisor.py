@@ -31,12 +31,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from launch.exit_codes import EXIT_RETRYABLE
-from launch.exit_codes import is_retryable
-from launch.local import LocalCluster
-from launch.local import die_with_parent
-from launch.runtime import role_environment
-from ps_cluster.spec import TaskInfo
+from psrec.errors import EXIT_RETRYABLE
+from psrec.errors import is_retryable
+from psrec.launch.local import LocalCluster
+from psrec.launch.local import die_with_parent
+from psrec.launch.runtime import role_environment
+from psrec.ps_cluster.spec import TaskInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +152,7 @@ class Supervisor:
             self.cluster.cluster.to_tf_cluster_dict()) + "\n")
         while True:
             self.coordinator = subprocess.Popen(
-                [sys.executable, "-m", "launch", *self.argv,
+                [sys.executable, "-m", "psrec", *self.argv,
                  "--cluster", str(cluster_file)],
                 env=role_environment(), preexec_fn=die_with_parent)
             self.log(f"psrec supervisor: coordinator pid "

@@ -8,21 +8,21 @@ see ``launch.runtime``).
 
 import importlib
 
-from models.config import MODEL_PRESETS
-from models.config import ModelConfig
-from models.config import ModelConfigError
-from models.config import model_config
+from psrec.models.config import MODEL_PRESETS
+from psrec.models.config import ModelConfig
+from psrec.models.config import ModelConfigError
+from psrec.models.config import model_config
 
 _LAZY = {
-    "RankingModel": "models.ranking",
-    "build_model": "models.ranking",
-    "SparseArch": "models.embedding",
-    "MLP": "models.blocks",
-    "make_interaction": "models.interaction",
-    "OptimizerConfig": "models.optim",
-    "build_optimizers": "models.optim",
-    "ServingModule": "models.export",
-    "export_saved_model": "models.export",
+    "RankingModel": "psrec.models.ranking",
+    "build_model": "psrec.models.ranking",
+    "SparseArch": "psrec.models.embedding",
+    "MLP": "psrec.models.blocks",
+    "make_interaction": "psrec.models.interaction",
+    "OptimizerConfig": "psrec.models.optim",
+    "build_optimizers": "psrec.models.optim",
+    "ServingModule": "psrec.models.export",
+    "export_saved_model": "psrec.models.export",
 }
 
 

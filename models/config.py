@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from psrec.errors import ConfigError
+
 INTERACTIONS = ("dot", "cross", "fm", "concat")
 BATCH_NORMS = ("none", "batch", "sync")
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(ConfigError):
     """A model configuration value is invalid."""
 
 

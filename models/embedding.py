@@ -16,9 +16,9 @@ import collections
 import tensorflow as tf
 import tf_keras
 
-from features.spec import FeatureSpec
-from features.spec import TableConfig
-from ps_cluster.partitioning import table_creation_scope
+from psrec.features.spec import FeatureSpec
+from psrec.features.spec import TableConfig
+from psrec.ps_cluster.partitioning import table_creation_scope
 
 WIDE_SUFFIX = "__wide"
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from features.spec import DENSE_COLUMN
-from features.spec import FeatureSpec
-from features.transforms import CategoricalEncoder
-from models.ranking import RankingModel
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import FeatureSpec
+from psrec.features.transforms import CategoricalEncoder
+from psrec.models.ranking import RankingModel
 
 _DTYPES = {"string": tf.string, "int64": tf.int64}
 

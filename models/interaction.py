@@ -13,7 +13,7 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 import tf_keras
 
-from models.config import ModelConfig
+from psrec.models.config import ModelConfig
 
 
 class DotInteraction(tf_keras.layers.Layer):

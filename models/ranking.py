@@ -20,13 +20,13 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from features.spec import DENSE_COLUMN
-from features.spec import FeatureSpec
-from features.transforms import transform_dense
-from models.blocks import MLP
-from models.config import ModelConfig
-from models.embedding import SparseArch
-from models.interaction import make_interaction
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import FeatureSpec
+from psrec.features.transforms import transform_dense
+from psrec.models.blocks import MLP
+from psrec.models.config import ModelConfig
+from psrec.models.embedding import SparseArch
+from psrec.models.interaction import make_interaction
 
 
 class RankingModel(tf_keras.Model):

@@ -23,9 +23,10 @@ import dataclasses
 import os
 import subprocess
 
-from features.spec import FeatureSpec
-from models.config import ModelConfig
-from models.optim import OptimizerConfig
+from psrec.errors import ConfigError
+from psrec.features.spec import FeatureSpec
+from psrec.models.config import ModelConfig
+from psrec.models.optim import OptimizerConfig
 
 GIB = float(1 << 30)
 DEFAULT_MEMORY_FRACTION = 0.5
@@ -34,7 +35,7 @@ DEFAULT_MEMORY_FRACTION = 0.5
 SLOTS: dict[str, int] = {"adagrad": 1, "ftrl": 2, "sgd": 0, "adam": 2}
 
 
-class ModelTooLargeError(ValueError):
+class ModelTooLargeError(ConfigError):
     """The replicated tables and slots do not fit the device memory budget."""
 
 
@@ -106,8 +107,8 @@ def dense_parameter_count(spec: FeatureSpec, model: ModelConfig) -> int:
     no real table is allocated)."""
     import tensorflow as tf
 
-    from models.ranking import build_model
-    from models.ranking import count_parameters
+    from psrec.models.ranking import build_model
+    from psrec.models.ranking import count_parameters
     with tf.Graph().as_default():
         built = build_model(proxy_spec(spec), model)
         return count_parameters(built)["dense"]

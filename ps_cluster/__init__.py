@@ -8,26 +8,26 @@ TensorFlow; see ``launch.runtime``).
 
 import importlib
 
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.spec import ClusterSpecError
-from ps_cluster.spec import TaskInfo
-from ps_cluster.spec import TFConfig
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import ClusterSpecError
+from psrec.ps_cluster.spec import TaskInfo
+from psrec.ps_cluster.spec import TFConfig
 
 _LAZY = {
-    "PartitionConfig": "ps_cluster.partitioning",
-    "TablePartitioner": "ps_cluster.partitioning",
-    "start_server": "ps_cluster.server",
-    "in_process_cluster": "ps_cluster.in_process",
-    "build_strategy": "ps_cluster.strategy",
-    "build_coordinator": "ps_cluster.strategy",
-    "LoopConfig": "ps_cluster.train_loop",
-    "PSTrainer": "ps_cluster.trainer",
-    "TrainResult": "ps_cluster.trainer",
-    "CheckpointKeeper": "ps_cluster.checkpoint",
-    "RestoreError": "ps_cluster.checkpoint",
-    "EvalResult": "ps_cluster.metrics",
-    "Watchdog": "ps_cluster.watchdog",
-    "ClusterUnavailableError": "ps_cluster.errors",
+    "PartitionConfig": "psrec.ps_cluster.partitioning",
+    "TablePartitioner": "psrec.ps_cluster.partitioning",
+    "start_server": "psrec.ps_cluster.server",
+    "in_process_cluster": "psrec.ps_cluster.in_process",
+    "build_strategy": "psrec.ps_cluster.strategy",
+    "build_coordinator": "psrec.ps_cluster.strategy",
+    "LoopConfig": "psrec.ps_cluster.train_loop",
+    "PSTrainer": "psrec.ps_cluster.trainer",
+    "TrainResult": "psrec.ps_cluster.trainer",
+    "CheckpointKeeper": "psrec.ps_cluster.checkpoint",
+    "RestoreError": "psrec.ps_cluster.checkpoint",
+    "EvalResult": "psrec.ps_cluster.metrics",
+    "Watchdog": "psrec.ps_cluster.watchdog",
+    "ClusterUnavailableError": "psrec.ps_cluster.errors",
 }
 
 

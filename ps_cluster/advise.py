@@ -35,18 +35,20 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
+from typing import Callable
 
-from features.spec import FeatureSpec
-from models.config import ModelConfig
-from models.config import model_config as named_model
-from models.optim import OptimizerConfig
-from models.sizing import GIB
-from models.sizing import DeviceMemory
-from models.sizing import SizeEstimate
-from models.sizing import device_memory_bytes
-from models.sizing import estimate_replicated_bytes
-from models.sizing import proxy_spec
+from psrec.errors import DataError
+from psrec.features.spec import FeatureSpec
+from psrec.models.config import ModelConfig
+from psrec.models.config import model_config as named_model
+from psrec.models.optim import OptimizerConfig
+from psrec.models.sizing import GIB
+from psrec.models.sizing import DeviceMemory
+from psrec.models.sizing import SizeEstimate
+from psrec.models.sizing import device_memory_bytes
+from psrec.models.sizing import estimate_replicated_bytes
+from psrec.models.sizing import proxy_spec
 
 DEFAULT_THRESHOLD = 0.3
 MAX_MEASURED_IDS = 100_000  # ids per feature in the compute measurement
@@ -54,7 +56,7 @@ MAX_PS_ROWS = 1_000_000  # table rows of the PS round-trip measurement
 CHOICES = ("single-device", "mirrored", "ps")
 
 
-class AdviseError(RuntimeError):
+class AdviseError(DataError):
     """A measurement subprocess failed or timed out."""
 
 
@@ -213,7 +215,7 @@ def synthetic_batch(spec: FeatureSpec, rows: int, seed: int = 0):
     """A batch in the model's input format with uniform random ids."""
     import tensorflow as tf
 
-    from features.spec import DENSE_COLUMN
+    from psrec.features.spec import DENSE_COLUMN
     batch = {spec.label.name: tf.cast(tf.random.stateless_uniform(
         [rows], [seed, 1]) < 0.3, tf.float32)}
     if spec.dense:
@@ -232,8 +234,8 @@ def measure_compute(spec: FeatureSpec, model: ModelConfig, batch_size: int,
     """Median seconds of one training step on the default device."""
     import tensorflow as tf
 
-    from models.optim import build_optimizers
-    from models.ranking import build_model
+    from psrec.models.optim import build_optimizers
+    from psrec.models.ranking import build_model
     if any((f.hash_buckets or 0) > MAX_MEASURED_IDS
            for f in spec.categorical):
         spec = proxy_spec(spec, MAX_MEASURED_IDS)
@@ -261,8 +263,8 @@ def measure_compute(spec: FeatureSpec, model: ModelConfig, batch_size: int,
 
 def _run_helper(kind: str, args: dict[str, Any], timeout: float
                 ) -> dict[str, Any]:
-    from launch.runtime import role_environment
-    command = [sys.executable, "-m", "ps_cluster.advise", kind,
+    from psrec.launch.runtime import role_environment
+    command = [sys.executable, "-m", "psrec.ps_cluster.advise", kind,
                json.dumps(args)]
     try:
         done = subprocess.run(command, capture_output=True, text=True,
@@ -412,10 +414,10 @@ def _helper_ps(args: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
     import tf_keras
 
-    from ps_cluster.in_process import in_process_cluster
-    from ps_cluster.partitioning import table_creation_scope
-    from ps_cluster.strategy import build_coordinator
-    from ps_cluster.strategy import build_strategy
+    from psrec.ps_cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.partitioning import table_creation_scope
+    from psrec.ps_cluster.strategy import build_coordinator
+    from psrec.ps_cluster.strategy import build_strategy
     traffic, rows, steps = args["traffic"], int(args["rows"]), 10
     strategy = build_strategy(in_process_cluster(1, 1))
     coordinator = build_coordinator(strategy)
@@ -480,7 +482,7 @@ def _split_by_shard(table, ids, values):
 
 
 def _helper_main(argv: list[str]) -> int:
-    from launch.runtime import configure_environment
+    from psrec.launch.runtime import configure_environment
     configure_environment()
     kind, args = argv[0], json.loads(argv[1])
     helpers = {"allreduce": _helper_allreduce, "ps": _helper_ps}

@@ -26,10 +26,12 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from psrec.errors import DataError
+
 _SKIP_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter")
 
 
-class RestoreError(RuntimeError):
+class RestoreError(DataError):
     """A checkpoint did not restore completely."""
 
 

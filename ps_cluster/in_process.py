@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 
-from ps_cluster.server import loopback_cluster
-from ps_cluster.server import start_server
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.spec import TaskInfo
+from psrec.ps_cluster.server import loopback_cluster
+from psrec.ps_cluster.server import start_server
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import TaskInfo
 
 _LOCK = threading.Lock()
 _CLUSTER: ClusterSpec | None = None

@@ -31,32 +31,33 @@ from typing import Callable
 import tensorflow as tf
 import tf_keras
 
-from data.dataset import DatasetFn
-from data.dataset import InputConfig
-from features.spec import FeatureSpec
-from models.accumulation import add_gradients
-from models.accumulation import zero_non_finite
-from models.config import ModelConfig
-from models.embedding import WIDE_SUFFIX
-from models.optim import OptimizerConfig
-from models.optim import build_optimizers
-from models.ranking import RankingModel
-from models.ranking import build_model
-from models.sizing import DEFAULT_MEMORY_FRACTION
-from models.sizing import check_fits
-from models.sizing import device_memory_bytes
-from models.sizing import estimate_replicated_bytes
-from ps_cluster.checkpoint import CheckpointKeeper
-from ps_cluster.checkpoint import Progress
-from ps_cluster.spec import TFConfig
-from ps_cluster.train_loop import LoopConfig
+from psrec.data.dataset import DatasetFn
+from psrec.data.dataset import InputConfig
+from psrec.errors import ConfigError
+from psrec.features.spec import FeatureSpec
+from psrec.models.accumulation import add_gradients
+from psrec.models.accumulation import zero_non_finite
+from psrec.models.config import ModelConfig
+from psrec.models.embedding import WIDE_SUFFIX
+from psrec.models.optim import OptimizerConfig
+from psrec.models.optim import build_optimizers
+from psrec.models.ranking import RankingModel
+from psrec.models.ranking import build_model
+from psrec.models.sizing import DEFAULT_MEMORY_FRACTION
+from psrec.models.sizing import check_fits
+from psrec.models.sizing import device_memory_bytes
+from psrec.models.sizing import estimate_replicated_bytes
+from psrec.ps_cluster.checkpoint import CheckpointKeeper
+from psrec.ps_cluster.checkpoint import Progress
+from psrec.ps_cluster.spec import TFConfig
+from psrec.ps_cluster.train_loop import LoopConfig
 
 STRATEGIES = ("mirrored", "multi-worker-mirrored")
 COLLECTIVES = ("auto", "ring", "nccl")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
-class MirroredConfigError(ValueError):
+class MirroredConfigError(ConfigError):
     """An option of the mirrored path is invalid here; names it and the value."""
 
 

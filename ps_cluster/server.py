@@ -6,8 +6,8 @@ import socket
 
 import tensorflow as tf
 
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.spec import TaskInfo
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import TaskInfo
 
 SERVER_JOBS = ("ps", "worker")
 

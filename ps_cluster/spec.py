@@ -40,10 +40,15 @@ import json
 import os
 import re
 import types
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
+
+from psrec.errors import ConfigError
 
 __all__ = [
     "ALLOWED_JOBS",
@@ -94,7 +99,7 @@ _HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
 _EXAMPLE = "'localhost:2222'"
 
 
-class ClusterSpecError(ValueError):
+class ClusterSpecError(ConfigError):
     """A cluster spec or ``TF_CONFIG`` is malformed or unsafe.
 
     The message names the problem, the offending value and how to fix it.

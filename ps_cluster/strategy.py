@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ps_cluster.partitioning import PartitionConfig
-from ps_cluster.partitioning import TablePartitioner
-from ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.partitioning import TablePartitioner
+from psrec.ps_cluster.spec import ClusterSpec
 
 
 def build_strategy(cluster: ClusterSpec,

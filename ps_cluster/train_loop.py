@@ -12,23 +12,23 @@ checkpoint boundaries.
 from __future__ import annotations
 
 import collections
-import time
 import dataclasses
+import time
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from data.dataset import PIPELINE_COLUMN
-from data.dataset import DatasetFn
-from data.dataset import make_eval_dataset
-from features.spec import ID_COLUMN
-from features.spec import FeatureSpec
-from models.ranking import RankingModel
-from ps_cluster.metrics import EvalResult
-from ps_cluster.metrics import batch_statistics
-from ps_cluster.metrics import merge
-from ps_cluster.metrics import zero_statistics
+from psrec.data.dataset import PIPELINE_COLUMN
+from psrec.data.dataset import DatasetFn
+from psrec.data.dataset import make_eval_dataset
+from psrec.features.spec import ID_COLUMN
+from psrec.features.spec import FeatureSpec
+from psrec.models.ranking import RankingModel
+from psrec.ps_cluster.metrics import EvalResult
+from psrec.ps_cluster.metrics import batch_statistics
+from psrec.ps_cluster.metrics import merge
+from psrec.ps_cluster.metrics import zero_statistics
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,28 +9,28 @@ from typing import Callable
 
 import tensorflow as tf
 
-from data.dataset import DatasetFn
-from data.dataset import InputConfig
-from data.dataset import make_train_dataset_fn
-from data.manifest import Manifest
-from features.spec import FeatureSpec
-from models.config import ModelConfig
-from models.optim import OptimizerConfig
-from models.optim import build_optimizers
-from models.ranking import RankingModel
-from models.ranking import build_model
-from ps_cluster.checkpoint import CheckpointKeeper
-from ps_cluster.checkpoint import Progress
-from ps_cluster.metrics import EvalResult
-from ps_cluster.partitioning import PartitionConfig
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.strategy import build_coordinator
-from ps_cluster.strategy import build_strategy
-from ps_cluster.train_loop import ClosureLoop
-from ps_cluster.train_loop import LoopConfig
-from ps_cluster.train_loop import evaluate
-from ps_cluster.train_loop import make_eval_closure
-from ps_cluster.train_loop import make_train_closure
+from psrec.data.dataset import DatasetFn
+from psrec.data.dataset import InputConfig
+from psrec.data.dataset import make_train_dataset_fn
+from psrec.data.manifest import Manifest
+from psrec.features.spec import FeatureSpec
+from psrec.models.config import ModelConfig
+from psrec.models.optim import OptimizerConfig
+from psrec.models.optim import build_optimizers
+from psrec.models.ranking import RankingModel
+from psrec.models.ranking import build_model
+from psrec.ps_cluster.checkpoint import CheckpointKeeper
+from psrec.ps_cluster.checkpoint import Progress
+from psrec.ps_cluster.metrics import EvalResult
+from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.strategy import build_coordinator
+from psrec.ps_cluster.strategy import build_strategy
+from psrec.ps_cluster.train_loop import ClosureLoop
+from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.ps_cluster.train_loop import evaluate
+from psrec.ps_cluster.train_loop import make_eval_closure
+from psrec.ps_cluster.train_loop import make_train_closure
 
 
 @dataclasses.dataclass(frozen=True)

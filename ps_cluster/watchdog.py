@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Callable
 
-EXIT_RETRYABLE = 138  # Kubeflow's "user-defined retryable" exit code
+from psrec.errors import EXIT_RETRYABLE
 
 
 class Watchdog:

@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
+from typing import Sequence
 
-from launch.runtime import role_environment
+from psrec.launch.runtime import role_environment
 
 REPO = Path(__file__).resolve().parents[1]
 _ROLE_PIDS = re.compile(r"local cluster: .*\(pids ([\d, ]+)\)")
@@ -86,7 +87,7 @@ def processes_matching(needles: Iterable[str]) -> dict[int, str]:
 
 
 class PsrecRun:
-    """``python -m launch ARGS`` in its own session (process group), its
+    """``python -m psrec ARGS`` in its own session (process group), its
     merged stdout/stderr collected line by line, with arrival times, by a
     reader thread.
 
@@ -104,7 +105,7 @@ class PsrecRun:
         env = role_environment()
         env["PYTHONUNBUFFERED"] = "1"  # lines arrive as they are printed
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "launch", *self.args], cwd=cwd or REPO,
+            [sys.executable, "-m", "psrec", *self.args], cwd=cwd or REPO,
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True, bufsize=1,
             start_new_session=True)

@@ -1,7 +1,7 @@
 """Test-suite setup: the TensorFlow environment is configured once, here,
 through the same function every psrec entry point uses."""
 
-from launch.runtime import configure_environment
+from psrec.launch.runtime import configure_environment
 
 configure_environment()
 
@@ -19,7 +19,7 @@ def ps_cluster():
     In-process servers cannot be stopped, so there is exactly one cluster
     shape per process; tests needing another shape run in a subprocess.
     """
-    from ps_cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.in_process import in_process_cluster
     from tests._ps_helpers import CLUSTER_PS
     from tests._ps_helpers import CLUSTER_WORKERS
     return in_process_cluster(CLUSTER_WORKERS, CLUSTER_PS)
@@ -27,7 +27,7 @@ def ps_cluster():
 
 @pytest.fixture(scope="session")
 def small_criteo_spec():
-    from features.presets import criteo
+    from psrec.features.presets import criteo
     from tests._ps_helpers import SMALL_CRITEO
     return criteo(**SMALL_CRITEO)
 
@@ -39,9 +39,9 @@ def criteo_data(tmp_path_factory, small_criteo_spec):
 
     Returns ``(manifest, parquet paths)``.
     """
-    from data.convert import ConversionOptions
-    from data.convert import convert
-    from data.synthetic import write_synthetic_parquet
+    from psrec.data.convert import ConversionOptions
+    from psrec.data.convert import convert
+    from psrec.data.synthetic import write_synthetic_parquet
     from tests._ps_helpers import SYNTHETIC_ROWS
     root = tmp_path_factory.mktemp("criteo-data")
     paths = write_synthetic_parquet(small_criteo_spec, root / "parquet",

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from features import criteo
-from models.config import model_config
-from models.sizing import DeviceMemory
-from models.sizing import SizeEstimate
-from models.sizing import estimate_replicated_bytes
-from ps_cluster.advise import CHOICES
-from ps_cluster.advise import Measurements
-from ps_cluster.advise import gradient_traffic
-from ps_cluster.advise import recommend
-from ps_cluster.advise import traffic_bytes
+from psrec.features import criteo
+from psrec.models.config import model_config
+from psrec.models.sizing import DeviceMemory
+from psrec.models.sizing import SizeEstimate
+from psrec.models.sizing import estimate_replicated_bytes
+from psrec.ps_cluster.advise import CHOICES
+from psrec.ps_cluster.advise import Measurements
+from psrec.ps_cluster.advise import gradient_traffic
+from psrec.ps_cluster.advise import recommend
+from psrec.ps_cluster.advise import traffic_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 MEMORY = DeviceMemory("GPU", 16 << 30, "test")
@@ -37,7 +37,7 @@ def _measured(compute: float, allreduce: float, ps: float) -> Measurements:
 def default_spec_advice() -> dict:
     """``psrec advise`` on the default criteo spec (all measurements real)."""
     done = subprocess.run(
-        [sys.executable, "-m", "launch", "advise", "--spec", "criteo",
+        [sys.executable, "-m", "psrec", "advise", "--spec", "criteo",
          "--model", "dcn", "--batch-size", "512", "--repeats", "3", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         stdin=subprocess.DEVNULL, check=False)

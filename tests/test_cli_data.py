@@ -9,14 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.manifest import MANIFEST_NAME
-from data.manifest import Manifest
-from data.synthetic import synthetic_table
-from data.synthetic import write_synthetic_parquet
-from features import FeatureSpec
-from features import criteo
-from features import movielens
-from launch.cli import main
+from psrec.data.manifest import MANIFEST_NAME
+from psrec.data.manifest import Manifest
+from psrec.data.synthetic import synthetic_table
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.features import FeatureSpec
+from psrec.features import criteo
+from psrec.features import movielens
+from psrec.launch.cli import main
 
 SPEC = criteo(buckets=1000)
 

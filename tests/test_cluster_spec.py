@@ -10,17 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from ps_cluster.spec import (
-    REMOTE_WARNING,
-    ClusterSpec,
-    ClusterSpecError,
-    TaskInfo,
-    TFConfig,
-    parse_address,
-    parse_address_list,
-    tf_configs_for_all_tasks,
-    write_tf_config_files,
-)
+from psrec.ps_cluster.spec import REMOTE_WARNING
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import ClusterSpecError
+from psrec.ps_cluster.spec import TaskInfo
+from psrec.ps_cluster.spec import TFConfig
+from psrec.ps_cluster.spec import parse_address
+from psrec.ps_cluster.spec import parse_address_list
+from psrec.ps_cluster.spec import tf_configs_for_all_tasks
+from psrec.ps_cluster.spec import write_tf_config_files
 
 CHIEF = "localhost:2222"
 PS = ("localhost:2223", "localhost:2224")

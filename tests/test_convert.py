@@ -17,25 +17,24 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from data.convert import QUARANTINE_NAME
-from data.convert import BadDataError
-from data.convert import ConversionOptions
-from data.convert import SchemaError
-from data.convert import convert
-from data.dataset import make_eval_dataset
-from data.ingest import ingest_criteo
-from data.manifest import MANIFEST_NAME
-from data.manifest import Manifest
-from data.synthetic import synthetic_table
-from features import criteo
-from features import movielens
-from features.spec import DENSE_COLUMN
-from features.spec import ID_COLUMN
+from psrec.data.convert import QUARANTINE_NAME
+from psrec.data.convert import BadDataError
+from psrec.data.convert import ConversionOptions
+from psrec.data.convert import SchemaError
+from psrec.data.convert import convert
+from psrec.data.dataset import make_eval_dataset
+from psrec.data.ingest import ingest_criteo
+from psrec.data.manifest import MANIFEST_NAME
+from psrec.data.manifest import Manifest
+from psrec.data.synthetic import synthetic_table
+from psrec.features import criteo
+from psrec.features import movielens
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import ID_COLUMN
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import shared_data
 
@@ -373,7 +372,7 @@ def test_killed_conversion_leaves_no_final_names_and_rerun_is_identical(
     out.mkdir()
     final_names = [f"train-{i:05d}-of-00004.tfrecord" for i in range(4)]
 
-    command = [sys.executable, "-m", "launch", "convert", str(source),
+    command = [sys.executable, "-m", "psrec", "convert", str(source),
                "--spec", str(spec_path), "--out", str(out), "--shards", "4",
                "--block-rows", "64"]
     log_path = tmp_path / "convert.log"

@@ -7,15 +7,15 @@ regression ~0.694. The PS-trained model must reach at least 0.68.
 
 import pytest
 
-from data.convert import ConversionOptions
-from data.convert import convert
-from data.dataset import InputConfig
-from data.ingest import ingest_criteo
-from features import criteo
-from models.config import model_config
-from models.optim import OptimizerConfig
-from ps_cluster.train_loop import LoopConfig
-from ps_cluster.trainer import PSTrainer
+from psrec.data.convert import ConversionOptions
+from psrec.data.convert import convert
+from psrec.data.dataset import InputConfig
+from psrec.data.ingest import ingest_criteo
+from psrec.features import criteo
+from psrec.models.config import model_config
+from psrec.models.optim import OptimizerConfig
+from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.ps_cluster.trainer import PSTrainer
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import shared_data
 

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from data.convert import ConversionOptions
-from data.convert import convert
-from data.synthetic import write_synthetic_parquet
-from features import criteo
-from launch.runtime import role_environment
-from ps_cluster.server import free_loopback_ports
-from ps_cluster.spec import ClusterSpec
-from ps_cluster.spec import tf_configs_for_all_tasks
+from psrec.data.convert import ConversionOptions
+from psrec.data.convert import convert
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.features import criteo
+from psrec.launch.runtime import role_environment
+from psrec.ps_cluster.server import free_loopback_ports
+from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import tf_configs_for_all_tasks
 from tests._proc import REPO
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -57,13 +57,13 @@ def test_servers_from_tf_config_and_train_as_chief(tmp_path):
         for key, port in ((("ps", 0), ps), (("worker", 0), worker)):
             env = dict(role_environment(), TF_CONFIG=configs[key])
             process = subprocess.Popen(
-                [sys.executable, "-m", "launch", "server"], cwd=REPO,
+                [sys.executable, "-m", "psrec", "server"], cwd=REPO,
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             servers.append(process)
             _wait_listening(port, process)
         env = dict(role_environment(), TF_CONFIG=configs[("chief", 0)])
         done = subprocess.run(
-            [sys.executable, "-m", "launch", "train", "--spec",
+            [sys.executable, "-m", "psrec", "train", "--spec",
              str(spec_file), "--data", str(tmp_path / "tfr"), "--workers",
              "1", "--steps", "30", "--batch-size", "64", "--workdir",
              str(tmp_path / "run"), "--no-export"],

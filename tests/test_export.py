@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.dataset import InputConfig
-from data.synthetic import write_synthetic_parquet
-from features.presets import movielens
-from features.spec import DENSE_COLUMN
-from features.spec import ID_COLUMN
-from launch.exporting import export_checkpoint
-from launch.jobfile import JobRecord
-from models.config import ModelConfig
-from models.export import ServingModule
-from models.export import export_saved_model
-from models.optim import OptimizerConfig
-from models.ranking import build_model
-from ps_cluster.train_loop import LoopConfig
-from ps_cluster.trainer import PSTrainer
+from psrec.data.dataset import InputConfig
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.features.presets import movielens
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import ID_COLUMN
+from psrec.launch.exporting import export_checkpoint
+from psrec.launch.jobfile import JobRecord
+from psrec.models.config import ModelConfig
+from psrec.models.export import ServingModule
+from psrec.models.export import export_saved_model
+from psrec.models.optim import OptimizerConfig
+from psrec.models.ranking import build_model
+from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.ps_cluster.trainer import PSTrainer
 from tests._ps_helpers import helper_result
 from tests._ps_helpers import raw_rows
 from tests._ps_helpers import read_split
@@ -160,8 +160,8 @@ def test_movielens_export_takes_int64_ids_and_multi_hot_strings(tmp_path):
 
 def test_eval_of_a_checkpoint_matches_the_cluster_evaluation(
         exported, criteo_data, capsys):
-    from launch.cli import main
-    from launch.exporting import evaluate_checkpoint
+    from psrec.launch.cli import main
+    from psrec.launch.exporting import evaluate_checkpoint
     trainer, _, _, root = exported
     manifest, _ = criteo_data
     on_cluster = trainer.evaluate(manifest)

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.convert import ConversionOptions
-from data.convert import convert
-from data.manifest import Manifest
-from data.synthetic import write_synthetic_parquet
-from features import criteo
+from psrec.data.convert import ConversionOptions
+from psrec.data.convert import convert
+from psrec.data.manifest import Manifest
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.features import criteo
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
 from tests._proc import pid_alive

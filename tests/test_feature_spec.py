@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import yaml
 
-from features import CategoricalFeature
-from features import DenseFeature
-from features import FeatureSpec
-from features import LabelConfig
-from features import SpecError
-from features import TableConfig
-from features import criteo
-from features import movielens
-from features import resolve_spec
+from psrec.features import CategoricalFeature
+from psrec.features import DenseFeature
+from psrec.features import FeatureSpec
+from psrec.features import LabelConfig
+from psrec.features import SpecError
+from psrec.features import TableConfig
+from psrec.features import criteo
+from psrec.features import movielens
+from psrec.features import resolve_spec
 
 
 def _tiny_spec_dict() -> dict:
@@ -208,7 +208,7 @@ def test_vocabulary_file_relative_to_spec_dir(tmp_path, monkeypatch):
     assert color.num_ids == 4  # 3 values + the out-of-vocabulary id
     spec.check_vocabularies()
 
-    from features.transforms import CategoricalEncoder
+    from psrec.features.transforms import CategoricalEncoder
     ids = CategoricalEncoder(spec).encode(
         "color", np.array(["red", "green", "blue", "purple", ""], object))
     assert ids.numpy().tolist() == [3, 4, 5, 2, 2]  # offset 2; OOV -> 0
@@ -243,7 +243,7 @@ def test_missing_vocabulary_file_names_path(tmp_path):
 def test_categorical_hashing_is_stable_and_within_feature_rows():
     import tensorflow as tf
 
-    from features.transforms import CategoricalEncoder
+    from psrec.features.transforms import CategoricalEncoder
 
     spec = criteo(buckets=1000)
     values = np.array([f"{i:08x}" for i in range(500)] + [""], object)
@@ -265,7 +265,7 @@ def test_categorical_hashing_is_stable_and_within_feature_rows():
 
 
 def test_int64_values_hash_like_their_decimal_string():
-    from features.transforms import CategoricalEncoder
+    from psrec.features.transforms import CategoricalEncoder
 
     encoder = CategoricalEncoder(movielens())
     ints = encoder.encode("user_id", np.array([1, 42, 943], np.int64)).numpy()
@@ -277,7 +277,7 @@ def test_int64_values_hash_like_their_decimal_string():
 
 
 def test_transform_dense_matches_hand_computed_values():
-    from features.transforms import transform_dense
+    from psrec.features.transforms import transform_dense
 
     spec = FeatureSpec(
         name="dense",

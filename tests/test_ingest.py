@@ -9,19 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.ingest import (
-    CRITEO_CATEGORICAL_COLUMNS,
-    CRITEO_COLUMNS,
-    CRITEO_INTEGER_COLUMNS,
-    IngestError,
-    IngestReport,
-    ingest_criteo,
-    ingest_movielens,
-)
+from psrec.data.ingest import CRITEO_CATEGORICAL_COLUMNS
+from psrec.data.ingest import CRITEO_COLUMNS
+from psrec.data.ingest import CRITEO_INTEGER_COLUMNS
+from psrec.data.ingest import IngestError
+from psrec.data.ingest import IngestReport
+from psrec.data.ingest import ingest_criteo
+from psrec.data.ingest import ingest_movielens
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import MOVIELENS_DIR
 from tests._shared import shared_data
-
 
 
 def _criteo_line(

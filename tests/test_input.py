@@ -9,22 +9,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.audit import audit_shards
-from data.convert import ConversionOptions
-from data.convert import convert
-from data.dataset import InputConfig
-from data.dataset import NotEnoughShardsError
-from data.dataset import iterate_checked
-from data.dataset import make_eval_dataset
-from data.dataset import make_train_dataset_fn
-from data.dataset import shard_files
-from data.manifest import Manifest
-from data.manifest import ManifestError
-from data.records import CorruptRecordError
-from data.synthetic import write_synthetic_parquet
-from features import criteo
-from features.spec import DENSE_COLUMN
-from features.spec import ID_COLUMN
+from psrec.data.audit import audit_shards
+from psrec.data.convert import ConversionOptions
+from psrec.data.convert import convert
+from psrec.data.dataset import InputConfig
+from psrec.data.dataset import NotEnoughShardsError
+from psrec.data.dataset import iterate_checked
+from psrec.data.dataset import make_eval_dataset
+from psrec.data.dataset import make_train_dataset_fn
+from psrec.data.dataset import shard_files
+from psrec.data.manifest import Manifest
+from psrec.data.manifest import ManifestError
+from psrec.data.records import CorruptRecordError
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.features import criteo
+from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec import ID_COLUMN
 
 SPEC = criteo(buckets=1000)
 ROWS = 6000

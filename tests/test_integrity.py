@@ -8,19 +8,19 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from data.convert import ConversionOptions
-from data.convert import convert
-from data.integrity import SplitOverlapError
-from data.integrity import check_disjoint_splits
-from data.integrity import repair_corrupted_shards
-from data.manifest import ManifestError
-from data.repair import masked_crc
-from data.repair import scan_records
-from data.synthetic import write_synthetic_parquet
-from features import criteo
-from launch.exit_codes import is_retryable
-from ps_cluster.watchdog import EXIT_RETRYABLE
-from ps_cluster.watchdog import Watchdog
+from psrec.data.convert import ConversionOptions
+from psrec.data.convert import convert
+from psrec.data.integrity import SplitOverlapError
+from psrec.data.integrity import check_disjoint_splits
+from psrec.data.integrity import repair_corrupted_shards
+from psrec.data.manifest import ManifestError
+from psrec.data.repair import masked_crc
+from psrec.data.repair import scan_records
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.errors import is_retryable
+from psrec.features import criteo
+from psrec.ps_cluster.watchdog import EXIT_RETRYABLE
+from psrec.ps_cluster.watchdog import Watchdog
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def manifest(tmp_path_factory):
 
 def _copy(manifest, dst):
     shutil.copytree(manifest.root, dst)
-    from data.manifest import Manifest
+    from psrec.data.manifest import Manifest
     return Manifest.load(dst)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from launch.local import LocalCluster
+from psrec.launch.local import LocalCluster
 from tests._proc import PsrecRun
 from tests._proc import kill_pids
 from tests._proc import pid_alive
@@ -162,7 +162,7 @@ def test_local_cluster_stops_its_processes_on_error(tmp_path):
 
 
 def test_workers_get_equal_gpu_shares_and_ps_none():
-    from launch.local import worker_gpus
+    from psrec.launch.local import worker_gpus
     gpus = ["0", "1", "2", "3"]
     assert [worker_gpus(i, 2, gpus) for i in range(2)] == ["0,1", "2,3"]
     assert [worker_gpus(i, 3, gpus) for i in range(3)] == ["0", "1", "2"]

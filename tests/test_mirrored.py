@@ -132,13 +132,13 @@ def test_mirrored_job_checkpoints_and_exports_the_ps_serving_signature(
 @pytest.mark.cluster
 def test_two_worker_multi_worker_mirrored_run_only_chief_checkpoints(
         tmp_path):
-    from data.dataset import InputConfig
-    from features.presets import criteo
-    from launch.job import JobConfig
-    from launch.job import SyntheticData
-    from launch.mirrored_job import MirroredOptions
-    from launch.mirrored_job import run_mirrored_job
-    from ps_cluster.train_loop import LoopConfig
+    from psrec.data.dataset import InputConfig
+    from psrec.features.presets import criteo
+    from psrec.launch.job import JobConfig
+    from psrec.launch.job import SyntheticData
+    from psrec.launch.mirrored_job import MirroredOptions
+    from psrec.launch.mirrored_job import run_mirrored_job
+    from psrec.ps_cluster.train_loop import LoopConfig
     spec = criteo(buckets=100, dim=4)
     config = JobConfig(
         workdir=tmp_path, spec=spec, model_name="dcn",
@@ -168,7 +168,7 @@ def test_two_worker_multi_worker_mirrored_run_only_chief_checkpoints(
 
 def test_size_guard_stops_the_cli_with_the_size_and_ps_advice(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "launch", "train", "--strategy", "mirrored",
+        [sys.executable, "-m", "psrec", "train", "--strategy", "mirrored",
          "--memory-fraction", "0.000001", "--workdir", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         stdin=subprocess.DEVNULL, check=False)
@@ -180,10 +180,10 @@ def test_size_guard_stops_the_cli_with_the_size_and_ps_advice(tmp_path):
 
 
 def test_mirrored_options_name_the_argument_and_value():
-    from launch.cli import main
-    from launch.mirrored_job import MirroredOptions
-    from ps_cluster.mirrored import MirroredConfigError
-    from ps_cluster.mirrored import build_strategy
+    from psrec.launch.cli import main
+    from psrec.launch.mirrored_job import MirroredOptions
+    from psrec.ps_cluster.mirrored import MirroredConfigError
+    from psrec.ps_cluster.mirrored import build_strategy
     with pytest.raises(MirroredConfigError, match=r"`--collective` = 'ring'"):
         build_strategy("mirrored", "ring")
     with pytest.raises(MirroredConfigError, match=r"`--strategy` = 'ps'"):
@@ -201,7 +201,7 @@ def test_mirrored_options_name_the_argument_and_value():
 def test_accumulated_table_gradients_stay_sparse():
     import tensorflow as tf
 
-    from models.accumulation import add_gradients
+    from psrec.models.accumulation import add_gradients
     a = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([1, 4]),
                          tf.constant([10, 3]))
     b = tf.IndexedSlices(2 * tf.ones([1, 3]), tf.constant([4]),
@@ -220,8 +220,8 @@ def _assert_ps_serving_signature(export: Path, spec_dict: dict) -> None:
     """The export takes the raw columns of the PS path's signature."""
     import tensorflow as tf
 
-    from features.spec import FeatureSpec
-    from models.export import serving_signature
+    from psrec.features.spec import FeatureSpec
+    from psrec.models.export import serving_signature
     spec = FeatureSpec.from_dict(spec_dict)
     loaded = tf.saved_model.load(str(export))
     function = loaded.signatures["serving_default"]
@@ -244,7 +244,7 @@ def _assert_ps_serving_signature(export: Path, spec_dict: dict) -> None:
 
 
 def _data(spec, rows: int, seed: int = 0) -> dict:
-    from features.spec import DENSE_COLUMN
+    from psrec.features.spec import DENSE_COLUMN
     rng = np.random.default_rng(seed)
     dense = rng.uniform(0, 5, (rows, len(spec.dense))).astype(np.float32)
     data = {DENSE_COLUMN: dense}
@@ -273,8 +273,8 @@ def _in_order_dataset_fn(data: dict, global_batch: int):
 
 
 def _trainer(strategy, spec, model, optimizer, batch, **kwargs):
-    from data.dataset import InputConfig
-    from ps_cluster.mirrored import MirroredTrainer
+    from psrec.data.dataset import InputConfig
+    from psrec.ps_cluster.mirrored import MirroredTrainer
     return MirroredTrainer(strategy, spec, model, optimizer,
                            InputConfig(batch_size=batch),
                            memory_fraction=None, **kwargs)
@@ -283,16 +283,16 @@ def _trainer(strategy, spec, model, optimizer, batch, **kwargs):
 def _strategies():
     import tensorflow as tf
 
-    from ps_cluster.mirrored import build_strategy
+    from psrec.ps_cluster.mirrored import build_strategy
     return (tf.distribute.OneDeviceStrategy("/cpu:0"),
             build_strategy("mirrored"))
 
 
 def _check_equivalence() -> dict:
-    from features.presets import criteo
-    from models.config import model_config
-    from models.optim import OptimizerConfig
-    from ps_cluster.train_loop import LoopConfig
+    from psrec.features.presets import criteo
+    from psrec.models.config import model_config
+    from psrec.models.optim import OptimizerConfig
+    from psrec.ps_cluster.train_loop import LoopConfig
     spec = criteo(buckets=100, dim=4)
     data = _data(spec, 2048)
     optimizer = OptimizerConfig(warmup_steps=4, base_batch_size=64,
@@ -328,10 +328,10 @@ def _check_equivalence() -> dict:
 def _check_sync_batch_norm() -> dict:
     import tensorflow as tf
 
-    from features.presets import criteo
-    from models.blocks import batch_norm_layer
-    from models.config import model_config
-    from models.ranking import build_model
+    from psrec.features.presets import criteo
+    from psrec.models.blocks import batch_norm_layer
+    from psrec.models.config import model_config
+    from psrec.models.ranking import build_model
     _, strategy = _strategies()
     rng = np.random.default_rng(3)
     inputs = [rng.normal(0, 1, (4, 3)).astype(np.float32),
@@ -364,14 +364,14 @@ def _check_sync_batch_norm() -> dict:
 def _check_mixed_precision() -> dict:
     import tf_keras
 
-    from features.presets import criteo
-    from features.presets import movielens
-    from models.config import MODEL_PRESETS
-    from models.config import model_config
-    from models.optim import OptimizerConfig
-    from models.ranking import build_model
-    from models.ranking import example_batch
-    from ps_cluster.train_loop import LoopConfig
+    from psrec.features.presets import criteo
+    from psrec.features.presets import movielens
+    from psrec.models.config import MODEL_PRESETS
+    from psrec.models.config import model_config
+    from psrec.models.optim import OptimizerConfig
+    from psrec.models.ranking import build_model
+    from psrec.models.ranking import example_batch
+    from psrec.ps_cluster.train_loop import LoopConfig
     out: dict = {"model_logits": {}, "trained": {}}
     tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -406,10 +406,10 @@ def _check_mixed_precision() -> dict:
 
 
 def _check_accumulation() -> dict:
-    from features.presets import criteo
-    from models.config import model_config
-    from models.optim import OptimizerConfig
-    from ps_cluster.train_loop import LoopConfig
+    from psrec.features.presets import criteo
+    from psrec.models.config import model_config
+    from psrec.models.optim import OptimizerConfig
+    from psrec.ps_cluster.train_loop import LoopConfig
     spec = criteo(buckets=100, dim=4)
     data = _data(spec, 1024, seed=5)
     model = model_config("deepfm", top_mlp=(16,))
@@ -445,13 +445,13 @@ def _check_accumulation() -> dict:
 
 
 def _check_job(workdir: str) -> dict:
-    from data.dataset import InputConfig
-    from features.presets import criteo
-    from launch.job import JobConfig
-    from launch.job import SyntheticData
-    from launch.mirrored_job import MirroredOptions
-    from launch.mirrored_job import run_mirrored_job
-    from ps_cluster.train_loop import LoopConfig
+    from psrec.data.dataset import InputConfig
+    from psrec.features.presets import criteo
+    from psrec.launch.job import JobConfig
+    from psrec.launch.job import SyntheticData
+    from psrec.launch.mirrored_job import MirroredOptions
+    from psrec.launch.mirrored_job import run_mirrored_job
+    from psrec.ps_cluster.train_loop import LoopConfig
     spec = criteo(buckets=100, dim=4)
     config = JobConfig(
         workdir=Path(workdir), spec=spec, model_name="dcn",
@@ -470,9 +470,9 @@ def _check_job(workdir: str) -> dict:
 
 
 def _main(argv: list[str]) -> int:
-    from launch.runtime import configure_environment
+    from psrec.launch.runtime import configure_environment
     configure_environment()
-    from ps_cluster.mirrored import split_cpu
+    from psrec.ps_cluster.mirrored import split_cpu
     split_cpu(2)
     checks = {"equivalence": _check_equivalence,
               "sync_batch_norm": _check_sync_batch_norm,

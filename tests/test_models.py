@@ -5,19 +5,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from features import criteo
-from features import movielens
-from models.config import MODEL_PRESETS
-from models.config import ModelConfig
-from models.config import ModelConfigError
-from models.config import model_config
-from models.interaction import DotInteraction
-from models.interaction import FMInteraction
-from models.optim import OptimizerConfig
-from models.optim import ScaledWarmup
-from models.ranking import RankingModel
-from models.ranking import build_model
-from models.ranking import example_batch
+from psrec.features import criteo
+from psrec.features import movielens
+from psrec.models.config import MODEL_PRESETS
+from psrec.models.config import ModelConfig
+from psrec.models.config import ModelConfigError
+from psrec.models.config import model_config
+from psrec.models.interaction import DotInteraction
+from psrec.models.interaction import FMInteraction
+from psrec.models.optim import OptimizerConfig
+from psrec.models.optim import ScaledWarmup
+from psrec.models.ranking import RankingModel
+from psrec.models.ranking import build_model
+from psrec.models.ranking import example_batch
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_PRESETS))

@@ -7,11 +7,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from data.convert import check_schema
-from data.synthetic import synthetic_table
-from data.synthetic import write_synthetic_parquet
-from features import criteo
-from features import movielens
+from psrec.data.convert import check_schema
+from psrec.data.synthetic import synthetic_table
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.features import criteo
+from psrec.features import movielens
 
 SPEC = criteo(buckets=1000)
 ROWS = 20_000

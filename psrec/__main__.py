@@ -1,0 +1,7 @@
+"""``python -m psrec`` is the ``psrec`` command."""
+
+import sys
+
+from psrec.launch.cli import main
+
+sys.exit(main())

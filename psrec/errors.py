@@ -1,0 +1,67 @@
+"""psrec's error hierarchy: every error a user can cause carries its exit code.
+
+The CLI prints ``psrec: <message>`` and exits with ``error.exit_code``; no
+traceback is shown for any of these. Exit codes follow Kubeflow's
+retryable/permanent split (``IsRetryableExitCode``: 130, 137, 138 and 143
+are retried; 1, 2 and everything below 128 are not):
+
+=====  =========  ==========================================================
+code   kind       meaning
+=====  =========  ==========================================================
+0      --         success
+1      permanent  the job failed on its input or state: bad rows above the
+                  limit, corrupted records, a checkpoint that does not restore
+2      permanent  bad arguments, spec, manifest, cluster spec, or an
+                  installation/configuration problem (never retried)
+130    retryable  interrupted (SIGINT / Ctrl-C)
+137    retryable  killed (SIGKILL, e.g. out of memory or preempted)
+138    retryable  psrec's own retryable failure: a PS or the cluster became
+                  unreachable, the stall watchdog fired, a role did not start
+143    retryable  terminated (SIGTERM)
+=====  =========  ==========================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_RETRYABLE = 138
+EXIT_TERMINATED = 143
+
+RETRYABLE_EXIT_CODES = frozenset({130, 137, 138, 143})
+
+
+def is_retryable(code: int) -> bool:
+    """True for exit codes a supervisor should retry; a negative code is a
+    process killed by a signal (``Popen``'s convention): retryable."""
+    return code < 0 or code in RETRYABLE_EXIT_CODES
+
+
+class PsrecError(Exception):
+    """Base of every error psrec reports to a user; ``exit_code`` says how
+    an orchestrator should treat it."""
+
+    exit_code: int = EXIT_FAILURE
+
+
+class ConfigError(PsrecError, ValueError):
+    """A bad argument, spec, manifest or cluster spec. The message names the
+    option (or field), the value and what is allowed. Permanent (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class DataError(PsrecError):
+    """The job failed on its data or state (bad rows, corrupted records, a
+    checkpoint that does not restore). Permanent (exit 1)."""
+
+    exit_code = EXIT_FAILURE
+
+
+class RetryableError(PsrecError):
+    """A failure a restart can fix (a lost PS, a role that did not start,
+    a stall). Retryable (exit 138)."""
+
+    exit_code = EXIT_RETRYABLE
