@@ -34,7 +34,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from psrec.launch.runtime import configure_environment  # noqa: E402
+from psrec.runtime import configure_environment  # noqa: E402
 
 configure_environment()
 

@@ -1,9 +1,9 @@
-"""psrec launchers: the ``psrec`` CLI, role servers, local clusters.
+"""psrec launchers: the ``psrec`` CLI, role servers, local clusters and the
+job runner. Nothing in the library imports this package.
 
 Importing this package does not import TensorFlow.
 """
 
-from psrec.launch.runtime import configure_environment
-from psrec.launch.runtime import role_environment
+from psrec.launch.local import LocalCluster
 
-__all__ = ["configure_environment", "role_environment"]
+__all__ = ["LocalCluster"]

@@ -2,7 +2,7 @@
 
 Each sub-command validates its arguments, calls one library function and
 maps known failures to exit codes (see ``EXIT_*``). TensorFlow is imported
-lazily, after :func:`launch.runtime.configure_environment`, so ``psrec
+lazily, after :func:`psrec.runtime.configure_environment`, so ``psrec
 --help`` is instant and the Keras setting always applies.
 """
 
@@ -24,7 +24,7 @@ from psrec.errors import ConfigError
 from psrec.errors import PsrecError
 from psrec.launch.argtypes import fraction
 from psrec.launch.argtypes import positive
-from psrec.launch.runtime import configure_environment
+from psrec.runtime import configure_environment
 
 
 class UsageError(ConfigError):

@@ -42,7 +42,6 @@ from psrec.launch.job import summary_lines
 from psrec.launch.jobfile import JobRecord
 from psrec.launch.local import die_with_parent
 from psrec.launch.local import tail_log
-from psrec.launch.runtime import role_environment
 from psrec.models.config import ModelConfig
 from psrec.models.optim import OptimizerConfig
 from psrec.ps_cluster.metrics import EvalResult
@@ -54,6 +53,7 @@ from psrec.ps_cluster.spec import ClusterSpec
 from psrec.ps_cluster.spec import TaskInfo
 from psrec.ps_cluster.spec import TFConfig
 from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.runtime import role_environment
 
 RESULT_FILE = "mirrored-result.json"
 

@@ -35,8 +35,8 @@ from psrec.errors import EXIT_RETRYABLE
 from psrec.errors import is_retryable
 from psrec.launch.local import LocalCluster
 from psrec.launch.local import die_with_parent
-from psrec.launch.runtime import role_environment
 from psrec.ps_cluster.spec import TaskInfo
+from psrec.runtime import role_environment
 
 
 @dataclasses.dataclass(frozen=True)

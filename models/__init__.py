@@ -3,7 +3,7 @@
 ``models.config`` is plain Python; everything else needs TensorFlow, so the
 public names are resolved lazily (importing ``models`` or ``models.config``
 does not import TensorFlow, which must see ``TF_USE_LEGACY_KERAS=1`` first;
-see ``launch.runtime``).
+see ``psrec.runtime``).
 """
 
 import importlib

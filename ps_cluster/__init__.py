@@ -3,7 +3,7 @@ coordinator's training loop, checkpoints and the mirrored alternative.
 
 ``ps_cluster.spec`` is plain Python; the rest needs TensorFlow, so those
 names are resolved lazily (importing ``ps_cluster`` does not import
-TensorFlow; see ``launch.runtime``).
+TensorFlow; see ``psrec.runtime``).
 """
 
 import importlib

@@ -263,7 +263,7 @@ def measure_compute(spec: FeatureSpec, model: ModelConfig, batch_size: int,
 
 def _run_helper(kind: str, args: dict[str, Any], timeout: float
                 ) -> dict[str, Any]:
-    from psrec.launch.runtime import role_environment
+    from psrec.runtime import role_environment
     command = [sys.executable, "-m", "psrec.ps_cluster.advise", kind,
                json.dumps(args)]
     try:
@@ -482,7 +482,7 @@ def _split_by_shard(table, ids, values):
 
 
 def _helper_main(argv: list[str]) -> int:
-    from psrec.launch.runtime import configure_environment
+    from psrec.runtime import configure_environment
     configure_environment()
     kind, args = argv[0], json.loads(argv[1])
     helpers = {"allreduce": _helper_allreduce, "ps": _helper_ps}

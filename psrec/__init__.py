@@ -20,9 +20,9 @@ from psrec.errors import PsrecError
 from psrec.errors import RetryableError
 from psrec.features.presets import resolve_spec as load_spec
 from psrec.features.spec import FeatureSpec
-from psrec.launch.runtime import configure_environment
 from psrec.models.config import ModelConfig
 from psrec.models.config import model_config
+from psrec.runtime import configure_environment
 
 # name -> module; each needs TensorFlow, so it is imported on first use.
 _LAZY = {

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable
 from typing import Sequence
 
-from psrec.launch.runtime import role_environment
+from psrec.runtime import role_environment
 
 REPO = Path(__file__).resolve().parents[1]
 _ROLE_PIDS = re.compile(r"local cluster: .*\(pids ([\d, ]+)\)")

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from psrec.launch.runtime import configure_environment
-from psrec.launch.runtime import role_environment
+from psrec.runtime import configure_environment
+from psrec.runtime import role_environment
 
 configure_environment()
 

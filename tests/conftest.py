@@ -1,7 +1,7 @@
 """Test-suite setup: the TensorFlow environment is configured once, here,
 through the same function every psrec entry point uses."""
 
-from psrec.launch.runtime import configure_environment
+from psrec.runtime import configure_environment
 
 configure_environment()
 

@@ -470,7 +470,7 @@ def _check_job(workdir: str) -> dict:
 
 
 def _main(argv: list[str]) -> int:
-    from psrec.launch.runtime import configure_environment
+    from psrec.runtime import configure_environment
     configure_environment()
     from psrec.ps_cluster.mirrored import split_cpu
     split_cpu(2)

@@ -41,7 +41,7 @@ def configure_environment() -> None:
     ) != "1":
         raise RuntimeError(
             "TensorFlow was imported before psrec could set "
-            "TF_USE_LEGACY_KERAS=1; call launch.runtime.configure_environment() "
+            "TF_USE_LEGACY_KERAS=1; call psrec.runtime.configure_environment() "
             "before importing tensorflow (or export TF_USE_LEGACY_KERAS=1)."
         )
     os.environ.update(_REQUIRED)
