@@ -48,10 +48,10 @@ from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.mirrored import COLLECTIVES
 from psrec.ps_cluster.mirrored import STRATEGIES
 from psrec.ps_cluster.mirrored import MirroredConfigError
-from psrec.ps_cluster.server import free_loopback_ports
 from psrec.ps_cluster.spec import ClusterSpec
 from psrec.ps_cluster.spec import TaskInfo
 from psrec.ps_cluster.spec import TFConfig
+from psrec.ps_cluster.spec import free_loopback_ports
 from psrec.ps_cluster.train_loop import LoopConfig
 from psrec.runtime import role_environment
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import tensorflow as tf
 
 from psrec.ps_cluster.spec import ClusterSpec
@@ -50,27 +48,3 @@ def start_server(cluster: ClusterSpec, task: TaskInfo) -> tf.distribute.Server:
         tf.train.ClusterSpec(cluster.to_tf_cluster_dict()),
         job_name=task.type, task_index=task.index, protocol="grpc",
         config=server_config(cluster, task.type), start=True)
-
-
-def free_loopback_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (held until all are
-    chosen so they differ)."""
-    sockets, ports = [], []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
-
-
-def loopback_cluster(num_workers: int, num_ps: int) -> ClusterSpec:
-    """A cluster spec of free ports on 127.0.0.1 (the local default)."""
-    ports = free_loopback_ports(num_workers + num_ps)
-    return ClusterSpec.build(
-        ps=[f"127.0.0.1:{p}" for p in ports[num_workers:]],
-        workers=[f"127.0.0.1:{p}" for p in ports[:num_workers]])

@@ -39,6 +39,7 @@ import ipaddress
 import json
 import os
 import re
+import socket
 import types
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -919,3 +920,27 @@ def write_tf_config_files(spec: ClusterSpec, out_dir: str | os.PathLike[str]) ->
         path.write_text(config.to_json() + "\n", encoding="utf-8")
         paths.append(path)
     return paths
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held until all are
+    chosen so they differ)."""
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
+def loopback_cluster(num_workers: int, num_ps: int) -> ClusterSpec:
+    """A cluster spec of free ports on 127.0.0.1 (the local default)."""
+    ports = free_loopback_ports(num_workers + num_ps)
+    return ClusterSpec.build(
+        ps=[f"127.0.0.1:{p}" for p in ports[num_workers:]],
+        workers=[f"127.0.0.1:{p}" for p in ports[:num_workers]])

@@ -15,8 +15,8 @@ from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
 from psrec.data.synthetic import write_synthetic_parquet
 from psrec.features import criteo
-from psrec.ps_cluster.server import free_loopback_ports
 from psrec.ps_cluster.spec import ClusterSpec
+from psrec.ps_cluster.spec import free_loopback_ports
 from psrec.ps_cluster.spec import tf_configs_for_all_tasks
 from psrec.runtime import role_environment
 from tests._proc import REPO
