@@ -5,12 +5,12 @@ modules (``data.convert``, ``data.dataset``, ``data.records``,
 ``data.audit``) are imported where they are used.
 """
 
+from psrec.data.criteo import ingest_criteo
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
-from psrec.data.ingest import ingest_criteo
-from psrec.data.ingest import ingest_movielens
 from psrec.data.manifest import Manifest
 from psrec.data.manifest import ManifestError
+from psrec.data.movielens import ingest_movielens
 from psrec.data.synthetic import synthetic_table
 from psrec.data.synthetic import write_synthetic_parquet
 

@@ -60,7 +60,7 @@ class InputConfig:
     def __post_init__(self) -> None:
         for key in ("batch_size", "shuffle_records", "cycle_length"):
             if getattr(self, key) < 1:
-                raise ValueError(
+                raise ConfigError(
                     f"`{key}` = {getattr(self, key)!r} must be >= 1.")
 
 

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from psrec.features.spec import CategoricalFeature
-from psrec.features.spec import DenseFeature
+from psrec.features.columns import CategoricalFeature
+from psrec.features.columns import DenseFeature
 from psrec.features.spec import FeatureSpec
 
 _CHUNK_ROWS = 50_000

@@ -4,16 +4,16 @@ Importing this package does not import TensorFlow; the TF transforms live in
 ``features.transforms``.
 """
 
+from psrec.features.columns import CategoricalFeature
+from psrec.features.columns import DenseFeature
+from psrec.features.columns import LabelConfig
+from psrec.features.columns import SpecError
+from psrec.features.columns import TableConfig
 from psrec.features.presets import PRESETS
 from psrec.features.presets import criteo
 from psrec.features.presets import movielens
 from psrec.features.presets import resolve_spec
-from psrec.features.spec import CategoricalFeature
-from psrec.features.spec import DenseFeature
 from psrec.features.spec import FeatureSpec
-from psrec.features.spec import LabelConfig
-from psrec.features.spec import SpecError
-from psrec.features.spec import TableConfig
 
 __all__ = [
     "PRESETS",

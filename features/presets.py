@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from psrec.features.spec import CategoricalFeature
-from psrec.features.spec import DenseFeature
+from psrec.features.columns import CategoricalFeature
+from psrec.features.columns import DenseFeature
+from psrec.features.columns import LabelConfig
+from psrec.features.columns import SpecError
+from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
-from psrec.features.spec import LabelConfig
-from psrec.features.spec import SpecError
-from psrec.features.spec import TableConfig
 
 CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
 CRITEO_CATEGORICAL = tuple(f"C{i}" for i in range(1, 27))

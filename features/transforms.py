@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from psrec.features.spec import CategoricalFeature
+from psrec.features.columns import CategoricalFeature
 from psrec.features.spec import FeatureSpec
 
 MISSING_TOKEN = ""  # how a missing categorical value is hashed

@@ -1,36 +1,80 @@
-"""argparse value types shared by the ``psrec`` sub-commands."""
+"""argparse value types shared by the ``psrec`` sub-commands.
+
+Each type returns the parsed value or raises ``argparse.ArgumentTypeError``
+with a message naming the value given and what is allowed; argparse puts the
+flag in front (``argument --sparse-lr: invalid value '0': must be a finite
+number > 0``) and exits 2. Floats reject ``nan`` and ``inf``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable
 
 
-def _bounded_int(low: int) -> Callable[[str], int]:
+def _invalid(text: str, allowed: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(
+        f"invalid value {text!r}: must be {allowed}")
+
+
+def _bounded_int(low: int | None, name: str) -> Callable[[str], int]:
+    allowed = "an integer" if low is None else f"an integer >= {low}"
+
     def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} must be an integer >= {low}")
+        try:
+            value = int(text)
+        except ValueError:
+            raise _invalid(text, allowed) from None
+        if low is not None and value < low:
+            raise _invalid(text, allowed)
         return value
+
+    parse.__name__ = name
     return parse
 
 
-positive = _bounded_int(1)
-non_negative = _bounded_int(0)
+def _bounded_float(allowed: str, ok: Callable[[float], bool],
+                   name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise _invalid(text, allowed) from None
+        if not math.isfinite(value) or not ok(value):
+            raise _invalid(text, allowed)
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def fraction(text: str) -> float:
-    """A share in [0, 1]."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in [0, 1]")
-    return value
+integer = _bounded_int(None, "integer")
+"""Any integer."""
 
+positive = _bounded_int(1, "positive")
+"""An integer >= 1 (counts, sizes, steps)."""
 
-def positive_fraction(text: str) -> float:
-    """A share in (0, 1]."""
-    value = fraction(text)
-    if value == 0.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
-    return value
+non_negative = _bounded_int(0, "non_negative")
+"""An integer >= 0 (0 usually means "off" or "none")."""
+
+positive_float = _bounded_float("a finite number > 0", lambda v: v > 0,
+                                "positive_float")
+"""A finite float > 0 (learning rates)."""
+
+non_negative_float = _bounded_float("a finite number >= 0", lambda v: v >= 0,
+                                    "non_negative_float")
+"""A finite float >= 0 (timeouts where 0 disables)."""
+
+fraction = _bounded_float("a number in [0, 1]", lambda v: 0.0 <= v <= 1.0,
+                          "fraction")
+"""A share in [0, 1]."""
+
+positive_fraction = _bounded_float("a number in (0, 1]",
+                                   lambda v: 0.0 < v <= 1.0,
+                                   "positive_fraction")
+"""A share in (0, 1]."""
+
+proper_fraction = _bounded_float("a number in [0, 1)",
+                                 lambda v: 0.0 <= v < 1.0, "proper_fraction")
+"""A share in [0, 1) (a split that leaves rows on the other side)."""

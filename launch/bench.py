@@ -25,12 +25,9 @@ from psrec.features.spec import FeatureSpec
 from psrec.models.config import ModelConfig
 from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig
-from psrec.models.optim import build_optimizers
-from psrec.models.ranking import build_model
 from psrec.ps_cluster.in_process import in_process_cluster
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.train_loop import make_train_closure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,35 +117,15 @@ def _result(config: BenchConfig, seconds: float, closure_seconds: list[float],
     }
 
 
-def _run_single_process(config: BenchConfig) -> dict:
-    spec, model_cfg, optimizer_cfg = _workload(config)
-    strategy = tf.distribute.get_strategy()
-    model = build_model(spec, model_cfg)
-    sparse, dense = build_optimizers(optimizer_cfg, config.batch_size)
-    closure = make_train_closure(strategy, model, sparse, dense, spec,
-                                 config.steps_per_closure)
-    iterator = iter(_synthetic_dataset_fn(spec, config.batch_size, False)(None))
-    closures = config.steps // config.steps_per_closure
-    for _ in range(max(5, closures // 5)):  # warm-up, as the baseline does
-        closure(iterator)
-    durations, loss = [], float("nan")
-    began = time.perf_counter()
-    for _ in range(closures):
-        loss_sum, _, seconds, _ = closure(iterator)
-        loss = float(loss_sum) / config.steps_per_closure
-        durations.append(float(seconds))
-    return _result(config, time.perf_counter() - began, durations, loss)
-
-
-def _run_cluster(config: BenchConfig) -> dict:
+def _measure(config: BenchConfig, strategy, on_ps_workers: bool) -> dict:
+    """Warm-up, then the timed run, of psrec's own trainer and step."""
     from psrec.data.dataset import InputConfig
-    from psrec.ps_cluster.trainer import PSTrainer
+    from psrec.ps_cluster.trainer import Trainer
     spec, model_cfg, optimizer_cfg = _workload(config)
-    cluster = in_process_cluster(config.workers, config.ps)
-    trainer = PSTrainer(cluster, spec, model_cfg, optimizer_cfg,
-                        InputConfig(batch_size=config.batch_size),
-                        PartitionConfig())
-    dataset_fn = _synthetic_dataset_fn(spec, config.batch_size, True)
+    trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,
+                      InputConfig(batch_size=config.batch_size))
+    dataset_fn = _synthetic_dataset_fn(spec, config.batch_size,
+                                       on_ps_workers)
     warm = max(config.steps_per_closure * 5, config.steps // 5)
     trainer.train(dataset_fn, LoopConfig(
         steps=warm, steps_per_closure=config.steps_per_closure,
@@ -169,6 +146,9 @@ def run_bench(config: BenchConfig) -> dict:
     time measured on its worker divided by its steps: the time of one
     training step on one worker, PS round trips included.
     """
-    if config.single_process:
-        return _run_single_process(config)
-    return _run_cluster(config)
+    if config.single_process:  # the same model and step, no cluster
+        return _measure(config, tf.distribute.get_strategy(), False)
+    from psrec.ps_cluster.strategy import build_ps_strategy
+    strategy = build_ps_strategy(
+        in_process_cluster(config.workers, config.ps), PartitionConfig())
+    return _measure(config, strategy, True)

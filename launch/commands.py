@@ -8,10 +8,15 @@ import os
 import sys
 from pathlib import Path
 
+from psrec.launch.argtypes import integer
 from psrec.launch.argtypes import non_negative
+from psrec.launch.argtypes import non_negative_float
 from psrec.launch.argtypes import positive
+from psrec.launch.argtypes import positive_float
 from psrec.launch.argtypes import positive_fraction
 from psrec.launch.cli import UsageError
+from psrec.launch.cli import add_json_flag
+from psrec.launch.cli import print_json
 from psrec.models.config import MODEL_PRESETS
 
 EXIT_OK = 0
@@ -21,9 +26,9 @@ MODEL_NAMES = tuple(MODEL_PRESETS)
 def _existing_cluster(args: argparse.Namespace):
     """The cluster to coordinate, from --cluster or TF_CONFIG; None means
     start a local one."""
-    from psrec.ps_cluster.spec import REMOTE_WARNING
-    from psrec.ps_cluster.spec import ClusterSpec
-    from psrec.ps_cluster.spec import TFConfig
+    from psrec.ps_cluster.tf_config import REMOTE_WARNING
+    from psrec.ps_cluster.tf_config import ClusterSpec
+    from psrec.ps_cluster.tf_config import TFConfig
     if args.cluster:
         data = json.loads(Path(args.cluster).read_text())
         config = (TFConfig.from_dict(data) if "cluster" in data
@@ -44,17 +49,31 @@ def _existing_cluster(args: argparse.Namespace):
 
 
 def _job_config(args: argparse.Namespace):
+    """The :class:`JobConfig` of ``psrec train``'s arguments; options that
+    mean nothing under ``--strategy`` are refused (exit 2)."""
     from psrec.data.dataset import InputConfig
     from psrec.features.presets import resolve_spec
-    from psrec.launch.job import JobConfig
-    from psrec.launch.job import SyntheticData
+    from psrec.launch.job_config import JobConfig
+    from psrec.launch.job_config import StrategyConfig
+    from psrec.launch.job_config import SyntheticData
     from psrec.models.config import model_config
     from psrec.models.optim import OptimizerConfig
     from psrec.ps_cluster.partitioning import PartitionConfig
     from psrec.ps_cluster.train_loop import LoopConfig
+    if args.strategy != "ps":
+        for flag, given in (("--cluster", args.cluster),
+                            ("--no-restart-workers", args.no_restart_workers)):
+            if given:
+                raise UsageError(
+                    f"`{flag}` applies to --strategy ps only; with "
+                    f"--strategy {args.strategy} each worker reads its own "
+                    "TF_CONFIG (see `psrec tf-config`), and without it psrec "
+                    "starts --workers local workers.")
     overrides = {}
     if args.cross_low_rank:
         overrides["cross_low_rank"] = args.cross_low_rank
+    if args.sync_batch_norm:
+        overrides["batch_norm"] = "sync"
     return JobConfig(
         workdir=Path(args.workdir), spec=resolve_spec(args.spec),
         model_name=args.model, model=model_config(args.model, **overrides),
@@ -67,6 +86,12 @@ def _job_config(args: argparse.Namespace):
                         steps_per_closure=args.steps_per_closure,
                         log_every=args.log_every, eval_every=args.eval_every,
                         checkpoint_every=args.checkpoint_every),
+        strategy=StrategyConfig(
+            kind=args.strategy, collective=args.collective,
+            mixed_precision=args.mixed_precision,
+            grad_accum_steps=args.grad_accum_steps,
+            memory_fraction=args.memory_fraction,
+            cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote),
         partition=PartitionConfig(kind=args.partitioner,
                                   shards=args.table_shards),
         data=Path(args.data) if args.data else None,
@@ -78,33 +103,11 @@ def _job_config(args: argparse.Namespace):
         stall_timeout=args.stall_timeout or None)
 
 
-def _cmd_train_mirrored(args: argparse.Namespace) -> int:
-    """``--strategy mirrored|multi-worker-mirrored`` (launch.mirrored_job)."""
-    from psrec.launch.mirrored_job import MirroredOptions
-    from psrec.launch.mirrored_job import run_mirrored_job
-    if args.cluster:
-        raise UsageError(
-            f"`--cluster` is for --strategy ps; with --strategy "
-            f"{args.strategy} each worker reads its own TF_CONFIG (see "
-            "`psrec tf-config`), and without TF_CONFIG psrec starts "
-            "--workers local workers.")
-    options = MirroredOptions(
-        strategy=args.strategy, collective=args.collective,
-        sync_batch_norm=args.sync_batch_norm,
-        mixed_precision=args.mixed_precision,
-        grad_accum_steps=args.grad_accum_steps,
-        memory_fraction=args.memory_fraction,
-        cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote)
-    worker = args.strategy == "multi-worker-mirrored" and bool(
-        os.environ.get("TF_CONFIG", "").strip())
-    summary = run_mirrored_job(_job_config(args), options)
-    if summary is not None:
+def _print_summary(args: argparse.Namespace, summary) -> None:
+    if getattr(args, "json", False):
+        print_json(summary.to_dict())
+    else:
         print(summary.text(), flush=True)
-    if worker:  # MultiWorkerMirroredStrategy's server cannot be shut down
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_OK)
-    return EXIT_OK
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -125,39 +128,71 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from psrec.launch.job import prepare_data
-    from psrec.launch.job import record_verified
+    """One command for every strategy: ``ps`` supervises a local cluster (or
+    coordinates an existing one), ``multi-worker-mirrored`` without
+    TF_CONFIG launches local workers, everything else trains here."""
+    from psrec.launch.job import JobSummary
     from psrec.launch.job import run_job
-    from psrec.launch.local import LocalCluster
-    from psrec.launch.supervisor import SupervisorConfig
-    from psrec.launch.supervisor import supervise
-    if getattr(args, "strategy", "ps") != "ps":
-        return _cmd_train_mirrored(args)
-    cluster = _existing_cluster(args)
+    from psrec.launch.job_data import prepare_data
+    from psrec.launch.job_data import record_verified
     config = _job_config(args)
-    if cluster is not None:  # coordinate it; an orchestrator restarts us
-        print(run_job(config, cluster, data_verified=args.data_verified)
-              .text(), flush=True)
+    kind = config.strategy.kind
+    tf_config = bool(os.environ.get("TF_CONFIG", "").strip())
+    if kind == "ps":
+        cluster = _existing_cluster(args)
+        if cluster is not None:  # coordinate it; an orchestrator restarts us
+            _print_summary(args, run_job(config, cluster,
+                                         data_verified=args.data_verified))
+            return EXIT_OK
+        # Local: check the data once, before any server starts, then
+        # supervise the roles and the coordinator (which reruns this command
+        # with --cluster and --data-verified, after every restart too).
+        from psrec.launch.local import LocalCluster
+        from psrec.launch.supervisor import SupervisorConfig
+        from psrec.launch.supervisor import supervise
+        record_verified(config, prepare_data(config))
+        local = LocalCluster(config.workers, config.ps,
+                             log_dir=Path(config.workdir) / "logs")
+        return supervise(local, args.argv + ["--data-verified"],
+                         SupervisorConfig(
+                             max_restarts=args.max_restarts,
+                             restart_workers=not args.no_restart_workers),
+                         config.workdir)
+    if kind == "multi-worker-mirrored" and not tf_config:
+        from psrec.launch.local_workers import run_local_workers
+        record_verified(config, prepare_data(config))
+        data = run_local_workers(config, args.argv)
+        _print_summary(args, JobSummary.from_dict(data))
         return EXIT_OK
-    # Local: check the data once, before any server starts, then supervise
-    # the roles and the coordinator (which reruns this command with
-    # --cluster and --data-verified, after every restart too).
-    record_verified(config, prepare_data(config))
-    local = LocalCluster(config.workers, config.ps,
-                         log_dir=Path(config.workdir) / "logs")
-    return supervise(local, args.argv + ["--data-verified"], SupervisorConfig(
-        max_restarts=args.max_restarts,
-        restart_workers=not args.no_restart_workers), config.workdir)
+    summary = run_job(config, data_verified=args.data_verified)
+    if summary is not None:
+        _print_summary(args, summary)
+    if kind == "multi-worker-mirrored":
+        # MultiWorkerMirroredStrategy's server cannot be shut down.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+    return EXIT_OK
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
     from psrec.ps_cluster.server import start_server
-    from psrec.ps_cluster.spec import ClusterSpec
-    from psrec.ps_cluster.spec import TaskInfo
-    from psrec.ps_cluster.spec import TFConfig
+    from psrec.ps_cluster.tf_config import ClusterSpec
+    from psrec.ps_cluster.tf_config import TaskInfo
+    from psrec.ps_cluster.tf_config import TFConfig
     if args.cluster_json or args.cluster:
         text = args.cluster_json or Path(args.cluster).read_text()
-        data = json.loads(text)
+        source = ("--cluster-json" if args.cluster_json
+                  else f"--cluster {args.cluster}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            data = error
+        if not isinstance(data, dict):
+            raise UsageError(
+                f"{source} is not a JSON object ({data}); write a cluster "
+                "spec such as {\"ps\": [\"H:P\"], \"worker\": [\"H:P\"]} or "
+                "a TF_CONFIG (see `psrec tf-config`).")
         cluster = ClusterSpec.from_dict(data.get("cluster", data))
         if args.role is None or args.index is None:
             raise UsageError("give --role and --index with a cluster spec.")
@@ -179,7 +214,11 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from psrec.launch.exporting import export_checkpoint
-    print(export_checkpoint(args.checkpoint_dir, args.out))
+    path = export_checkpoint(args.checkpoint_dir, args.out)
+    if args.json:
+        print_json({"saved_model": path})
+    else:
+        print(path)
     return EXIT_OK
 
 
@@ -188,7 +227,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from psrec.launch.exporting import evaluate_checkpoint
     result = evaluate_checkpoint(args.checkpoint_dir, Manifest.load(args.data),
                                  split=args.split)
-    print(result.summary())
+    if args.json:
+        print_json({"split": args.split, **result.to_dict()})
+    else:
+        print(result.summary())
     return EXIT_OK
 
 
@@ -209,17 +251,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     os._exit(EXIT_OK)
 
 
-def _add_workload_flags(p: argparse.ArgumentParser, steps: int) -> None:
-    """Model, cluster shape and step flags shared by train and bench."""
-    p.add_argument("--model", choices=MODEL_NAMES, default="dcn")
-    p.add_argument("--workers", type=positive, default=2)
-    p.add_argument("--ps", type=positive, default=1)
-    p.add_argument("--steps", type=positive, default=steps)
-    p.add_argument("--steps-per-closure", type=positive, default=10)
-    p.add_argument("--batch-size", type=positive, default=1024)
+def _add_model_flag(group: argparse._ActionsContainer) -> None:
+    group.add_argument("--model", choices=MODEL_NAMES, default="dcn",
+                       help="named model configuration")
 
 
-def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+def _add_count_flags(group: argparse._ActionsContainer) -> None:
+    """--workers/--ps: task COUNTS in every command that has them (host
+    lists are `psrec tf-config --worker-hosts/--ps-hosts`)."""
+    group.add_argument("--workers", type=positive, default=2,
+                       help="number of worker tasks")
+    group.add_argument("--ps", type=positive, default=1,
+                       help="number of parameter-server tasks")
+
+
+def _add_step_flags(group: argparse._ActionsContainer, steps: int) -> None:
+    group.add_argument("--steps", type=positive, default=steps,
+                       help="training steps (the run ends at this global step)")
+    group.add_argument("--steps-per-closure", type=positive, default=10,
+                       help="training steps per scheduled closure (K)")
+
+
+def _add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
+    group.add_argument("--batch-size", type=positive, default=1024,
+                       help=what)
+
+
+def _add_cluster_flags(p: argparse._ActionsContainer) -> None:
     p.add_argument("--allow-remote", action="store_true",
                    help="permit non-loopback hosts; TF gRPC servers accept "
                    "unauthenticated, unencrypted connections on all "
@@ -229,113 +287,185 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers the training-side sub-commands."""
 
-    p = sub.add_parser("train", help="train on a local or existing PS cluster")
-    p.add_argument("--workdir", default="runs/default")
-    p.add_argument("--spec", default="criteo",
-                   help="preset (criteo, movielens) or spec file")
-    p.add_argument("--data", default=None,
-                   help="manifest of converted data (default: generate the "
-                   "embedded synthetic data)")
-    p.add_argument("--synthetic-rows", type=positive, default=250_000)
-    _add_workload_flags(p, steps=400)
-    p.add_argument("--cross-low-rank", type=positive, default=None)
-    p.add_argument("--cluster", default=None,
-                   help="coordinate an existing cluster (JSON cluster spec or "
-                   "TF_CONFIG file); TF_CONFIG naming this task chief also "
-                   "does")
-    p.add_argument("--base-batch-size", type=positive, default=1024)
-    p.add_argument("--sparse-lr", type=float, default=0.05)
-    p.add_argument("--dense-lr", type=float, default=0.001)
-    p.add_argument("--warmup-steps", type=non_negative, default=100)
-    p.add_argument("--eval-every", type=non_negative, default=0)
-    p.add_argument("--checkpoint-every", type=non_negative, default=200)
-    p.add_argument("--log-every", type=positive, default=50)
-    p.add_argument("--partitioner", choices=("min-size", "fixed", "max-size"),
-                   default="min-size")
-    p.add_argument("--table-shards", type=positive, default=None,
-                   help="shards per table (default: one per PS task)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-export", action="store_true")
-    p.add_argument("--max-restarts", type=non_negative, default=3,
-                   help="restarts of workers/PS/coordinator allowed (local)")
-    p.add_argument("--no-restart-workers", action="store_true",
-                   help="keep training on the remaining workers instead")
-    p.add_argument("--stall-timeout", type=float, default=900.0,
-                   help="seconds without progress before the watchdog dumps "
-                   "stacks and exits retryable (138); 0 disables")
-    p.add_argument("--max-corrupt-records", type=non_negative, default=0,
-                   help="skip up to N corrupted records (counted, reported); "
-                   "default: refuse corrupted data")
-    p.add_argument("--keep-checkpoints", type=positive, default=3)
-    p.add_argument("--data-verified", action="store_true",
-                   help=argparse.SUPPRESS)  # set by the supervisor
-    p.add_argument("--no-verify-checksums", action="store_true",
-                   help="check shard presence and size but not sha256")
-    p.add_argument("--strategy",
-                   choices=("ps", "mirrored", "multi-worker-mirrored"),
-                   default="ps",
-                   help="ps: parameter servers (tables sharded); mirrored: "
-                   "all local GPUs/CPU replicas, all-reduce; "
-                   "multi-worker-mirrored: workers from TF_CONFIG (or "
-                   "--workers local ones); see `psrec advise`")
-    p.add_argument("--collective", choices=("auto", "ring", "nccl"),
-                   default="auto",
-                   help="all-reduce implementation (mirrored strategies)")
-    p.add_argument("--sync-batch-norm", action="store_true",
-                   help="batch norm in the MLP towers with statistics "
-                   "all-reduced across replicas (mirrored strategies)")
-    p.add_argument("--mixed-precision", action="store_true",
-                   help="mixed_float16 on GPU, mixed_bfloat16 on CPU; "
-                   "float32 logits and loss (mirrored strategies)")
-    p.add_argument("--grad-accum-steps", type=positive, default=1,
-                   help="micro-batches of --batch-size per update "
-                   "(mirrored strategies)")
-    p.add_argument("--memory-fraction", type=positive_fraction, default=0.5,
-                   help="size guard: replicated tables + optimizer slots "
-                   "may use this share of one device's memory")
-    p.add_argument("--cpu-replicas", type=positive, default=None,
-                   help="--strategy mirrored without GPUs: split the CPU "
-                   "into N logical devices (N replicas)")
-    _add_cluster_flags(p)
+    p = sub.add_parser("train", help="train on a local or existing PS cluster",
+                       description="Train on a local supervised cluster, or "
+                       "coordinate an existing one (--cluster or TF_CONFIG).")
+    data = p.add_argument_group("data")
+    data.add_argument("--spec", default="criteo",
+                      help="preset (criteo, movielens) or spec file")
+    data.add_argument("--data", default=None,
+                      help="manifest of converted data (default: generate the "
+                      "embedded synthetic data)")
+    data.add_argument("--synthetic-rows", type=positive, default=250_000,
+                      help="rows of synthetic data when --data is not given")
+    _add_batch_flag(data, "global batch size (rows per step)")
+    data.add_argument("--seed", type=integer, default=0,
+                      help="shuffle and synthetic-data seed")
+    data.add_argument("--no-verify-checksums", action="store_true",
+                      help="check shard presence and size but not sha256")
+    data.add_argument("--max-corrupt-records", type=non_negative, default=0,
+                      help="skip up to N corrupted records (counted, "
+                      "reported); 0 refuses corrupted data")
+    data.add_argument("--data-verified", action="store_true",
+                      help=argparse.SUPPRESS)  # set by the supervisor
+
+    model = p.add_argument_group("model")
+    _add_model_flag(model)
+    model.add_argument("--cross-low-rank", type=positive, default=None,
+                       help="rank of the DCN cross layers' low-rank kernels "
+                       "(default: the model configuration's)")
+    model.add_argument("--sync-batch-norm", action="store_true",
+                       help="batch norm in the MLP towers with statistics "
+                       "all-reduced across replicas (mirrored strategies)")
+    model.add_argument("--mixed-precision", action="store_true",
+                       help="mixed_float16 on GPU, mixed_bfloat16 on CPU; "
+                       "float32 logits and loss (mirrored strategies)")
+
+    optimizer = p.add_argument_group(
+        "optimizer", "learning rates and the step schedule")
+    optimizer.add_argument("--sparse-lr", type=positive_float, default=0.05,
+                           help="embedding-table learning rate at "
+                           "--base-batch-size")
+    optimizer.add_argument("--dense-lr", type=positive_float, default=0.001,
+                           help="dense-tower learning rate at "
+                           "--base-batch-size")
+    optimizer.add_argument("--base-batch-size", type=positive, default=1024,
+                           help="the batch size the learning rates are given "
+                           "for (they scale with --batch-size)")
+    optimizer.add_argument("--warmup-steps", type=non_negative, default=100,
+                           help="linear learning-rate warmup from 0 over N "
+                           "steps")
+    _add_step_flags(optimizer, steps=400)
+    optimizer.add_argument("--grad-accum-steps", type=positive, default=1,
+                           help="micro-batches of --batch-size per update "
+                           "(mirrored strategies)")
+
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument("--strategy",
+                         choices=("ps", "mirrored", "multi-worker-mirrored",
+                                  "one-device"),
+                         default="ps",
+                         help="ps: parameter servers (tables sharded); "
+                         "mirrored: all local GPUs/CPU replicas, all-reduce; "
+                         "multi-worker-mirrored: workers from TF_CONFIG (or "
+                         "--workers local ones); one-device: one GPU or the "
+                         "CPU; see `psrec advise`")
+    _add_count_flags(cluster)
+    cluster.add_argument("--cluster", default=None,
+                         help="coordinate an existing cluster (JSON cluster "
+                         "spec or TF_CONFIG file); TF_CONFIG naming this task "
+                         "chief also does (default: start a local cluster)")
+    cluster.add_argument("--partitioner",
+                         choices=("min-size", "fixed", "max-size"),
+                         default="min-size",
+                         help="how embedding tables are split across PS tasks")
+    cluster.add_argument("--table-shards", type=positive, default=None,
+                         help="shards per table (default: one per PS task)")
+    cluster.add_argument("--collective", choices=("auto", "ring", "nccl"),
+                         default="auto",
+                         help="all-reduce implementation (mirrored "
+                         "strategies)")
+    cluster.add_argument("--memory-fraction", type=positive_fraction,
+                         default=0.5,
+                         help="size guard: replicated tables + optimizer "
+                         "slots may use this share of one device's memory, "
+                         "in (0, 1] (mirrored strategies)")
+    cluster.add_argument("--cpu-replicas", type=positive, default=None,
+                         help="--strategy mirrored without GPUs: split the "
+                         "CPU into N logical devices (default: no split)")
+    _add_cluster_flags(cluster)
+
+    reliability = p.add_argument_group("reliability")
+    reliability.add_argument("--max-restarts", type=non_negative, default=3,
+                             help="restarts of workers/PS/coordinator allowed "
+                             "(local cluster)")
+    reliability.add_argument("--no-restart-workers", action="store_true",
+                             help="keep training on the remaining workers "
+                             "instead of restarting a lost one")
+    reliability.add_argument("--stall-timeout", type=non_negative_float,
+                             default=900.0,
+                             help="seconds without progress before the "
+                             "watchdog dumps stacks and exits retryable "
+                             "(138); 0 disables")
+    reliability.add_argument("--checkpoint-every", type=non_negative,
+                             default=200,
+                             help="steps between checkpoints; 0: only at the "
+                             "end")
+    reliability.add_argument("--keep-checkpoints", type=positive, default=3,
+                             help="recent checkpoints kept")
+
+    output = p.add_argument_group("output")
+    output.add_argument("--workdir", default="runs/default",
+                        help="holds data/, checkpoints/, export/, "
+                        "tensorboard/ and logs/")
+    output.add_argument("--log-every", type=positive, default=50,
+                        help="steps between progress lines")
+    output.add_argument("--eval-every", type=non_negative, default=0,
+                        help="steps between evaluations; 0: only at the end")
+    output.add_argument("--no-export", action="store_true",
+                        help="do not export a SavedModel at the end")
     p.set_defaults(run=_cmd_train)
 
     p = sub.add_parser("advise",
                        help="measure compute vs all-reduce vs PS round trip "
                        "and recommend a strategy")
-    p.add_argument("--spec", default="criteo",
-                   help="preset (criteo, movielens) or spec file")
-    p.add_argument("--model", choices=MODEL_NAMES, default="dcn")
-    p.add_argument("--batch-size", type=positive, default=1024,
-                   help="rows of one replica's (worker's) step")
-    p.add_argument("--memory-fraction", type=positive_fraction, default=0.5)
-    p.add_argument("--repeats", type=positive, default=5)
-    p.add_argument("--json", action="store_true")
+    model = p.add_argument_group("model")
+    model.add_argument("--spec", default="criteo",
+                       help="preset (criteo, movielens) or spec file")
+    _add_model_flag(model)
+    _add_batch_flag(model, "rows of one replica's (worker's) step")
+    measure = p.add_argument_group("measurement")
+    measure.add_argument("--memory-fraction", type=positive_fraction,
+                         default=0.5,
+                         help="size guard: share of one device's memory the "
+                         "replicated tables + slots may use, in (0, 1]")
+    measure.add_argument("--repeats", type=positive, default=5,
+                         help="timed repetitions per measurement (median)")
+    add_json_flag(p.add_argument_group("output"))
     p.set_defaults(run=_cmd_advise)
 
-    p = sub.add_parser("server", help="run one PS or worker role (blocks)")
-    p.add_argument("--cluster", default=None, help="cluster spec JSON file")
+    p = sub.add_parser("server", help="run one PS or worker role (blocks)",
+                       description="Run one PS or worker role from TF_CONFIG "
+                       "(or --cluster FILE --role --index) and block.")
+    p.add_argument("--cluster", default=None,
+                   help="cluster spec JSON file (default: TF_CONFIG)")
     p.add_argument("--cluster-json", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--role", choices=("ps", "worker"), default=None)
-    p.add_argument("--index", type=int, default=None)
+    p.add_argument("--role", choices=("ps", "worker"), default=None,
+                   help="this task's role, with --cluster")
+    p.add_argument("--index", type=non_negative, default=None,
+                   help="this task's index in its role, with --cluster")
     _add_cluster_flags(p)
     p.set_defaults(run=_cmd_server)
 
     p = sub.add_parser("export", help="checkpoint dir -> serving SavedModel")
-    p.add_argument("checkpoint_dir")
-    p.add_argument("--out", required=True)
+    p.add_argument("checkpoint_dir",
+                   help="checkpoint folder of a run (with its job.json)")
+    p.add_argument("--out", required=True, help="SavedModel folder to write")
+    add_json_flag(p)
     p.set_defaults(run=_cmd_export)
 
     p = sub.add_parser("eval", help="AUC/logloss of a checkpoint")
-    p.add_argument("checkpoint_dir")
-    p.add_argument("--data", required=True, help="manifest of converted data")
-    p.add_argument("--split", choices=("train", "eval"), default="eval")
+    p.add_argument("checkpoint_dir",
+                   help="checkpoint folder of a run (with its job.json)")
+    p.add_argument("--data", required=True,
+                   help="manifest of converted data (file or folder)")
+    p.add_argument("--split", choices=("train", "eval"), default="eval",
+                   help="the split to evaluate, every example once")
+    add_json_flag(p)
     p.set_defaults(run=_cmd_eval)
 
     p = sub.add_parser("bench", help="training throughput (examples/s)")
-    _add_workload_flags(p, steps=300)
-    p.add_argument("--buckets", type=positive, default=100_000)
-    p.add_argument("--dim", type=positive, default=16)
-    p.add_argument("--single-process", action="store_true")
-    p.add_argument("--json", action="store_true")
+    workload = p.add_argument_group("model")
+    _add_model_flag(workload)
+    _add_batch_flag(workload, "global batch size (rows per step)")
+    workload.add_argument("--buckets", type=positive, default=100_000,
+                          help="hash buckets per synthetic table")
+    workload.add_argument("--dim", type=positive, default=16,
+                          help="embedding dimension")
+    cluster = p.add_argument_group("cluster")
+    _add_count_flags(cluster)
+    cluster.add_argument("--single-process", action="store_true",
+                         help="no cluster: train in this process (baseline)")
+    _add_step_flags(p.add_argument_group("schedule"), steps=300)
+    add_json_flag(p.add_argument_group("output"))
     p.set_defaults(run=_cmd_bench)
-

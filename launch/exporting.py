@@ -13,7 +13,7 @@ from psrec.data.dataset import iterate_checked
 from psrec.data.dataset import make_eval_dataset
 from psrec.data.manifest import Manifest
 from psrec.features.spec import ID_COLUMN
-from psrec.launch.jobfile import JobRecord
+from psrec.launch.job_config import JobConfig
 from psrec.models.export import export_saved_model
 from psrec.models.ranking import RankingModel
 from psrec.models.ranking import build_model
@@ -25,7 +25,7 @@ from psrec.ps_cluster.metrics import merge
 
 def restore_plain_model(checkpoint_dir: str | Path,
                         checkpoint: str | None = None
-                        ) -> tuple[RankingModel, JobRecord, str]:
+                        ) -> tuple[RankingModel, JobConfig, str]:
     """The trained model with plain (unsharded) variables.
 
     Returns:
@@ -34,7 +34,7 @@ def restore_plain_model(checkpoint_dir: str | Path,
     Raises:
       FileNotFoundError: no job.json or no checkpoint in the directory.
     """
-    record = JobRecord.read(checkpoint_dir)
+    record = JobConfig.read(checkpoint_dir)
     model = build_model(record.spec, record.model)
     keeper = CheckpointKeeper(checkpoint_dir, tf.train.Checkpoint(model=model))
     path = keeper.restore(checkpoint, model_only=True)

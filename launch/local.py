@@ -24,9 +24,9 @@ from pathlib import Path
 from types import TracebackType
 
 from psrec.errors import RetryableError
-from psrec.ps_cluster.spec import ClusterSpec
-from psrec.ps_cluster.spec import TaskInfo
-from psrec.ps_cluster.spec import loopback_cluster
+from psrec.ps_cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.tf_config import TaskInfo
+from psrec.ps_cluster.tf_config import loopback_cluster
 from psrec.runtime import role_environment
 
 _PR_SET_PDEATHSIG = 1

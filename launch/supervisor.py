@@ -35,7 +35,7 @@ from psrec.errors import EXIT_RETRYABLE
 from psrec.errors import is_retryable
 from psrec.launch.local import LocalCluster
 from psrec.launch.local import die_with_parent
-from psrec.ps_cluster.spec import TaskInfo
+from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.runtime import role_environment
 
 

@@ -1,8 +1,9 @@
 """SparseArch: the embedding tables of a feature spec and their lookups.
 
 One variable per :class:`features.spec.TableConfig`, created inside
-``table_creation_scope`` so that, under ``ParameterServerStrategy``, it
-becomes a ``ShardedVariable`` split across the PS tasks. Every step looks up
+:func:`table_creation_scope` so that, under ``ParameterServerStrategy``, the
+partitioner (``ps_cluster.partitioning``) makes it a ``ShardedVariable``
+split across the PS tasks. Every step looks up
 each table **once**: the ids of all features sharing the table are
 concatenated and de-duplicated (``tf.unique``) and passed to
 ``tf.nn.embedding_lookup``, which gathers from each shard only the rows it
@@ -12,15 +13,34 @@ owns. Nothing converts a table to a tensor, so a table is never read whole.
 from __future__ import annotations
 
 import collections
+import contextlib
+import threading
+from typing import Iterator
 
 import tensorflow as tf
 import tf_keras
 
+from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
-from psrec.features.spec import TableConfig
-from psrec.ps_cluster.partitioning import table_creation_scope
 
 WIDE_SUFFIX = "__wide"
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def table_creation_scope() -> Iterator[None]:
+    """Variables created inside this scope are embedding tables."""
+    previous = creating_table()
+    _STATE.tables = True
+    try:
+        yield
+    finally:
+        _STATE.tables = previous
+
+
+def creating_table() -> bool:
+    """True inside :func:`table_creation_scope` (in this thread)."""
+    return getattr(_STATE, "tables", False)
 
 
 def _initializer(table: TableConfig) -> tf_keras.initializers.Initializer:

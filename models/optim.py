@@ -6,16 +6,24 @@ partitioned variables (tf-keras#838). Adagrad (default for tables) applies
 ``IndexedSlices`` gradients as sparse updates on the PS that owns each row;
 Adam (default for the dense part) keeps its slots beside the dense weights.
 
-Learning rates are given at ``base_batch_size`` and scaled linearly to the
-actual batch size, with a linear warmup over ``warmup_steps``.
+Learning rates are given at ``base_batch_size`` (the rows of one update)
+and scaled to the actual update size by the rule that holds for each
+optimizer: **linearly** for SGD (Goyal et al. 2017), by the **square root**
+for the adaptive ones -- Adagrad, Adam, FTRL -- whose steps are normalised
+by gradient statistics (Malladi et al. 2022, "On the SDEs and Scaling Rules
+for Adaptive Gradient Algorithms"). A linear warmup over ``warmup_steps``
+comes first.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import tensorflow as tf
 import tf_keras
+
+from psrec.errors import ConfigError
 
 SPARSE_OPTIMIZERS = ("adagrad", "sgd", "ftrl")
 DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
@@ -43,31 +51,53 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if self.sparse not in SPARSE_OPTIMIZERS:
-            raise ValueError(f"`sparse_optimizer` = {self.sparse!r}; use one "
+            raise ConfigError(f"`sparse_optimizer` = {self.sparse!r}; use one "
                              f"of {', '.join(SPARSE_OPTIMIZERS)}.")
         if self.dense not in DENSE_OPTIMIZERS:
-            raise ValueError(f"`dense_optimizer` = {self.dense!r}; use one of "
+            raise ConfigError(f"`dense_optimizer` = {self.dense!r}; use one of "
                              f"{', '.join(DENSE_OPTIMIZERS)}.")
         for key in ("sparse_lr", "dense_lr"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"`{key}` = {getattr(self, key)!r} must be "
-                                 "> 0.")
+            if not (math.isfinite(getattr(self, key))
+                    and getattr(self, key) > 0):
+                raise ConfigError(f"`{key}` = {getattr(self, key)!r} must be "
+                                  "a finite number > 0.")
         if self.base_batch_size < 1 or self.warmup_steps < 0:
-            raise ValueError("`base_batch_size` must be >= 1 and "
+            raise ConfigError("`base_batch_size` must be >= 1 and "
                              "`warmup_steps` >= 0.")
 
 
+LINEARLY_SCALED = ("sgd",)  # the others scale by the square root
+
+
+def batch_scale(optimizer: str, batch_size: int, base_batch_size: int
+                ) -> float:
+    """The learning-rate factor of ``optimizer`` for updates of
+    ``batch_size`` rows when the rate was given for ``base_batch_size``."""
+    ratio = batch_size / base_batch_size
+    return ratio if optimizer in LINEARLY_SCALED else math.sqrt(ratio)
+
+
 class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
-    """``lr * batch_size / base_batch_size``, ramped up linearly over
-    ``warmup_steps`` steps."""
+    """``lr * batch_scale(...)``, ramped up linearly over ``warmup_steps``
+    steps.
+
+    Args:
+      base_lr: the rate at ``base_batch_size``.
+      batch_size: the rows of one update.
+      base_batch_size: the rows the rate was given for.
+      warmup_steps: steps of the linear ramp from 0.
+      optimizer: whose scaling rule applies (see :func:`batch_scale`).
+    """
 
     def __init__(self, base_lr: float, batch_size: int, base_batch_size: int,
-                 warmup_steps: int) -> None:
+                 warmup_steps: int, optimizer: str = "sgd") -> None:
         self.base_lr = base_lr
         self.batch_size = batch_size
         self.base_batch_size = base_batch_size
         self.warmup_steps = warmup_steps
-        self.peak = base_lr * batch_size / base_batch_size
+        self.optimizer = optimizer
+        self.peak = base_lr * batch_scale(optimizer, batch_size,
+                                          base_batch_size)
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
@@ -79,7 +109,8 @@ class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self) -> dict:
         return {"base_lr": self.base_lr, "batch_size": self.batch_size,
                 "base_batch_size": self.base_batch_size,
-                "warmup_steps": self.warmup_steps}
+                "warmup_steps": self.warmup_steps,
+                "optimizer": self.optimizer}
 
 
 def _make(name: str, lr) -> tf_keras.optimizers.legacy.Optimizer:
@@ -98,8 +129,9 @@ def build_optimizers(config: OptimizerConfig, batch_size: int
                                 tf_keras.optimizers.legacy.Optimizer]:
     """Returns ``(sparse_optimizer, dense_optimizer)``; build them under the
     same strategy scope as the model."""
-    def schedule(lr: float) -> ScaledWarmup:
-        return ScaledWarmup(lr, batch_size, config.base_batch_size,
-                            config.warmup_steps)
-    return (_make(config.sparse, schedule(config.sparse_lr)),
-            _make(config.dense, schedule(config.dense_lr)))
+    def make(name: str, lr: float) -> tf_keras.optimizers.legacy.Optimizer:
+        return _make(name, ScaledWarmup(lr, batch_size,
+                                        config.base_batch_size,
+                                        config.warmup_steps, name))
+    return (make(config.sparse, config.sparse_lr),
+            make(config.dense, config.dense_lr))

@@ -1,27 +1,29 @@
 """Parameter-server cluster: cluster specs, partitioning, servers, the
-coordinator's training loop, checkpoints and the mirrored alternative.
+strategies of every kind, the one train step and trainer, checkpoints.
 
-``ps_cluster.spec`` is plain Python; the rest needs TensorFlow, so those
-names are resolved lazily (importing ``ps_cluster`` does not import
+``tf_config`` and ``addresses`` are plain Python; the rest needs TensorFlow,
+so those names are resolved lazily (importing ``ps_cluster`` does not import
 TensorFlow; see ``psrec.runtime``).
 """
 
 import importlib
 
-from psrec.ps_cluster.spec import ClusterSpec
-from psrec.ps_cluster.spec import ClusterSpecError
-from psrec.ps_cluster.spec import TaskInfo
-from psrec.ps_cluster.spec import TFConfig
+from psrec.ps_cluster.addresses import ClusterSpecError
+from psrec.ps_cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.tf_config import TaskInfo
+from psrec.ps_cluster.tf_config import TFConfig
 
 _LAZY = {
     "PartitionConfig": "psrec.ps_cluster.partitioning",
     "TablePartitioner": "psrec.ps_cluster.partitioning",
     "start_server": "psrec.ps_cluster.server",
     "in_process_cluster": "psrec.ps_cluster.in_process",
-    "build_strategy": "psrec.ps_cluster.strategy",
-    "build_coordinator": "psrec.ps_cluster.strategy",
+    "build_ps_strategy": "psrec.ps_cluster.strategy",
+    "build_replicated_strategy": "psrec.ps_cluster.strategy",
     "LoopConfig": "psrec.ps_cluster.train_loop",
-    "PSTrainer": "psrec.ps_cluster.trainer",
+    "Trainer": "psrec.ps_cluster.trainer",
+    "TrainStep": "psrec.ps_cluster.step",
+    "make_train_function": "psrec.ps_cluster.step",
     "TrainResult": "psrec.ps_cluster.trainer",
     "CheckpointKeeper": "psrec.ps_cluster.checkpoint",
     "RestoreError": "psrec.ps_cluster.checkpoint",
@@ -44,7 +46,8 @@ __all__ = [
     "ClusterUnavailableError",
     "EvalResult",
     "LoopConfig",
-    "PSTrainer",
+    "Trainer",
+    "TrainStep",
     "PartitionConfig",
     "RestoreError",
     "TFConfig",
@@ -52,8 +55,9 @@ __all__ = [
     "TaskInfo",
     "TrainResult",
     "Watchdog",
-    "build_coordinator",
-    "build_strategy",
+    "build_ps_strategy",
+    "build_replicated_strategy",
     "in_process_cluster",
+    "make_train_function",
     "start_server",
 ]

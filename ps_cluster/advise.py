@@ -231,34 +231,29 @@ def synthetic_batch(spec: FeatureSpec, rows: int, seed: int = 0):
 def measure_compute(spec: FeatureSpec, model: ModelConfig, batch_size: int,
                     optimizer: OptimizerConfig = OptimizerConfig(),
                     repeats: int = 5, steps: int = 5) -> float:
-    """Median seconds of one training step on the default device."""
+    """Median seconds of one training step on the default device: psrec's
+    own train function (:mod:`psrec.ps_cluster.step`), fed one batch."""
     import tensorflow as tf
 
     from psrec.models.optim import build_optimizers
     from psrec.models.ranking import build_model
+    from psrec.ps_cluster.step import TrainStep
+    from psrec.ps_cluster.step import make_train_function
     if any((f.hash_buckets or 0) > MAX_MEASURED_IDS
            for f in spec.categorical):
         spec = proxy_spec(spec, MAX_MEASURED_IDS)
     net = build_model(spec, model)
     sparse, dense = build_optimizers(optimizer, batch_size)
-    batch = synthetic_batch(spec, batch_size)
-    label = spec.label.name
-
-    @tf.function
-    def train(batch):
-        for _ in range(steps):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-                    batch[label], net(batch, training=True)))
-            tables, others = net.embedding_variables(), net.dense_variables()
-            grads = tape.gradient(loss, tables + others)
-            sparse.apply_gradients(zip(grads[:len(tables)], tables))
-            dense.apply_gradients(zip(grads[len(tables):], others))
-        return loss
-
-    train(batch).numpy()  # trace + warm up
-    train(batch).numpy()
-    return _median_seconds(lambda: train(batch).numpy(), repeats, steps)
+    batches = tf.data.Dataset.from_tensors(
+        synthetic_batch(spec, batch_size)).repeat()
+    iterator = iter(batches)
+    train = make_train_function(
+        tf.distribute.get_strategy(),
+        TrainStep(net, sparse, dense, spec.label.name), steps)
+    for _ in range(2):  # trace + warm up
+        train(iterator)[0].numpy()
+    return _median_seconds(lambda: train(iterator)[0].numpy(), repeats,
+                           steps)
 
 
 def _run_helper(kind: str, args: dict[str, Any], timeout: float
@@ -414,13 +409,12 @@ def _helper_ps(args: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
     import tf_keras
 
+    from psrec.models.embedding import table_creation_scope
     from psrec.ps_cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.partitioning import table_creation_scope
-    from psrec.ps_cluster.strategy import build_coordinator
-    from psrec.ps_cluster.strategy import build_strategy
+    from psrec.ps_cluster.strategy import build_ps_strategy
     traffic, rows, steps = args["traffic"], int(args["rows"]), 10
-    strategy = build_strategy(in_process_cluster(1, 1))
-    coordinator = build_coordinator(strategy)
+    strategy = build_ps_strategy(in_process_cluster(1, 1))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         with table_creation_scope():
             tables = {dim: tf.Variable(tf.zeros([rows, int(dim)]))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 
 from psrec.ps_cluster.server import start_server
-from psrec.ps_cluster.spec import ClusterSpec
-from psrec.ps_cluster.spec import TaskInfo
-from psrec.ps_cluster.spec import loopback_cluster
+from psrec.ps_cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.tf_config import TaskInfo
+from psrec.ps_cluster.tf_config import loopback_cluster
 
 _LOCK = threading.Lock()
 _CLUSTER: ClusterSpec | None = None

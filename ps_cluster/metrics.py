@@ -66,6 +66,12 @@ class EvalResult:
     auc: float
     id_sum: int
 
+    def to_dict(self) -> dict[str, float | int]:
+        """The result as JSON-able data (AUC is NaN when one class is
+        missing)."""
+        return {**dataclasses.asdict(self),
+                "positive_rate": self.positives / max(1, self.count)}
+
     def summary(self) -> str:
         return (f"eval: {self.count} examples, AUC {self.auc:.4f}, logloss "
                 f"{self.logloss:.4f}, positive rate "

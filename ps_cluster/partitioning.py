@@ -4,36 +4,19 @@
 variable created in its scope. psrec wants the giant embedding tables split
 across all PS tasks, but the small dense-tower weights whole (a sharded
 dense kernel is concatenated back on every step). :class:`TablePartitioner`
-applies the configured policy inside :func:`table_creation_scope` and keeps
-every other variable in one piece.
+applies the configured policy inside ``models.embedding.table_creation_scope``
+and keeps every other variable in one piece.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
-from typing import Iterator
 
 import tensorflow as tf
 
+from psrec.models.embedding import creating_table
+
 PARTITIONER_KINDS = ("min-size", "fixed", "max-size")
-_STATE = threading.local()
-
-
-@contextlib.contextmanager
-def table_creation_scope() -> Iterator[None]:
-    """Variables created inside this scope are embedding tables."""
-    previous = getattr(_STATE, "tables", False)
-    _STATE.tables = True
-    try:
-        yield
-    finally:
-        _STATE.tables = previous
-
-
-def _creating_table() -> bool:
-    return getattr(_STATE, "tables", False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +67,6 @@ class TablePartitioner(tf.distribute.experimental.partitioners.Partitioner):
 
     def __call__(self, shape: tf.TensorShape, dtype: tf.DType,
                  axis: int = 0) -> list[int]:
-        if not _creating_table():
+        if not creating_table():
             return [1] * len(shape)
         return self._inner(shape, dtype, axis)

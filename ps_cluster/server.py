@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from psrec.ps_cluster.spec import ClusterSpec
-from psrec.ps_cluster.spec import TaskInfo
+from psrec.ps_cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.tf_config import TaskInfo
 
 SERVER_JOBS = ("ps", "worker")
 
@@ -32,18 +32,15 @@ def start_server(cluster: ClusterSpec, task: TaskInfo) -> tf.distribute.Server:
     """Starts the gRPC server of ``task`` (it serves until the process ends).
 
     Raises:
-      ValueError: if the task is not a PS or worker task of the cluster.
+      ValueError: if the task is not a PS or worker task of the cluster
+        (a ``ClusterSpecError`` when it is not in the cluster at all).
     """
     if task.type not in SERVER_JOBS:
         raise ValueError(
             f"task type {task.type!r} does not run a server; `psrec server` "
             f"runs {' or '.join(SERVER_JOBS)} tasks (the coordinator runs "
             "`psrec train`).")
-    tasks = cluster.jobs.get(task.type, ())
-    if not 0 <= task.index < len(tasks):
-        raise ValueError(
-            f"task index {task.index} is out of range for job {task.type!r} "
-            f"with {len(tasks)} task(s).")
+    cluster.address_of(task)  # checks the task is in the cluster
     return tf.distribute.Server(
         tf.train.ClusterSpec(cluster.to_tf_cluster_dict()),
         job_name=task.type, task_index=task.index, protocol="grpc",

@@ -1,12 +1,18 @@
-"""The coordinator's training loop on a ParameterServerStrategy.
+"""How training steps are executed: the only strategy-specific part of the
+trainer.
 
-The coordinator creates per-worker datasets with the data package's
-``dataset_fn``, schedules closures of K training steps each
-(``steps_per_closure``; one RPC round trip per K steps, the PS tutorial's
-advice for speed), keeps a bounded number of closures in flight and reads
-their loss/example counts from ``RemoteValue``s that are already due, so the
-queue never drains while it logs. ``join`` happens only at evaluation and
-checkpoint boundaries.
+* :class:`ClosureExecutor` (``ParameterServerStrategy``): the coordinator
+  schedules closures of K steps each (one RPC round trip per K steps, the
+  PS tutorial's advice for speed) on a ``ClusterCoordinator``, keeps a
+  bounded number in flight and reads results from ``RemoteValue``\\ s that
+  are already due, so the queue never drains while it logs; it joins only
+  at evaluation and checkpoint boundaries.
+* :class:`DirectExecutor` (mirrored strategies, one device, no strategy):
+  the same function is called directly on a distributed iterator.
+
+Both report ``(step, loss_sum, examples)`` per finished call, in order.
+Evaluation is one function call per eval shard (one scheduled closure under
+PS), so a retried closure still counts each example exactly once.
 """
 
 from __future__ import annotations
@@ -19,16 +25,17 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from psrec.data.dataset import PIPELINE_COLUMN
 from psrec.data.dataset import DatasetFn
 from psrec.data.dataset import make_eval_dataset
+from psrec.errors import ConfigError
 from psrec.features.spec import ID_COLUMN
 from psrec.features.spec import FeatureSpec
-from psrec.models.ranking import RankingModel
 from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.metrics import batch_statistics
 from psrec.ps_cluster.metrics import merge
 from psrec.ps_cluster.metrics import zero_statistics
+
+OnResult = Callable[[int, float, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +44,11 @@ class LoopConfig:
 
     Attributes:
       steps: total training steps (the run ends at this global step).
-      steps_per_closure: training steps per scheduled closure (K).
-      in_flight_per_worker: closures queued ahead per worker before the
-        coordinator waits on the oldest one.
-      log_every: steps between progress updates.
+      steps_per_closure: optimizer updates per function call (K): one
+        scheduled closure under PS, one ``tf.function`` call otherwise.
+      in_flight_per_worker: closures queued ahead per worker (PS) before
+        the coordinator waits on the oldest one.
+      log_every: steps between progress lines.
       eval_every: steps between evaluations (0: only at the end).
       checkpoint_every: steps between checkpoints (0: only at the end).
     """
@@ -56,153 +64,149 @@ class LoopConfig:
         for key in ("steps", "steps_per_closure", "in_flight_per_worker",
                     "log_every"):
             if getattr(self, key) < 1:
-                raise ValueError(f"`{key}` = {getattr(self, key)!r} must be "
+                raise ConfigError(f"`{key}` = {getattr(self, key)!r} must be "
                                  ">= 1.")
         for key in ("eval_every", "checkpoint_every"):
             if getattr(self, key) < 0:
-                raise ValueError(f"`{key}` = {getattr(self, key)!r} must be "
+                raise ConfigError(f"`{key}` = {getattr(self, key)!r} must be "
                                  ">= 0.")
 
-
-def make_train_closure(strategy: tf.distribute.Strategy, model: RankingModel,
-                       sparse_optimizer, dense_optimizer, spec: FeatureSpec,
-                       steps: int) -> Callable:
-    """A ``tf.function`` running ``steps`` training steps on one worker.
-
-    Returns ``(loss_sum, examples, seconds, pipeline)`` over the steps;
-    ``seconds`` is the closure's wall time measured on the worker (steps
-    incl. PS RPCs) and ``pipeline`` the input pipeline (worker) that ran it.
-    """
-    label = spec.label.name
-
-    def step(batch: dict[str, tf.Tensor]):
-        with tf.GradientTape() as tape:
-            logits = model(batch, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-                batch[label], logits))
-        tables = model.embedding_variables()  # shards, not ShardedVariables
-        dense = model.dense_variables()
-        grads = tape.gradient(loss, tables + dense)
-        sparse_optimizer.apply_gradients(zip(grads[:len(tables)], tables))
-        dense_optimizer.apply_gradients(zip(grads[len(tables):], dense))
-        return loss, tf.size(batch[label], out_type=tf.int64)
-
-    @tf.function
-    def train_closure(iterator):
-        began = tf.timestamp()
-        with tf.control_dependencies([began]):  # order the two timestamps
-            loss_sum = tf.constant(0.0)
-            examples = tf.constant(0, tf.int64)
-        pipeline = tf.constant(-1, tf.int64)
-        for _ in tf.range(steps):
-            batch = next(iterator)
-            loss, count = strategy.run(step, args=(batch,))
-            loss_sum += strategy.reduce("SUM", loss, axis=None)
-            examples += strategy.reduce("SUM", count, axis=None)
-            if PIPELINE_COLUMN in batch:
-                pipeline = batch[PIPELINE_COLUMN]
-        with tf.control_dependencies([loss_sum, examples]):
-            ended = tf.timestamp()
-        return loss_sum, examples, ended - began, pipeline
-
-    return train_closure
+    def next_boundary(self, step: int) -> int:
+        """The next step at which to join: eval, checkpoint or the end."""
+        candidates = [self.steps]
+        for every in (self.eval_every, self.checkpoint_every):
+            if every:
+                candidates.append((step // every + 1) * every)
+        return min(c for c in candidates if c > step)
 
 
-def make_eval_closure(model: RankingModel, spec: FeatureSpec,
-                      batch_size: int, block_rows: int) -> Callable:
-    """A ``tf.function`` evaluating one whole eval shard file.
+class _Executor:
+    """Runs ``build(steps)`` functions from ``start`` to ``end`` step."""
 
-    Each shard is one closure, so a retried closure (worker lost) still
-    counts every example of its shard exactly once: only the successful
-    execution's result reaches the coordinator.
-    """
-    label = spec.label.name
-
-    @tf.function
-    def eval_closure(path: tf.Tensor):
-        dataset = make_eval_dataset(path, spec, batch_size, block_rows)
-
-        def add(state, batch):
-            stats = batch_statistics(batch[label], model(batch), batch[ID_COLUMN])
-            return {k: state[k] + stats[k] for k in state}
-
-        return dataset.reduce(zero_statistics(), add)
-
-    return eval_closure
-
-
-class ClosureLoop:
-    """Schedules training closures and collects their results in order.
-
-    Args:
-      coordinator: the ``ClusterCoordinator``.
-      build_closure: ``steps -> closure`` (:func:`make_train_closure` bound
-        to a model); closures are built once per distinct step count.
-      dataset_fn: the per-worker ``dataset_fn``.
-      num_workers: worker count (sets how many closures stay in flight).
-      config: the loop configuration.
-    """
-
-    def __init__(self, coordinator, build_closure: Callable[[int], Callable],
-                 dataset_fn: DatasetFn, num_workers: int,
-                 config: LoopConfig) -> None:
-        self.coordinator = coordinator
+    def __init__(self, build: Callable[[int], Callable], config: LoopConfig
+                 ) -> None:
         self.config = config
-        self._build = build_closure
-        self._closures: dict[int, Callable] = {}
-        self._iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-        self._max_in_flight = max(1, num_workers) * config.in_flight_per_worker
-        self._pending: collections.deque = collections.deque()
-        self.collected_closures = 0
-        self.closure_seconds: list[float] = []  # worker-side, per closure
-        # Closures finished per input pipeline (= per worker): shows which
+        self._build = build
+        self._functions: dict[int, Callable] = {}
+        self.closure_seconds: list[float] = []  # where the function ran
+        # Calls finished per input pipeline (= per PS worker): shows which
         # workers do the work, e.g. that a restarted worker works again.
-        self.closures_per_pipeline: collections.Counter = collections.Counter()
+        self.closures_per_pipeline: collections.Counter = (
+            collections.Counter())
         self.last_result_at: dict[int, float] = {}  # pipeline -> monotonic
+        self.in_flight = 0
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
+    def _function(self, steps: int) -> Callable:
+        if steps not in self._functions:  # K, and maybe a shorter tail
+            self._functions[steps] = self._build(steps)
+        return self._functions[steps]
 
-    def run(self, start_step: int, end_step: int,
-            on_result: Callable[[int, float, int], None]) -> int:
-        """Schedules closures from ``start_step`` up to ``end_step`` and
-        joins. ``on_result(step, loss_sum, examples)`` is called for every
-        finished closure, in scheduling order. Returns the step reached."""
-        step = start_step
-        k = self.config.steps_per_closure
-        while step < end_step:
-            steps = min(k, end_step - step)
-            if steps not in self._closures:  # K, and maybe a shorter tail
-                self._closures[steps] = self._build(steps)
-            value = self.coordinator.schedule(self._closures[steps],
-                                              args=(self._iterator,))
-            step += steps
-            self._pending.append((step, value))
-            while len(self._pending) > self._max_in_flight:
-                self._collect_one(on_result)
-        self.coordinator.join()
-        while self._pending:
-            self._collect_one(on_result)
-        return step
-
-    def _collect_one(self, on_result) -> None:
-        step, value = self._pending.popleft()
-        loss_sum, examples, seconds, pipeline = value.fetch()
-        self.collected_closures += 1
+    def _record(self, step: int, values, on_result: OnResult) -> None:
+        loss_sum, examples, seconds, pipeline = values
         self.closure_seconds.append(float(seconds))
         self.closures_per_pipeline[int(pipeline)] += 1
         self.last_result_at[int(pipeline)] = time.monotonic()
         on_result(step, float(loss_sum), int(examples))
 
+    def _chunks(self, start: int, end: int):
+        step = start
+        while step < end:
+            steps = min(self.config.steps_per_closure, end - step)
+            step += steps
+            yield steps, step
 
-def evaluate(coordinator, eval_closure: Callable,
-             files: list[str]) -> EvalResult:
-    """Schedules one eval closure per shard file and merges the results."""
-    values = [coordinator.schedule(eval_closure, args=(tf.constant(f),))
-              for f in files]
-    coordinator.join()
-    parts = [{k: np.asarray(v) for k, v in value.fetch().items()}
-             for value in values]
-    return merge(parts)
 
+class ClosureExecutor(_Executor):
+    """Schedules the train function as closures on a ClusterCoordinator.
+
+    Args:
+      coordinator: the ``ClusterCoordinator``.
+      build: ``steps -> tf.function(iterator)``.
+      dataset_fn: the per-worker ``dataset_fn``.
+      num_workers: worker count (sets how many closures stay in flight).
+      config: the loop configuration.
+    """
+
+    def __init__(self, coordinator, build: Callable[[int], Callable],
+                 dataset_fn: DatasetFn, num_workers: int,
+                 config: LoopConfig) -> None:
+        super().__init__(build, config)
+        self.coordinator = coordinator
+        self._iterator = iter(coordinator.create_per_worker_dataset(
+            dataset_fn))
+        self._max_in_flight = max(1, num_workers) * (
+            config.in_flight_per_worker)
+        self._pending: collections.deque = collections.deque()
+
+    def run(self, start: int, end: int, on_result: OnResult) -> int:
+        """Schedules closures from ``start`` up to ``end`` and joins."""
+        for steps, step in self._chunks(start, end):
+            value = self.coordinator.schedule(self._function(steps),
+                                              args=(self._iterator,))
+            self._pending.append((step, value))
+            self.in_flight = len(self._pending)
+            while len(self._pending) > self._max_in_flight:
+                self._collect_one(on_result)
+        self.coordinator.join()
+        while self._pending:
+            self._collect_one(on_result)
+        return end
+
+    def _collect_one(self, on_result: OnResult) -> None:
+        step, value = self._pending.popleft()
+        self.in_flight = len(self._pending)
+        self._record(step, value.fetch(), on_result)
+
+
+class DirectExecutor(_Executor):
+    """Calls the train function in this process on a distributed iterator
+    (``strategy.distribute_datasets_from_function``)."""
+
+    def __init__(self, strategy: tf.distribute.Strategy,
+                 build: Callable[[int], Callable], dataset_fn: DatasetFn,
+                 config: LoopConfig) -> None:
+        super().__init__(build, config)
+        self._iterator = iter(strategy.distribute_datasets_from_function(
+            dataset_fn))
+
+    def run(self, start: int, end: int, on_result: OnResult) -> int:
+        for steps, step in self._chunks(start, end):
+            self.in_flight = 1
+            values = self._function(steps)(self._iterator)
+            self.in_flight = 0
+            self._record(step, values, on_result)
+        return end
+
+
+def make_eval_function(model, spec: FeatureSpec, batch_size: int,
+                       block_rows: int) -> Callable:
+    """A ``tf.function(path)`` with the statistics of one eval shard file."""
+    label = spec.label.name
+
+    @tf.function
+    def evaluate_shard(path: tf.Tensor):
+        dataset = make_eval_dataset(path, spec, batch_size, block_rows)
+
+        def add(state, batch):
+            stats = batch_statistics(batch[label], model(batch),
+                                     batch[ID_COLUMN])
+            return {k: state[k] + stats[k] for k in state}
+
+        return dataset.reduce(zero_statistics(), add)
+
+    return evaluate_shard
+
+
+def evaluate_files(eval_fn: Callable, files: list[str],
+                   coordinator=None) -> EvalResult:
+    """Runs ``eval_fn`` once per shard file -- as closures on
+    ``coordinator`` when given, else here -- and merges the statistics."""
+    if coordinator is None:
+        parts = [eval_fn(tf.constant(f)) for f in files]
+    else:
+        values = [coordinator.schedule(eval_fn, args=(tf.constant(f),))
+                  for f in files]
+        coordinator.join()
+        parts = [value.fetch() for value in values]
+    return merge([{k: np.asarray(v) for k, v in part.items()}
+                  for part in parts])

@@ -1,13 +1,26 @@
-"""PSTrainer: model, optimizers, checkpoints and the loop on a PS cluster."""
+"""The trainer: one model, optimizers, checkpoints and loop for every
+strategy.
+
+The only strategy-specific part is how a step is executed (see
+:mod:`psrec.ps_cluster.train_loop`): closures scheduled on a
+``ClusterCoordinator`` under ``ParameterServerStrategy``, direct calls of
+the same ``tf.function`` under the mirrored strategies, one device or none.
+The step itself (:mod:`psrec.ps_cluster.step`), the learning rates, the
+evaluation, the checkpoints and the progress reporting are shared.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
+from typing import Iterator
 
 import tensorflow as tf
+import tf_keras
 
 from psrec.data.dataset import DatasetFn
 from psrec.data.dataset import InputConfig
@@ -22,20 +35,25 @@ from psrec.models.ranking import build_model
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.checkpoint import Progress
 from psrec.ps_cluster.metrics import EvalResult
-from psrec.ps_cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.spec import ClusterSpec
-from psrec.ps_cluster.strategy import build_coordinator
-from psrec.ps_cluster.strategy import build_strategy
-from psrec.ps_cluster.train_loop import ClosureLoop
+from psrec.ps_cluster.step import DynamicLossScale
+from psrec.ps_cluster.step import TrainStep
+from psrec.ps_cluster.step import ids_per_example
+from psrec.ps_cluster.step import make_train_function
+from psrec.ps_cluster.step import pad_slices
+from psrec.ps_cluster.strategy import StrategyError
+from psrec.ps_cluster.strategy import is_chief
+from psrec.ps_cluster.train_loop import ClosureExecutor
+from psrec.ps_cluster.train_loop import DirectExecutor
 from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.train_loop import evaluate
-from psrec.ps_cluster.train_loop import make_eval_closure
-from psrec.ps_cluster.train_loop import make_train_closure
+from psrec.ps_cluster.train_loop import evaluate_files
+from psrec.ps_cluster.train_loop import make_eval_function
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-    """Outcome of :meth:`PSTrainer.train`."""
+    """Outcome of :meth:`Trainer.train`."""
 
     start_step: int
     step: int
@@ -45,6 +63,7 @@ class TrainResult:
     final_loss: float
     eval: EvalResult | None
     checkpoint: str | None
+    replicas: int = 1
     closure_seconds: tuple[float, ...] = ()
     closures_per_worker: dict[int, int] = dataclasses.field(
         default_factory=dict)
@@ -54,58 +73,122 @@ class TrainResult:
         return self.examples / self.seconds if self.seconds else 0.0
 
 
-def create_optimizer_slots(optimizer, variables: list[tf.Variable]) -> None:
-    """Creates an optimizer's slots now (under the strategy scope), so that a
-    restore fills them before training instead of deferring silently."""
-    optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+@contextlib.contextmanager
+def _policy(precision: str) -> Iterator[None]:
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
 
 
-class PSTrainer:
-    """Trains a ranking model on a parameter-server cluster.
+class Trainer:
+    """Trains a ranking model under any ``tf.distribute`` strategy.
 
     Args:
-      cluster: the PS/worker cluster (servers already running).
+      strategy: a ``ParameterServerStrategy`` (this process coordinates),
+        ``MirroredStrategy``, ``MultiWorkerMirroredStrategy`` or
+        ``OneDeviceStrategy`` (see :mod:`psrec.ps_cluster.strategy`).
       spec: the feature spec.
       model_config: the architecture.
-      optimizer_config: optimizers and learning rates.
-      input_config: batch size and shuffling.
-      partition: how tables are sharded across PS tasks.
-      checkpoint_dir: where the coordinator writes checkpoints (None: none).
-      keep_checkpoints: how many recent checkpoints are kept.
+      optimizer_config: optimizers and learning rates (scaled to the rows
+        of one update: ``batch_size * micro_batches``).
+      input_config: ``batch_size`` is the rows of one step: of one worker's
+        step under PS, of the global step under the mirrored strategies.
+      micro_batches: batches whose gradients are summed per update.
+      precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
+      checkpoint_dir: where the chief writes checkpoints (None: none).
+      keep_checkpoints: recent checkpoints kept.
     """
 
-    def __init__(self, cluster: ClusterSpec, spec: FeatureSpec,
+    def __init__(self, strategy: tf.distribute.Strategy, spec: FeatureSpec,
                  model_config: ModelConfig,
                  optimizer_config: OptimizerConfig = OptimizerConfig(),
-                 input_config: InputConfig = InputConfig(),
-                 partition: PartitionConfig = PartitionConfig(),
+                 input_config: InputConfig = InputConfig(), *,
+                 micro_batches: int = 1, precision: str = "float32",
                  checkpoint_dir: str | Path | None = None,
                  keep_checkpoints: int = 3) -> None:
-        self.cluster = cluster
+        if micro_batches < 1:
+            raise StrategyError(
+                f"`--grad-accum-steps` = {micro_batches!r} must be >= 1.")
+        if precision not in PRECISIONS:
+            raise StrategyError(f"`precision` = {precision!r} is not one of "
+                                f"{', '.join(PRECISIONS)}.")
+        self.strategy = strategy
         self.spec = spec
         self.input_config = input_config
-        self.strategy = build_strategy(cluster, partition)
-        self.coordinator = build_coordinator(self.strategy)
-        with self.strategy.scope():
+        self.micro_batches = micro_batches
+        self.precision = precision
+        self.replicas = strategy.num_replicas_in_sync
+        self.is_ps = isinstance(strategy,
+                                tf.distribute.ParameterServerStrategy)
+        if not self.is_ps and input_config.batch_size % self.replicas:
+            raise StrategyError(
+                f"`--batch-size` = {input_config.batch_size} (the global "
+                f"batch) must be a multiple of the {self.replicas} replicas "
+                "in sync.")
+        self.chief = is_chief(strategy)
+        self.coordinator = (
+            tf.distribute.coordinator.ClusterCoordinator(strategy)
+            if self.is_ps else None)
+        with _policy(precision), strategy.scope():
             self.model: RankingModel = build_model(spec, model_config)
             self.sparse_optimizer, self.dense_optimizer = build_optimizers(
-                optimizer_config, input_config.batch_size)
-            create_optimizer_slots(self.sparse_optimizer,
-                                   self.model.embedding_variables())
-            create_optimizer_slots(self.dense_optimizer,
-                                   self.model.dense_variables())
+                optimizer_config, input_config.batch_size * micro_batches)
+            self.loss_scale = (DynamicLossScale()
+                               if precision == "mixed_float16" else None)
+            # Slots now, under the scope, so a restore fills them before
+            # training instead of deferring silently.
+            self.sparse_optimizer._create_all_weights(  # noqa: SLF001
+                self.model.embedding_variables())
+            self.dense_optimizer._create_all_weights(  # noqa: SLF001
+                self.model.dense_variables())
         self.progress = Progress()  # on the coordinator, outside the scope
-        self.checkpoint = tf.train.Checkpoint(
-            model=self.model, sparse_optimizer=self.sparse_optimizer,
-            dense_optimizer=self.dense_optimizer, progress=self.progress)
+        state = {"model": self.model,
+                 "sparse_optimizer": self.sparse_optimizer,
+                 "dense_optimizer": self.dense_optimizer,
+                 "progress": self.progress}
+        if self.loss_scale is not None:
+            state["loss_scale"] = self.loss_scale
+        self.checkpoint = tf.train.Checkpoint(**state)
+        self.checkpoint_dir = (Path(checkpoint_dir) if checkpoint_dir
+                               is not None else None)
         self.keeper = None
-        if checkpoint_dir is not None:
+        if self.checkpoint_dir is not None:
             self.keeper = CheckpointKeeper(
-                checkpoint_dir, self.checkpoint,
+                self.checkpoint_dir, self.checkpoint,
                 optimizers={"sparse_optimizer": self.sparse_optimizer,
                             "dense_optimizer": self.dense_optimizer},
                 tables=table_checkpoint_keys(self.model),
                 max_to_keep=keep_checkpoints)
+        self.step = TrainStep(
+            self.model, self.sparse_optimizer, self.dense_optimizer,
+            spec.label.name, loss_scale=self.loss_scale,
+            prepare_table_grads=self._padding())
+        self.executor = None
+        self.scratch_saves = 0
+
+    def _padding(self) -> Callable[[list], list] | None:
+        """Replicated strategies all-gather table gradients inside a
+        ``tf.while`` loop, which needs one static size on every replica."""
+        if self.is_ps or self.replicas == 1:
+            return None
+        per_replica = self.input_config.batch_size // self.replicas
+        rows = [per_replica * self.micro_batches * ids_per_example(
+            self.spec, name) for name in self.model.sparse_arch.tables]
+        return lambda grads: [pad_slices(g, r) for g, r in zip(grads, rows)]
+
+    @property
+    def num_workers(self) -> int:
+        """Worker tasks of the cluster (1 without a cluster)."""
+        # ParameterServerStrategy keeps its resolver on the strategy, not on
+        # `extended` where the public property looks (TF 2.21).
+        resolver = (self.strategy.cluster_resolver
+                    or getattr(self.strategy, "_cluster_resolver", None))
+        if resolver is None:
+            return 1
+        return max(1, resolver.cluster_spec().num_tasks("worker"))
 
     @property
     def executed_steps(self) -> int:
@@ -113,74 +196,104 @@ class PSTrainer:
         closure was re-run after a worker loss: at-least-once)."""
         return int(self.dense_optimizer.iterations.numpy())
 
+    # -- checkpoints ------------------------------------------------------------
+
     def restore(self) -> str | None:
-        """Restores the latest checkpoint (verified); returns its path."""
-        if self.keeper is None:
+        """Restores the latest checkpoint (verified by value); returns its
+        path, None when there is none."""
+        if self.keeper is None or self.keeper.latest is None:
             return None
         path = self.keeper.restore()
-        if path is not None:
-            self.progress.resumes.assign_add(1)
+        self.progress.resumes.assign_add(1)
         return path
 
     def save(self) -> str | None:
+        """Saves a checkpoint; returns its path on the chief. Every worker
+        of a multi-worker strategy calls this together (saving may run
+        collectives): the others write into a scratch folder, deleted at
+        once, and get None."""
         if self.keeper is None:
             return None
-        return self.keeper.save(int(self.progress.step.numpy()))
+        step = int(self.progress.step.numpy())
+        if self.chief:
+            return self.keeper.save(step)
+        resolver = self.strategy.cluster_resolver
+        scratch = self.checkpoint_dir.parent / (
+            f".{self.checkpoint_dir.name}-{resolver.task_type}-"
+            f"{resolver.task_id}-scratch")
+        try:
+            CheckpointKeeper(scratch, self.checkpoint).save(step)
+            self.scratch_saves += 1
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
 
-    def evaluate(self, manifest: Manifest, batch_size: int | None = None
-                 ) -> EvalResult:
-        closure = make_eval_closure(self.model, self.spec,
-                                    batch_size or self.input_config.batch_size,
-                                    manifest.block_rows)
-        return evaluate(self.coordinator, closure, manifest.files("eval"))
+    # -- data and evaluation -------------------------------------------------------
 
     def dataset_fn(self, manifest: Manifest) -> DatasetFn:
         """The training ``dataset_fn`` of ``manifest``; its shuffle seed is
-        offset by the number of resumes so a resumed run sees a new order."""
+        offset by the number of resumes so a resumed run sees a new order.
+        Under PS each worker reads the files of its own worker index."""
         resumes = int(self.progress.resumes.numpy())
         config = dataclasses.replace(
             self.input_config, seed=self.input_config.seed + 7919 * resumes)
-        return make_train_dataset_fn(manifest, self.spec, config,
-                                     ps_workers=self.cluster.num_workers)
+        return make_train_dataset_fn(
+            manifest, self.spec, config,
+            ps_workers=self.num_workers if self.is_ps else None)
+
+    def evaluate(self, manifest: Manifest, batch_size: int | None = None
+                 ) -> EvalResult:
+        """Every eval example once (one call or closure per shard)."""
+        function = make_eval_function(
+            self.model, self.spec, batch_size or self.input_config.batch_size,
+            manifest.block_rows)
+        return evaluate_files(function, manifest.files("eval"),
+                              self.coordinator)
+
+    # -- training -------------------------------------------------------------
+
+    def _executor(self, dataset_fn: DatasetFn, loop: LoopConfig):
+        def build(steps: int) -> Callable:
+            return make_train_function(self.strategy, self.step, steps,
+                                       self.micro_batches)
+        if self.is_ps:
+            return ClosureExecutor(
+                self.coordinator, build, dataset_fn, self.num_workers, loop)
+        return DirectExecutor(self.strategy, build, dataset_fn, loop)
 
     def train(self, dataset_fn: DatasetFn, loop: LoopConfig,
               eval_manifest: Manifest | None = None,
               on_progress: Callable[[int, float, int], None] | None = None,
               on_boundary: Callable[[int, EvalResult | None, str | None],
                                     None] | None = None,
-              heartbeat: Callable[[], None] | None = None
-              ) -> TrainResult:
+              heartbeat: Callable[[], None] | None = None) -> TrainResult:
         """Trains from the current progress step up to ``loop.steps``.
 
         Args:
-          dataset_fn: per-worker training input (see :meth:`dataset_fn`).
-          loop: scheduling configuration.
-          on_progress: ``(step, loss, examples)`` per finished closure.
-          eval_manifest: evaluated at eval boundaries and at the end.
+          dataset_fn: training input (see :meth:`dataset_fn`).
+          loop: scheduling, evaluation and checkpoint intervals.
+          eval_manifest: evaluated at eval boundaries and at the end (by
+            the chief only, under a multi-worker strategy).
+          on_progress: ``(step, mean loss, examples)`` per finished call.
           on_boundary: ``(step, eval result or None, checkpoint path or
             None)`` at each join boundary.
           heartbeat: called whenever work completes (closure, eval,
             checkpoint); feeds the stall watchdog.
         """
         beat = heartbeat or (lambda: None)
-        self.loop = closures = ClosureLoop(
-            self.coordinator,
-            lambda steps: make_train_closure(
-                self.strategy, self.model, self.sparse_optimizer,
-                self.dense_optimizer, self.spec, steps),
-            dataset_fn, self.cluster.num_workers, loop)
+        self.executor = executor = self._executor(dataset_fn, loop)
         start = int(self.progress.step.numpy())
         step, examples, last_loss = start, 0, float("nan")
         began = time.perf_counter()
         eval_result, path = None, None
-        has_eval = eval_manifest is not None and bool(
+        has_eval = self.chief and eval_manifest is not None and bool(
             eval_manifest.files("eval"))
 
         def on_result(at: int, loss_sum: float, count: int) -> None:
             nonlocal examples, last_loss
             examples += count
-            steps = max(1, count // max(1, self.input_config.batch_size))
-            last_loss = loss_sum / steps
+            last_loss = loss_sum / max(1, count // max(
+                1, self.input_config.batch_size * self.micro_batches))
             self.progress.step.assign(at)
             self.progress.examples.assign_add(count)
             beat()
@@ -188,8 +301,7 @@ class PSTrainer:
                 on_progress(at, last_loss, count)
 
         while step < loop.steps:
-            target = _next_boundary(step, loop)
-            step = closures.run(step, target, on_result)
+            step = executor.run(step, loop.next_boundary(step), on_result)
             eval_result = None
             if has_eval and (step >= loop.steps or (
                     loop.eval_every and step % loop.eval_every == 0)):
@@ -198,7 +310,8 @@ class PSTrainer:
             saved = None
             if step >= loop.steps or (loop.checkpoint_every and
                                       step % loop.checkpoint_every == 0):
-                saved = path = self.save()
+                saved = self.save()
+                path = saved or path
                 beat()
             if on_boundary is not None:
                 on_boundary(step, eval_result, saved)
@@ -210,33 +323,24 @@ class PSTrainer:
             start_step=start, step=step, executed_steps=self.executed_steps,
             examples=examples, seconds=time.perf_counter() - began,
             final_loss=last_loss, eval=eval_result, checkpoint=path,
-            closure_seconds=tuple(closures.closure_seconds),
-            closures_per_worker=dict(closures.closures_per_pipeline))
+            replicas=self.replicas,
+            closure_seconds=tuple(executor.closure_seconds),
+            closures_per_worker=dict(executor.closures_per_pipeline))
 
     def describe_pending(self) -> str:
-        """Closures in flight and per-worker progress (for the watchdog)."""
-        loop = getattr(self, "loop", None)
-        if loop is None:
+        """Work in flight and per-worker progress (for the watchdog)."""
+        executor = self.executor
+        if executor is None:
             return "training loop not started"
         now = time.monotonic()
         workers = "; ".join(
-            f"worker {w}: {loop.closures_per_pipeline[w]} closures finished, "
-            + (f"last {now - loop.last_result_at[w]:.0f} s ago"
-               if w in loop.last_result_at else "none yet")
-            for w in range(self.cluster.num_workers))
-        return (f"{loop.in_flight} closure(s) scheduled and not collected "
-                f"(the oldest is awaited); step "
-                f"{int(self.progress.step.numpy())}; {workers}. A worker "
-                "whose last result is oldest holds the stalled closure.")
-
-
-def _next_boundary(step: int, loop: LoopConfig) -> int:
-    """The next step at which to join: eval, checkpoint or the end."""
-    candidates = [loop.steps]
-    for every in (loop.eval_every, loop.checkpoint_every):
-        if every:
-            candidates.append((step // every + 1) * every)
-    return min(c for c in candidates if c > step)
+            f"worker {w}: {n} closures finished, last "
+            f"{now - executor.last_result_at[w]:.0f} s ago"
+            for w, n in sorted(executor.closures_per_pipeline.items()))
+        return (f"{executor.in_flight} call(s)/closure(s) in flight (the "
+                f"oldest is awaited); step {int(self.progress.step.numpy())}"
+                f"; {workers or 'no results yet'}. A worker whose last result"
+                " is oldest holds the stalled closure.")
 
 
 def table_checkpoint_keys(model: RankingModel) -> dict[str, object]:

@@ -5,9 +5,7 @@ budget: parameter servers)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+import math
 
 import pytest
 
@@ -16,15 +14,16 @@ from psrec.models.config import model_config
 from psrec.models.sizing import DeviceMemory
 from psrec.models.sizing import SizeEstimate
 from psrec.models.sizing import estimate_replicated_bytes
-from psrec.ps_cluster.advise import CHOICES
 from psrec.ps_cluster.advise import Measurements
 from psrec.ps_cluster.advise import gradient_traffic
 from psrec.ps_cluster.advise import recommend
 from psrec.ps_cluster.advise import traffic_bytes
+from tests._proc import run_psrec
 
-REPO = Path(__file__).resolve().parents[1]
 MEMORY = DeviceMemory("GPU", 16 << 30, "test")
 SMALL = SizeEstimate(1 << 20, 1 << 20, 1 << 16, 1 << 17)
+BIG = SizeEstimate(5 << 30, 5 << 30, 0, 0)  # 10 GiB > 0.5 x 16 GiB
+BATCH = 512
 
 
 def _measured(compute: float, allreduce: float, ps: float) -> Measurements:
@@ -34,77 +33,140 @@ def _measured(compute: float, allreduce: float, ps: float) -> Measurements:
 
 
 @pytest.fixture(scope="module")
-def default_spec_advice() -> dict:
-    """``psrec advise`` on the default criteo spec (all measurements real)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "psrec", "advise", "--spec", "criteo",
-         "--model", "dcn", "--batch-size", "512", "--repeats", "3", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-        stdin=subprocess.DEVNULL, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def default_spec_advice(tmp_path_factory) -> dict:
+    """``psrec advise`` on the default criteo spec (all measurements real),
+    run as an OS process (killed by process group after the timeout)."""
+    code, run = run_psrec(["advise", "--spec", "criteo", "--model", "dcn",
+                           "--batch-size", BATCH, "--repeats", "3",
+                           "--json"], timeout=300)
+    assert code == 0, run.output[-3000:]
+    lines = [line for line in run.output.splitlines()
+             if line.startswith('{"spec_name"')]
+    assert len(lines) == 1, run.output[-3000:]
+    return json.loads(lines[0])
+
+
+def _from_json(advice: dict) -> tuple[SizeEstimate, Measurements]:
+    size = SizeEstimate(**{k: advice["size"][k] for k in (
+        "table_bytes", "table_slot_bytes", "dense_bytes",
+        "dense_slot_bytes")})
+    measured = Measurements(**{k: v for k, v in advice["measurements"].items()
+                               if not k.endswith("_ratio")})
+    return size, measured
 
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_advise_recommends_a_strategy_on_the_default_spec(
-        default_spec_advice):
+def test_advise_measurements_are_real_and_consistent(default_spec_advice):
     advice = default_spec_advice
-    assert advice["spec_name"] == "criteo" and advice["batch_size"] == 512
-    assert advice["recommendation"] in CHOICES
+    assert advice["spec_name"] == "criteo" and advice["model_name"] == "dcn"
+    assert advice["batch_size"] == BATCH
+    assert advice["memory_fraction"] == 0.5 and advice["threshold"] == 0.3
     m = advice["measurements"]
     for key in ("compute_s", "allreduce_s", "ps_s"):
-        assert 0 < m[key] < 10, key
+        assert math.isfinite(m[key]) and 0 < m[key] < 10, (key, m[key])
     assert m["mirrored_ratio"] == pytest.approx(m["allreduce_s"]
-                                                / m["compute_s"])
-    # The reasons follow the rule from the measured numbers.
-    size = SizeEstimate(**{k: advice["size"][k] for k in (
-        "table_bytes", "table_slot_bytes", "dense_bytes",
-        "dense_slot_bytes")})
-    memory = DeviceMemory(**advice["memory"])
-    measured = Measurements(**{k: v for k, v in m.items()
-                               if not k.endswith("_ratio")})
-    choice, reasons = recommend(size, memory, measured,
-                                advice["memory_fraction"],
+                                                / m["compute_s"], rel=1e-9)
+    assert m["ps_ratio"] == pytest.approx(m["ps_s"] / m["compute_s"],
+                                          rel=1e-9)
+    # The size and the bytes moved are those of this spec and model.
+    size, measured = _from_json(advice)
+    spec, model = criteo(), model_config("dcn")
+    assert size == estimate_replicated_bytes(spec, model)
+    assert size.total_bytes == advice["size"]["total_bytes"] > 0
+    traffic = gradient_traffic(spec, model, BATCH, size.dense_bytes // 4)
+    assert m["allreduce_bytes"] == traffic_bytes(traffic) > 0
+    assert m["ps_bytes"] == 2 * m["allreduce_bytes"]
+    two = "GPU" if advice["local_gpus"] >= 2 else "CPU"
+    assert m["allreduce_devices"] == f"2 x {two}"
+    # The recommendation is the rule applied to these very numbers.
+    choice, reasons = recommend(size, DeviceMemory(**advice["memory"]),
+                                measured, advice["memory_fraction"],
+                                advice["threshold"],
                                 local_gpus=advice["local_gpus"])
     assert (choice, list(reasons)) == (advice["recommendation"],
                                        advice["reasons"])
-    assert any("T_comm/T_compute" in reason for reason in reasons)
+    expected = ("mirrored" if m["mirrored_ratio"] <= 0.3
+                else "ps" if m["ps_ratio"] <= 0.3 else "single-device")
+    assert advice["recommendation"] == expected, m
+    assert (f"all-reduce T_comm/T_compute = {m['mirrored_ratio']:.2f}"
+            in " ".join(advice["reasons"]))
     # The default criteo tables (26 x 10,000 x 16 floats) fit anywhere.
-    assert "fit in" in reasons[0]
+    assert "fit in" in advice["reasons"][0]
 
 
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_a_huge_table_is_sent_to_parameter_servers_whatever_the_timings(
         default_spec_advice):
-    measured = Measurements(**{
-        k: v for k, v in default_spec_advice["measurements"].items()
-        if not k.endswith("_ratio")})
+    _, measured = _from_json(default_spec_advice)
     huge = estimate_replicated_bytes(criteo(buckets=50_000_000, dim=64),
                                      model_config("dcn"))
+    assert huge.total_bytes > 0.5 * MEMORY.bytes
     choice, reasons = recommend(huge, MEMORY, measured)
     assert choice == "ps"
     assert "exceed" in reasons[0] and "shard them" in reasons[0]
+    assert f"PS round trip T_comm/T_compute = {measured.ps_ratio:.2f}" in \
+        reasons[1]
 
 
-@pytest.mark.parametrize("ratios, expected", [
-    ((0.1, 0.9), "mirrored"),
-    ((0.3, 0.9), "mirrored"),  # at the threshold: still worth it
-    ((0.31, 0.2), "ps"),
-    ((0.5, 0.5), "single-device"),
+# Timings with T_compute = 2 s: the rule compares ratios, not seconds.
+@pytest.mark.parametrize("seconds, expected", [
+    ((2.0, 0.2, 4.0), "mirrored"),        # all-reduce ratio 0.10
+    ((2.0, 0.6, 4.0), "mirrored"),        # 0.30: at the threshold, still
+    ((2.0, 0.62, 0.6), "ps"),             # 0.31 > 0.3; PS ratio 0.30
+    ((2.0, 0.62, 0.62), "single-device"),  # both 0.31
+    ((0.5, 0.2, 0.1), "ps"),              # 0.2 s < 0.3 s, but ratio 0.40
+    ((10.0, 2.9, 9.0), "mirrored"),       # 2.9 s > 0.3 s, but ratio 0.29
 ])
-def test_recommendation_rule(ratios, expected):
-    mirrored, ps = ratios
-    choice, reasons = recommend(SMALL, MEMORY,
-                                _measured(1.0, mirrored, ps))
+def test_recommendation_rule_on_either_side_of_the_threshold(seconds,
+                                                             expected):
+    measured = _measured(*seconds)
+    choice, reasons = recommend(SMALL, MEMORY, measured)
     assert choice == expected
-    assert f"all-reduce T_comm/T_compute = {mirrored:.2f}" in " ".join(
-        reasons)
-    if expected == "single-device":
-        assert "communication eats the gain" in reasons[-1]
+    text = " ".join(reasons)
+    assert "fit in" in reasons[0]
+    assert (f"all-reduce T_comm/T_compute = {measured.mirrored_ratio:.2f}"
+            in text)
+    if expected == "mirrored":
+        assert f"{measured.mirrored_ratio:.2f} <= 0.3" in reasons[1]
     if expected == "ps":
         assert "eats the gain of mirrored replicas" in reasons[1]
+        assert (f"PS round trip T_comm/T_compute = {measured.ps_ratio:.2f} "
+                "<= 0.3") in reasons[2]
+    if expected == "single-device":
+        assert f"PS round trip {measured.ps_ratio:.2f} both exceed 0.3" \
+            in reasons[1]
+        assert "communication eats the gain" in reasons[-1]
+
+
+def test_the_threshold_argument_moves_the_decision():
+    measured = _measured(1.0, 0.2, 0.1)
+    assert recommend(SMALL, MEMORY, measured)[0] == "mirrored"
+    assert recommend(SMALL, MEMORY, measured, threshold=0.15)[0] == "ps"
+    choice, reasons = recommend(SMALL, MEMORY, measured, threshold=0.05)
+    assert choice == "single-device" and "exceed 0.05" in reasons[-1]
+
+
+@pytest.mark.parametrize("seconds", [
+    (1.0, 0.01, 5.0),  # all-reduce nearly free
+    (1.0, 5.0, 0.01),  # PS nearly free
+    (1.0, 5.0, 5.0),   # both expensive
+])
+def test_tables_over_the_budget_mean_ps_whatever_the_timings(seconds):
+    measured = _measured(*seconds)
+    choice, reasons = recommend(BIG, MEMORY, measured)
+    assert choice == "ps"
+    assert "10.000 GiB per replica exceed 0.5 of one GPU's 16.0 GiB " \
+        "(8.00 GiB)" in reasons[0]
+    assert reasons[1] == ("PS round trip T_comm/T_compute = "
+                          f"{measured.ps_ratio:.2f}")
+    # With a larger budget the same model fits and the timings decide.
+    fits = recommend(BIG, MEMORY, measured, memory_fraction=0.9)
+    assert "fit in" in fits[1][0]
+    assert fits[0] == ("mirrored" if measured.mirrored_ratio <= 0.3
+                       else "ps" if measured.ps_ratio <= 0.3
+                       else "single-device")
 
 
 def test_mirrored_on_a_machine_without_two_gpus_says_where_replicas_go():
@@ -113,15 +175,6 @@ def test_mirrored_on_a_machine_without_two_gpus_says_where_replicas_go():
     choice, reasons = recommend(SMALL, MEMORY, cheap, local_gpus=0)
     assert choice == "mirrored"
     assert "this machine has 0 GPU(s)" in reasons[-1]
-
-
-def test_tables_over_the_budget_mean_ps_even_with_cheap_all_reduce():
-    big = SizeEstimate(5 << 30, 5 << 30, 0, 0)  # 10 GiB > 0.5 x 16 GiB
-    choice, reasons = recommend(big, MEMORY, _measured(1.0, 0.01, 5.0))
-    assert choice == "ps" and "exceed" in reasons[0]
-    # With a larger budget the same model fits and all-reduce wins.
-    assert recommend(big, MEMORY, _measured(1.0, 0.01, 5.0),
-                     memory_fraction=0.9)[0] == "mirrored"
 
 
 def test_gradient_traffic_counts_dense_floats_and_touched_rows():

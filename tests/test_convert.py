@@ -21,15 +21,15 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import QUARANTINE_NAME
 from psrec.data.convert import BadDataError
 from psrec.data.convert import ConversionOptions
-from psrec.data.convert import SchemaError
 from psrec.data.convert import convert
+from psrec.data.criteo import ingest_criteo
 from psrec.data.dataset import make_eval_dataset
-from psrec.data.ingest import ingest_criteo
+from psrec.data.input_checks import SchemaError
 from psrec.data.manifest import MANIFEST_NAME
 from psrec.data.manifest import Manifest
+from psrec.data.shard_writer import QUARANTINE_NAME
 from psrec.data.synthetic import synthetic_table
 from psrec.features import criteo
 from psrec.features import movielens

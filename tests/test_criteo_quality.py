@@ -9,8 +9,8 @@ import pytest
 
 from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
+from psrec.data.criteo import ingest_criteo
 from psrec.data.dataset import InputConfig
-from psrec.data.ingest import ingest_criteo
 from psrec.features import criteo
 from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig

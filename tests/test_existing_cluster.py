@@ -15,9 +15,9 @@ from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
 from psrec.data.synthetic import write_synthetic_parquet
 from psrec.features import criteo
-from psrec.ps_cluster.spec import ClusterSpec
-from psrec.ps_cluster.spec import free_loopback_ports
-from psrec.ps_cluster.spec import tf_configs_for_all_tasks
+from psrec.ps_cluster.addresses import free_loopback_ports
+from psrec.ps_cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.tf_config import tf_configs_for_all_tasks
 from psrec.runtime import role_environment
 from tests._proc import REPO
 

@@ -325,8 +325,8 @@ def test_non_loopback_cluster_refused_without_allow_remote(tmp_path,
     finally:
         run.kill()
         assert_no_leftovers(run, tmp_path)
-    warned = PsrecRun(["tf-config", "--ps", "10.0.0.5:2222", "--workers",
-                       "10.0.0.6:2222", "--allow-remote"])
+    warned = PsrecRun(["tf-config", "--ps-hosts", "10.0.0.5:2222",
+                       "--worker-hosts", "10.0.0.6:2222", "--allow-remote"])
     assert warned.wait(60) == 0
     assert "unauthenticated" in warned.output
     assert '"ps":["10.0.0.5:2222"]' in warned.output

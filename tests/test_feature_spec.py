@@ -1,4 +1,4 @@
-"""Tests for features.spec / features.presets / features.transforms."""
+"""Tests for features.spec, .columns, .presets and .transforms."""
 
 from __future__ import annotations
 
@@ -140,6 +140,13 @@ def test_duplicate_column_is_rejected(tmp_path):
     data = _tiny_spec_dict()
     data["dense"].append({"name": "user"})
     with pytest.raises(SpecError, match="column 'user' is used twice"):
+        _load_yaml(tmp_path, data)
+
+
+def test_reserved_column_name_is_rejected(tmp_path):
+    data = _tiny_spec_dict()
+    data["dense"][0]["name"] = "psrec__id"
+    with pytest.raises(SpecError, match="'psrec__id' is reserved by psrec"):
         _load_yaml(tmp_path, data)
 
 

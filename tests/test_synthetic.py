@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.convert import check_schema
+from psrec.data.input_checks import check_schema
 from psrec.data.synthetic import synthetic_table
 from psrec.data.synthetic import write_synthetic_parquet
 from psrec.features import criteo

@@ -1,4 +1,5 @@
-"""Tests for ps_cluster.spec: TF_CONFIG parsing, writing and validation."""
+"""Tests of ps_cluster.tf_config and .addresses: TF_CONFIG parsing, writing
+and validation."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from psrec.ps_cluster.spec import REMOTE_WARNING
-from psrec.ps_cluster.spec import ClusterSpec
-from psrec.ps_cluster.spec import ClusterSpecError
-from psrec.ps_cluster.spec import TaskInfo
-from psrec.ps_cluster.spec import TFConfig
-from psrec.ps_cluster.spec import parse_address
-from psrec.ps_cluster.spec import parse_address_list
-from psrec.ps_cluster.spec import tf_configs_for_all_tasks
-from psrec.ps_cluster.spec import write_tf_config_files
+from psrec.ps_cluster.addresses import ClusterSpecError
+from psrec.ps_cluster.addresses import parse_address
+from psrec.ps_cluster.addresses import parse_address_list
+from psrec.ps_cluster.tf_config import REMOTE_WARNING
+from psrec.ps_cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.tf_config import TaskInfo
+from psrec.ps_cluster.tf_config import TFConfig
+from psrec.ps_cluster.tf_config import tf_configs_for_all_tasks
+from psrec.ps_cluster.tf_config import write_tf_config_files
 
 CHIEF = "localhost:2222"
 PS = ("localhost:2223", "localhost:2224")
@@ -70,7 +71,7 @@ def test_parse_address_valid(text, expected):
         ("[::1]", r"'\[::1\]' has no port after '\]'; add one, e\.g\. '\[::1\]:2222'"),
         ("[::1:2222", r"never closes it"),
         ("[]:2222", r"empty host between the brackets"),
-        ("[localhost]:2222", r"'localhost' inside brackets is not an IPv6"),
+        ("[localhost]:2222", r"has 'localhost' inside brackets, which is not an IPv6"),
         ("grpc://localhost:2222", r"URL scheme.*'localhost:2222'"),
         ("local host:2222", r"contains whitespace; remove it"),
         ("bad_host!:2222", r"host 'bad_host!'.*neither an IP address nor a valid hostname"),
@@ -111,7 +112,6 @@ def test_build_and_properties(spec):
     assert spec.chief == CHIEF
     assert spec.num_ps == 2
     assert spec.num_workers == 2
-    assert spec.coordinator_job == "chief"
 
 
 def test_build_without_chief_and_from_strings():
@@ -145,28 +145,18 @@ def test_jobs_are_copied_not_aliased():
 
 
 def test_constructor_rejects_bad_address():
-    with pytest.raises(ClusterSpecError, match=r"job 'worker' task 1: address 'localhost' has no port"):
+    with pytest.raises(ClusterSpecError, match=r"`cluster.worker\[1\]`: address 'localhost' has no port"):
         ClusterSpec({"worker": ["localhost:1", "localhost"]})
 
 
 def test_constructor_rejects_string_job():
-    with pytest.raises(ClusterSpecError, match=r"job 'ps' must be a list of 'host:port' strings, got str"):
+    with pytest.raises(ClusterSpecError, match=r"`cluster.ps` must be a list of 'host:port' strings, got str"):
         ClusterSpec({"ps": "localhost:1"})
 
 
-def test_coordinator_alias_maps_to_chief_for_tf():
-    spec = ClusterSpec({"coordinator": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]})
-    assert spec.chief == "localhost:1"
-    assert spec.coordinator_job == "coordinator"
-    spec.validate()
-    assert spec.to_tf_cluster_dict() == {
-        "chief": ["localhost:1"],
-        "ps": ["localhost:2"],
-        "worker": ["localhost:3"],
-    }
-    config = TFConfig(spec, TaskInfo("coordinator", 0))
-    assert config.is_coordinator
-    assert config.to_dict()["task"] == {"type": "chief", "index": 0}
+def test_coordinator_job_is_called_chief():
+    with pytest.raises(ClusterSpecError, match=r"unknown job name 'coordinator'.*TensorFlow names the coordinator job 'chief'"):
+        ClusterSpec({"coordinator": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]})
 
 
 def test_to_tf_cluster_dict_order_and_copy(spec):
@@ -190,7 +180,6 @@ def test_address_of(spec):
 def test_loopback_default_passes(spec):
     spec.validate()
     assert spec.is_loopback()
-    assert spec.remote_hosts() == ()
 
 
 def test_loopback_variants_pass():
@@ -215,26 +204,16 @@ def test_empty_cluster():
 
 
 def test_unknown_job_name():
-    spec = ClusterSpec({"ps": ["localhost:1"], "workers": ["localhost:2"]})
     with pytest.raises(ClusterSpecError, match=r"unknown job name 'workers' in cluster; rename it to one of .*'worker'"):
-        spec.validate()
-
-
-def test_chief_and_coordinator_together():
-    spec = ClusterSpec(
-        {"chief": ["localhost:1"], "coordinator": ["localhost:2"], "ps": ["localhost:3"], "worker": ["localhost:4"]}
-    )
-    with pytest.raises(ClusterSpecError, match=r"both a 'chief' job .*'localhost:1'.* and a 'coordinator' job .*'localhost:2'.*keep only one"):
-        spec.validate()
+        ClusterSpec({"ps": ["localhost:1"], "workers": ["localhost:2"]})
 
 
 def test_evaluator_in_training_cluster():
-    spec = ClusterSpec({"ps": ["localhost:1"], "worker": ["localhost:2"], "evaluator": ["localhost:3"]})
     with pytest.raises(
         ClusterSpecError,
-        match=r"'evaluator' \['localhost:3'\].*keep the evaluator out of the training cluster.*run it as a separate job.*tensorflow#46169",
+        match=r"'evaluator'.*keep the evaluator out of the training cluster.*run it as a separate job.*tensorflow#46169",
     ):
-        spec.validate()
+        ClusterSpec({"ps": ["localhost:1"], "worker": ["localhost:2"], "evaluator": ["localhost:3"]})
 
 
 def test_empty_job_address_list():
@@ -261,10 +240,9 @@ def test_mwm_rejects_ps():
         spec.validate(strategy="multi-worker-mirrored")
 
 
-@pytest.mark.parametrize("job", ["chief", "coordinator"])
-def test_at_most_one_chief(job):
-    spec = ClusterSpec({job: ["localhost:1", "localhost:2"], "ps": ["localhost:3"], "worker": ["localhost:4"]})
-    with pytest.raises(ClusterSpecError, match=rf"job '{job}' has 2 addresses .*at most one {job}; keep one address and move the others to 'worker'"):
+def test_at_most_one_chief():
+    spec = ClusterSpec({"chief": ["localhost:1", "localhost:2"], "ps": ["localhost:3"], "worker": ["localhost:4"]})
+    with pytest.raises(ClusterSpecError, match=r"job 'chief' has 2 addresses .*at most one chief; keep one address and move the others to 'worker'"):
         spec.validate()
 
 
@@ -300,6 +278,12 @@ def test_loopback_mixed_with_remote(loopback):
         spec.validate(allow_remote=True)
 
 
+def test_loopback_mixed_with_remote_reported_before_allow_remote():
+    spec = ClusterSpec.build(ps=["localhost:1"], workers=["10.0.0.2:2"])
+    with pytest.raises(ClusterSpecError, match=r"mixes loopback addresses"):
+        spec.validate()
+
+
 @pytest.mark.parametrize(
     ("address", "host"),
     [
@@ -321,7 +305,6 @@ def test_non_loopback_refused_without_allow_remote(address, host):
     ):
         spec.validate()
     assert not spec.is_loopback()
-    assert host in spec.remote_hosts()
 
 
 def test_wildcard_bind_address_hint():
@@ -333,7 +316,6 @@ def test_wildcard_bind_address_hint():
 def test_non_loopback_accepted_with_allow_remote():
     spec = ClusterSpec.build(ps=["10.0.0.1:2222"], workers=["10.0.0.2:2222", "10.0.0.2:2223"], chief="10.0.0.3:2222")
     spec.validate(allow_remote=True)
-    assert spec.remote_hosts() == ("10.0.0.3", "10.0.0.1", "10.0.0.2")  # chief, ps, worker
     assert not spec.is_loopback()
 
 
@@ -400,8 +382,9 @@ def test_from_json_accepts_environment_and_rpc_layer(spec):
         ('{"cluster": ["localhost:1"]}', r"`cluster` must be an object mapping job names.*got list \['localhost:1'\]"),
         ('{"cluster": {"ps": "localhost:1"}}', r"`cluster.ps` must be a list of 'host:port' strings, got str 'localhost:1'"),
         ('{"cluster": {"ps": {"0": "localhost:1"}}}', r"`cluster.ps` must be a list.*got dict"),
-        ('{"cluster": {"worker": ["localhost:1", 2222]}}', r"`cluster.worker\[1\]` is int 2222, not a string; write the address as a 'host:port' string"),
-        ('{"cluster": {"worker": ["localhost"]}}', r"job 'worker' task 0: address 'localhost' has no port"),
+        ('{"cluster": {"worker": ["localhost:1", 2222]}}', r"`cluster.worker\[1\]`: address 2222 is a int, not a string; write it as a 'host:port' string"),
+        ('{"cluster": {"worker": ["localhost"]}}', r"`cluster.worker\[0\]`: address 'localhost' has no port"),
+        ('{"cluster": {"coordinator": ["localhost:1"]}}', r"unknown job name 'coordinator'"),
         ('{"cluster": {"worker": ["localhost:1"]}, "clustr": {}}', r"unknown top-level key\(s\) 'clustr'; allowed keys are 'cluster', 'task', 'environment', 'rpc_layer'"),
         ('{"cluster": {"worker": ["localhost:1"]}, "task": {"type": "ps", "index": 0}}', r"task type 'ps' is not a job in the cluster \(jobs: 'worker'\); fix the `task.type`"),
         ('{"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 3}}', r"task index 3 is out of range for job 'worker' which has 2 tasks \(indices 0\.\.1\); fix the `task.index` in TF_CONFIG"),
@@ -513,15 +496,8 @@ def test_write_tf_config_files(spec, tmp_path: Path):
     assert write_tf_config_files(spec, out_dir) == paths
 
 
-def test_write_tf_config_files_coordinator_named_chief(tmp_path: Path):
-    spec = ClusterSpec({"coordinator": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]})
-    paths = write_tf_config_files(spec, tmp_path)
-    assert paths[0].name == "chief-0.json"
-    assert json.loads(paths[0].read_text())["task"] == {"type": "chief", "index": 0}
-
-
 def test_module_does_not_import_tensorflow():
-    code = "import sys, ps_cluster.spec; print('tensorflow' in sys.modules)"
+    code = "import sys, psrec.ps_cluster.tf_config; print('tensorflow' in sys.modules)"
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

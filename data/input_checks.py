@@ -1,0 +1,124 @@
+"""Checks of conversion input against a feature spec: every file's schema
+before any row is read, then each row (its first failed check is the reason
+it is quarantined)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from psrec.errors import ConfigError
+from psrec.features.spec import FeatureSpec
+
+
+class SchemaError(ConfigError):
+    """A Parquet file's schema does not match the spec."""
+
+
+def _type_ok(arrow_type: pa.DataType, kind: str) -> bool:
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    if kind == "number":
+        return pa.types.is_integer(arrow_type) or pa.types.is_floating(
+            arrow_type)
+    if kind == "label":
+        return _type_ok(arrow_type, "number") or pa.types.is_boolean(arrow_type)
+    if kind == "string":
+        return pa.types.is_string(arrow_type) or pa.types.is_large_string(
+            arrow_type)
+    if kind == "int64":
+        return pa.types.is_integer(arrow_type)
+    raise AssertionError(kind)
+
+
+def _expected_kinds(spec: FeatureSpec) -> dict[str, tuple[str, bool]]:
+    """column -> (value kind, is a list)."""
+    kinds = {spec.label.name: ("label", False)}
+    kinds.update({f.name: ("number", False) for f in spec.dense})
+    kinds.update({f.name: (f.dtype, f.multi_hot) for f in spec.categorical})
+    return kinds
+
+
+_KIND_TEXT = {"number": "an integer or floating column",
+              "label": "an integer, boolean or floating column",
+              "string": "a string column", "int64": "an integer column"}
+
+
+def check_schema(path: str, schema: pa.Schema,
+                 spec: FeatureSpec) -> tuple[str, ...]:
+    """Checks a file's schema against the spec before any row is read.
+
+    Returns:
+      The extra columns, which are ignored.
+
+    Raises:
+      SchemaError: naming the file and the first missing or mistyped column.
+    """
+    for column, (kind, is_list) in _expected_kinds(spec).items():
+        index = schema.get_field_index(column)
+        if index < 0:
+            raise SchemaError(
+                f"{path}: column {column!r} required by spec "
+                f"{spec.name!r} is missing (found: {', '.join(schema.names)}); "
+                "fix the input or the spec -- psrec does not fill missing "
+                "columns with nulls.")
+        arrow_type = schema.field(index).type
+        if is_list:
+            ok = (pa.types.is_list(arrow_type)
+                  or pa.types.is_large_list(arrow_type)) and _type_ok(
+                      arrow_type.value_type, kind)
+            want = f"a list of {_KIND_TEXT[kind].replace(' column', '')}s"
+        else:
+            ok = _type_ok(arrow_type, kind)
+            want = _KIND_TEXT[kind]
+        if not ok:
+            raise SchemaError(
+                f"{path}: column {column!r} has type {arrow_type}, spec "
+                f"{spec.name!r} needs {want}; fix the input's type or the "
+                "spec.")
+    wanted = set(spec.columns)
+    return tuple(name for name in schema.names if name not in wanted)
+
+
+def _null_mask(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False))
+
+
+def float_values(column: pa.Array, fill: float) -> np.ndarray:
+    """float64 values with nulls replaced by ``fill``."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    return np.asarray(pc.fill_null(pc.cast(column, pa.float64()), fill)
+                      .to_numpy(zero_copy_only=False))
+
+
+def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
+    """The first failed check of each row as a string, None for good rows."""
+    reasons = np.full(batch.num_rows, None, dtype=object)
+
+    def flag(mask: np.ndarray, reason: str) -> None:
+        mask = mask & (reasons == None)  # noqa: E711 (elementwise)
+        reasons[mask] = reason
+
+    label = batch.column(spec.label.name)
+    flag(_null_mask(label), f"null in required field {spec.label.name!r}")
+    values = float_values(label, 0.0)
+    flag(~np.isfinite(values), f"non-finite label {spec.label.name!r}")
+    if spec.label.threshold is None:
+        bad = np.isfinite(values) & (values != 0) & (values != 1)
+        for value in np.unique(values[bad & (reasons == None)]):  # noqa: E711
+            flag(bad & (values == value),
+                 f"label {spec.label.name!r} = {value:g} is not 0/1")
+    for feature in spec.dense:
+        column = batch.column(feature.name)
+        nulls = _null_mask(column)
+        if feature.required:
+            flag(nulls, f"null in required field {feature.name!r}")
+        values = float_values(column, feature.default)
+        flag(~np.isfinite(values), f"non-finite value in {feature.name!r}")
+    for feature in spec.categorical:
+        if feature.required:
+            flag(_null_mask(batch.column(feature.name)),
+                 f"null in required field {feature.name!r}")
+    return reasons

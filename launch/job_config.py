@@ -1,0 +1,248 @@
+"""The configuration of a ``psrec train`` job, and its one codec.
+
+:class:`JobConfig` is what the CLI builds and :func:`psrec.launch.job.
+run_job` runs, for every strategy. ``job.json`` beside the checkpoints is
+:meth:`JobConfig.to_dict`; ``psrec export`` and ``psrec eval`` rebuild the
+model from it with :meth:`JobConfig.from_dict`. Options that mean nothing
+under the chosen strategy are refused here, naming the flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from psrec.data.dataset import InputConfig
+from psrec.data.files import write_json_atomic
+from psrec.errors import ConfigError
+from psrec.features.presets import criteo
+from psrec.features.spec import FeatureSpec
+from psrec.models.config import ModelConfig
+from psrec.models.config import model_config
+from psrec.models.optim import OptimizerConfig
+from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.train_loop import LoopConfig
+
+JOB_FILE = "job.json"
+STRATEGIES = ("ps", "mirrored", "multi-worker-mirrored", "one-device")
+COLLECTIVES = ("auto", "ring", "nccl")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticData:
+    """The embedded default data, generated from the spec.
+
+    Attributes:
+      rows: total rows (train + eval).
+      eval_fraction: the last share of rows used for evaluation.
+      files: Parquet files generated.
+      shards: TFRecord train shards (>= workers).
+      seed: generator seed.
+    """
+
+    rows: int = 250_000
+    eval_fraction: float = 0.2
+    files: int = 4
+    shards: int = 8
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyConfig:
+    """How the job is distributed.
+
+    Attributes:
+      kind: ``ps``, ``mirrored``, ``multi-worker-mirrored`` or
+        ``one-device`` (see :mod:`psrec.ps_cluster.strategy`).
+      collective: all-reduce implementation (mirrored strategies).
+      mixed_precision: ``mixed_float16`` on GPU, ``mixed_bfloat16`` on CPU;
+        under PS, the workers' dense towers (a speed option).
+      grad_accum_steps: micro-batches of ``batch_size`` per update.
+      memory_fraction: size guard of the replicated strategies: tables and
+        optimizer slots may use this share of one device's memory.
+      cpu_replicas: ``mirrored`` without GPUs: split the CPU into N
+        logical devices.
+      allow_remote: accept non-loopback hosts (TF_CONFIG / --cluster).
+    """
+
+    kind: str = "ps"
+    collective: str = "auto"
+    mixed_precision: bool = False
+    grad_accum_steps: int = 1
+    memory_fraction: float = 0.5
+    cpu_replicas: int | None = None
+    allow_remote: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRATEGIES:
+            raise ConfigError(f"`--strategy` = {self.kind!r} is not one of "
+                              f"{', '.join(STRATEGIES)}.")
+        if self.collective not in COLLECTIVES:
+            raise ConfigError(f"`--collective` = {self.collective!r} is not "
+                              f"one of {', '.join(COLLECTIVES)}.")
+        if self.grad_accum_steps < 1:
+            raise ConfigError(f"`--grad-accum-steps` = "
+                              f"{self.grad_accum_steps!r} must be >= 1.")
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ConfigError(f"`--memory-fraction` = "
+                              f"{self.memory_fraction!r} must be in (0, 1].")
+        if self.cpu_replicas is not None and self.cpu_replicas < 1:
+            raise ConfigError(f"`--cpu-replicas` = {self.cpu_replicas!r} "
+                              "must be >= 1.")
+        _refuse(self.kind, "--collective", self.collective != "auto",
+                ("mirrored", "multi-worker-mirrored"))
+        _refuse(self.kind, "--cpu-replicas", self.cpu_replicas is not None,
+                ("mirrored",))
+        _refuse(self.kind, "--memory-fraction", self.memory_fraction != 0.5,
+                ("mirrored", "multi-worker-mirrored", "one-device"))
+
+    @property
+    def replicated(self) -> bool:
+        return self.kind != "ps"
+
+
+def _refuse(kind: str, flag: str, given: bool, kinds: tuple[str, ...]
+            ) -> None:
+    if given and kind not in kinds:
+        raise ConfigError(
+            f"`{flag}` has no effect with --strategy {kind}; it applies to "
+            f"--strategy {' / '.join(kinds)} only: drop it or change the "
+            "strategy.")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """Everything ``psrec train`` needs.
+
+    Attributes:
+      workdir: holds data/, checkpoints/, export/, tensorboard/, logs/.
+      spec: the feature spec.
+      model_name: dlrm, dcn, deepfm or wide_deep.
+      model: the architecture (default: the named configuration).
+      optimizer: optimizers and learning rates.
+      input: batch size and shuffling.
+      loop: steps, steps per call, eval/checkpoint intervals.
+      strategy: how the job is distributed.
+      partition: how tables are sharded across PS tasks (``ps`` only).
+      data: a manifest (file or folder); None generates synthetic data.
+      synthetic: the synthetic data to generate when ``data`` is None.
+      workers: local worker processes (``ps``, ``multi-worker-mirrored``).
+      ps: local PS processes (``ps``).
+      export: export a SavedModel at the end.
+      verify_checksums: recompute every shard's sha256 and check that the
+        train and eval splits share no example id before starting.
+      keep_checkpoints: recent checkpoints kept.
+      max_corrupt_records: corrupted records that may be skipped (counted
+        and reported); 0 refuses any corrupted shard.
+      stall_timeout: seconds without progress before the watchdog exits
+        with a retryable code (None: no watchdog).
+    """
+
+    workdir: Path = Path("runs/default")
+    spec: FeatureSpec = dataclasses.field(default_factory=criteo)
+    model_name: str = "dcn"
+    model: ModelConfig = dataclasses.field(
+        default_factory=lambda: model_config("dcn"))
+    optimizer: OptimizerConfig = OptimizerConfig()
+    input: InputConfig = InputConfig(batch_size=1024)
+    loop: LoopConfig = LoopConfig(steps=400, steps_per_closure=10,
+                                  log_every=50, eval_every=0,
+                                  checkpoint_every=200)
+    strategy: StrategyConfig = StrategyConfig()
+    partition: PartitionConfig = PartitionConfig()
+    data: Path | None = None
+    synthetic: SyntheticData = SyntheticData()
+    workers: int = 2
+    ps: int = 1
+    export: bool = True
+    verify_checksums: bool = True
+    max_corrupt_records: int = 0
+    keep_checkpoints: int = 3
+    stall_timeout: float | None = 900.0
+
+    def __post_init__(self) -> None:
+        kind = self.strategy.kind
+        _refuse(kind, "--partitioner/--table-shards",
+                self.partition != PartitionConfig(), ("ps",))
+        _refuse(kind, "--ps", self.ps != 1, ("ps",))
+        _refuse(kind, "--workers", self.workers != 2,
+                ("ps", "multi-worker-mirrored"))
+        if self.stall_timeout is not None and not self.stall_timeout > 0:
+            raise ConfigError(f"`--stall-timeout` = {self.stall_timeout!r} "
+                              "must be > 0 (0 disables the watchdog).")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.workdir) / "checkpoints"
+
+    # -- the codec -----------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able data; :meth:`from_dict` inverts it."""
+        data: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, FeatureSpec):
+                value = value.to_dict()
+            elif dataclasses.is_dataclass(value):
+                value = dataclasses.asdict(value)
+            elif isinstance(value, Path):
+                value = str(value)
+            data[field.name] = value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobConfig:
+        """Rebuilds a job; an unknown key is an error naming it.
+
+        Raises:
+          ConfigError: unknown keys.
+        """
+        unknown = set(data) - set(_DECODERS)
+        if unknown:
+            raise ConfigError(f"unknown job keys {sorted(unknown)}; known: "
+                              f"{', '.join(_DECODERS)}.")
+        return cls(**{key: _DECODERS[key](value)
+                      for key, value in data.items()})
+
+    def write(self, directory: str | Path) -> Path:
+        """``job.json`` in ``directory``."""
+        return write_json_atomic(Path(directory) / JOB_FILE, self.to_dict())
+
+    @classmethod
+    def read(cls, directory: str | Path) -> JobConfig:
+        """The job a checkpoint directory was trained with.
+
+        Raises:
+          ConfigError: no ``job.json`` there.
+        """
+        path = Path(directory) / JOB_FILE
+        if not path.is_file():
+            raise ConfigError(
+                f"{path} not found: {directory} is not a psrec checkpoint "
+                "directory (psrec train writes job.json beside its "
+                "checkpoints).")
+        return cls.from_dict(json.loads(path.read_text()))
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+_DECODERS = {
+    "workdir": Path, "spec": FeatureSpec.from_dict, "model_name": str,
+    "model": lambda d: ModelConfig(**d),
+    "optimizer": lambda d: OptimizerConfig(**d),
+    "input": lambda d: InputConfig(**d), "loop": lambda d: LoopConfig(**d),
+    "strategy": lambda d: StrategyConfig(**d),
+    "partition": lambda d: PartitionConfig(**d), "data": _path,
+    "synthetic": lambda d: SyntheticData(**d), "workers": int, "ps": int,
+    "export": bool, "verify_checksums": bool, "max_corrupt_records": int,
+    "keep_checkpoints": int, "stall_timeout": _same,
+}

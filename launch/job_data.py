@@ -1,0 +1,121 @@
+"""The data of a job: generated when none is given, checked once before any
+server starts, and the check recorded so restarted coordinators (and the
+local multi-worker-mirrored workers) do not read all the data again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from psrec.data.dataset import NotEnoughShardsError
+from psrec.data.files import write_json_atomic
+from psrec.data.manifest import Manifest
+from psrec.data.manifest import ManifestError
+from psrec.launch.job_config import JobConfig
+
+
+def input_pipelines(config: JobConfig) -> int:
+    """Processes that read their own share of the train files."""
+    if config.strategy.kind in ("ps", "multi-worker-mirrored"):
+        return config.workers
+    return 1
+
+
+def prepare_data(config: JobConfig, log=print) -> Manifest:
+    """Returns a manifest that is safe to train on; nothing here needs a
+    server, so bad data is refused before any role starts.
+
+    Generates and converts the default synthetic data when no data is given
+    (reused when already converted with the same spec, so a rerun resumes
+    instead of regenerating). Then checks: the spec hash, every shard
+    (presence, size, sha256; corrupted shards repaired within
+    ``max_corrupt_records``), that train and eval splits share no example,
+    and that there are enough train shards for the workers.
+    """
+    from psrec.data.integrity import check_disjoint_splits
+    from psrec.data.integrity import repair_corrupted_shards
+    if config.data is not None:
+        manifest = Manifest.load(config.data)
+    else:
+        root = Path(config.workdir) / "data"
+        try:
+            manifest = Manifest.load(root / "tfrecord")
+            manifest.check_spec(config.spec.fingerprint())
+        except ManifestError:
+            manifest = _generate(config, root, log)
+    manifest.check_spec(config.spec.fingerprint())
+    manifest, repair = repair_corrupted_shards(
+        manifest, Path(config.workdir) / "repaired",
+        config.max_corrupt_records, checksums=config.verify_checksums)
+    if repair is not None:
+        log(repair.summary())
+    if config.verify_checksums:  # both read every byte of the data
+        check_disjoint_splits(manifest)
+    pipelines = input_pipelines(config)
+    if len(manifest.files("train")) < pipelines:
+        raise NotEnoughShardsError(
+            f"{len(manifest.files('train'))} train shards cannot feed "
+            f"{pipelines} workers without overlap; convert with "
+            f"`--shards {pipelines}` or more.")
+    return manifest
+
+
+VERIFIED_FILE = "verified-data.json"
+
+
+def record_verified(config: JobConfig, manifest: Manifest) -> Path:
+    """Notes in the workdir that ``manifest`` passed :func:`prepare_data`
+    (with the repaired shards it uses), so the coordinators a supervisor
+    starts -- and restarts after every failure -- do not read all the data
+    again."""
+    original = Manifest.load(manifest.root)
+    replaced = {
+        before.file: after.file
+        for split in original.shards
+        for before, after in zip(original.shards[split],
+                                 manifest.shards[split])
+        if before.file != after.file}
+    return write_json_atomic(Path(config.workdir) / VERIFIED_FILE, {
+        "manifest": str(manifest.root.resolve()),
+        "spec_hash": config.spec.fingerprint(), "replaced": replaced})
+
+
+def load_verified(config: JobConfig) -> Manifest:
+    """The manifest :func:`record_verified` noted for this job.
+
+    Raises:
+      ManifestError: when there is no record, or it is for another spec or
+        other data than ``config`` names.
+    """
+    path = Path(config.workdir) / VERIFIED_FILE
+    if not path.is_file():
+        raise ManifestError(f"{path} is missing: the data was not checked by "
+                            "a supervisor; run without --data-verified.")
+    record = json.loads(path.read_text())
+    root = Path(record["manifest"])
+    wanted = (Path(config.data) if config.data is not None
+              else Path(config.workdir) / "data" / "tfrecord")
+    if wanted.is_file():
+        wanted = wanted.parent
+    if (record["spec_hash"] != config.spec.fingerprint()
+            or wanted.resolve() != root):
+        raise ManifestError(f"{path} records other data or another spec than "
+                            "this job; run without --data-verified.")
+    return Manifest.load(root).with_files(record["replaced"])
+
+
+def _generate(config: JobConfig, root: Path, log) -> Manifest:
+    from psrec.data.convert import ConversionOptions
+    from psrec.data.convert import convert
+    from psrec.data.synthetic import write_synthetic_parquet
+    synthetic = config.synthetic
+    log(f"generating {synthetic.rows:,} synthetic rows for spec "
+        f"{config.spec.name!r} (embedded default data) ...")
+    files = write_synthetic_parquet(config.spec, root / "parquet",
+                                    synthetic.rows, files=synthetic.files,
+                                    seed=synthetic.seed)
+    report = convert(files, config.spec, root / "tfrecord", ConversionOptions(
+        shards=max(synthetic.shards, input_pipelines(config)),
+        eval_fraction=synthetic.eval_fraction))
+    log(report.summary())
+    return report.manifest

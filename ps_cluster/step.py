@@ -1,0 +1,249 @@
+"""The one training step of psrec, for every strategy.
+
+:func:`make_train_function` builds the ``tf.function(iterator)`` that runs
+``steps`` optimizer updates. Under ``ParameterServerStrategy`` it is the
+closure the coordinator schedules on a worker; under the mirrored
+strategies, one device or no strategy it is called directly. ``psrec
+advise`` and ``psrec bench`` time the same function.
+
+Loss normalisation: each replica's loss is its summed per-example loss
+divided by the GLOBAL batch (``tf.nn.compute_average_loss``: the replica's
+rows times the replicas in sync) and by the micro-batches per update, so
+the all-reduced (summed) gradients are those of the mean over every row of
+the update. A worker with several GPUs under PS, or a mirrored run, thus
+takes the same step size and logs the same loss as one device would.
+
+Mixed float16 (GPU): the loss is scaled by a dynamic loss scale; when any
+gradient of any replica is not finite, the whole update -- tables and dense
+weights, on every replica -- is skipped and the scale halved (it doubles
+after ``growth_steps`` finite updates), as Keras' ``LossScaleOptimizer``
+does for one optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+from psrec.data.dataset import PIPELINE_COLUMN
+from psrec.features.spec import FeatureSpec
+from psrec.models.accumulation import add_gradients
+from psrec.models.embedding import WIDE_SUFFIX
+from psrec.models.ranking import RankingModel
+
+Batch = dict[str, tf.Tensor]
+
+
+class DynamicLossScale(tf.Module):
+    """A dynamic loss scale shared by both optimizers (mixed float16).
+
+    Args:
+      initial: the first scale.
+      growth_steps: finite updates in a row before the scale doubles.
+    """
+
+    def __init__(self, initial: float = 2.0 ** 15,
+                 growth_steps: int = 2000) -> None:
+        super().__init__(name="loss_scale")
+        self.growth_steps = growth_steps
+        aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        self.scale = tf.Variable(initial, dtype=tf.float32, trainable=False,
+                                 aggregation=aggregation, name="scale")
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                      aggregation=aggregation,
+                                      name="good_steps")
+
+    def update(self, finite: tf.Tensor) -> tf.Operation:
+        """Halves the scale after an overflow, doubles it after
+        ``growth_steps`` finite updates (call in cross-replica context)."""
+        grow = tf.logical_and(finite,
+                              self.good_steps + 1 >= self.growth_steps)
+        new_scale = tf.where(
+            finite, tf.where(grow, self.scale * 2.0, self.scale),
+            tf.maximum(1.0, self.scale / 2.0))
+        new_good = tf.where(tf.logical_and(finite, tf.logical_not(grow)),
+                            self.good_steps + 1, tf.zeros_like(
+                                self.good_steps))
+        return tf.group(self.scale.assign(new_scale),
+                        self.good_steps.assign(new_good))
+
+
+def _count_non_finite(grads: list) -> tf.Tensor:
+    total = tf.constant(0.0)
+    for grad in grads:
+        if grad is None:
+            continue
+        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+        total += tf.reduce_sum(tf.cast(
+            tf.logical_not(tf.math.is_finite(values)), tf.float32))
+    return total
+
+
+def ids_per_example(spec: FeatureSpec, table: str) -> int:
+    """Ids one example looks up in ``table`` (or its wide twin)."""
+    base = table.removesuffix(WIDE_SUFFIX)
+    return sum(f.max_length for f in spec.categorical if f.table == base)
+
+
+def pad_slices(grad, rows: int):
+    """A table gradient padded to exactly ``rows`` slices.
+
+    Replicas touch different numbers of distinct rows, and all-gathering
+    ``IndexedSlices`` of different sizes inside a ``tf.while`` loop of
+    updates fails (measured: "Shape mismatch in the collective instance" on
+    2 CPU replicas). Padding every replica to the same static bound (ids
+    per example x per-replica batch x micro-batches) avoids it; the padding
+    repeats a touched row with zero values, which the optimizers' duplicate
+    summing turns into no change.
+    """
+    if grad is None or not isinstance(grad, tf.IndexedSlices):
+        return grad
+    indices = tf.cast(grad.indices, tf.int64)
+    size = tf.shape(indices)[0]
+    check = tf.debugging.assert_less_equal(
+        size, rows, message="table gradient has more rows than the bound")
+    with tf.control_dependencies([check]):
+        pad = rows - size
+    first = tf.concat([indices, tf.zeros([1], tf.int64)], 0)[0]
+    indices = tf.concat([indices, tf.fill([pad], first)], 0)
+    values = tf.concat([grad.values, tf.zeros(
+        tf.stack([pad, tf.shape(grad.values)[1]]), grad.values.dtype)], 0)
+    return tf.IndexedSlices(
+        tf.ensure_shape(values, [rows] + grad.values.shape[1:].as_list()),
+        tf.ensure_shape(indices, [rows]), grad.dense_shape)
+
+
+class TrainStep:
+    """One optimizer update on one replica (call inside ``strategy.run``).
+
+    Args:
+      model: the ranking model.
+      sparse_optimizer: trains ``model.embedding_variables()``.
+      dense_optimizer: trains ``model.dense_variables()``.
+      label: the label column.
+      loss_scale: a :class:`DynamicLossScale` under mixed float16, else None.
+      prepare_table_grads: optional ``grads -> grads`` applied to the table
+        gradients before the update (the mirrored path pads them to a
+        static size for the all-gather).
+    """
+
+    def __init__(self, model: RankingModel, sparse_optimizer,
+                 dense_optimizer, label: str, *,
+                 loss_scale: DynamicLossScale | None = None,
+                 prepare_table_grads: Callable[[list], list] | None = None
+                 ) -> None:
+        self.model = model
+        self.sparse_optimizer = sparse_optimizer
+        self.dense_optimizer = dense_optimizer
+        self.label = label
+        self.loss_scale = loss_scale
+        self._prepare = prepare_table_grads
+
+    def __call__(self, batches: list[Batch]) -> tuple[tf.Tensor, tf.Tensor]:
+        """Gradients of ``len(batches)`` micro-batches summed into one update.
+
+        Returns this replica's share of the update's mean loss and its row
+        count (both summed over replicas by the caller).
+        """
+        tables = self.model.embedding_variables()
+        dense = self.model.dense_variables()
+        total, loss_sum = None, tf.constant(0.0)
+        count = tf.constant(0, tf.int64)
+        for batch in batches:
+            with tf.GradientTape() as tape:
+                logits = tf.cast(self.model(batch, training=True), tf.float32)
+                per_example = tf.nn.sigmoid_cross_entropy_with_logits(
+                    labels=tf.cast(batch[self.label], tf.float32),
+                    logits=logits)
+                loss = tf.nn.compute_average_loss(per_example) / len(batches)
+                scaled = (loss * self.loss_scale.scale
+                          if self.loss_scale is not None else loss)
+            # Shards, not ShardedVariables: the tape rejects the latter.
+            total = add_gradients(total, tape.gradient(scaled,
+                                                       tables + dense))
+            loss_sum += loss
+            count += tf.size(batch[self.label], out_type=tf.int64)
+        table_grads, dense_grads = total[:len(tables)], total[len(tables):]
+        if self._prepare is not None:
+            table_grads = self._prepare(table_grads)
+        if self.loss_scale is None:
+            self.sparse_optimizer.apply_gradients(zip(table_grads, tables))
+            self.dense_optimizer.apply_gradients(zip(dense_grads, dense))
+        else:
+            self._apply_if_finite(table_grads, dense_grads, tables, dense)
+        return loss_sum, count
+
+    def _apply_if_finite(self, table_grads, dense_grads, tables, dense):
+        """All-reduces the unscaled gradients, then in cross-replica context
+        applies both optimizers only if every value of every replica is
+        finite (a ``tf.cond`` around ``apply_gradients`` must not sit in a
+        replica context: it calls ``merge_call``)."""
+        context = tf.distribute.get_replica_context()
+        inverse = 1.0 / self.loss_scale.scale
+        grads = [None if g is None else (
+            tf.IndexedSlices(g.values * inverse, g.indices, g.dense_shape)
+            if isinstance(g, tf.IndexedSlices) else g * inverse)
+            for g in table_grads + dense_grads]
+        grads = context.all_reduce("SUM", grads)
+        finite = tf.equal(_count_non_finite(grads), 0.0)
+        split = len(table_grads)
+
+        def apply_in_replica(grads):
+            self.sparse_optimizer.apply_gradients(
+                zip(grads[:split], tables),
+                experimental_aggregate_gradients=False)
+            self.dense_optimizer.apply_gradients(
+                zip(grads[split:], dense),
+                experimental_aggregate_gradients=False)
+
+        def cross_replica(strategy, grads, finite):
+            def apply():
+                strategy.extended.call_for_each_replica(apply_in_replica,
+                                                        args=(grads,))
+                return tf.constant(True)
+
+            def skip():
+                # apply_gradients counts iterations; a skipped update too.
+                self.dense_optimizer.iterations.assign_add(1)
+                self.sparse_optimizer.iterations.assign_add(1)
+                return tf.constant(False)
+
+            finite = strategy.experimental_local_results(finite)[0]
+            applied = tf.cond(finite, apply, skip)
+            with tf.control_dependencies([applied]):
+                return self.loss_scale.update(finite)
+
+        context.merge_call(cross_replica, args=(grads, finite))
+
+
+def make_train_function(strategy: tf.distribute.Strategy, step: TrainStep,
+                        steps: int, micro_batches: int = 1) -> Callable:
+    """A ``tf.function(iterator)`` running ``steps`` updates of ``step``.
+
+    Returns ``(loss_sum, examples, seconds, pipeline)``: the per-update mean
+    losses summed over the updates, the rows trained on, the wall time
+    measured where the function ran (on a PS worker: the steps with their PS
+    round trips) and the input pipeline (worker) that fed it (-1 unknown).
+    """
+
+    @tf.function
+    def train(iterator):
+        began = tf.timestamp()
+        with tf.control_dependencies([began]):  # order the two timestamps
+            loss_sum = tf.constant(0.0)
+            examples = tf.constant(0, tf.int64)
+        pipeline = tf.constant(-1, tf.int64)
+        for _ in tf.range(steps):
+            batches = [next(iterator) for _ in range(micro_batches)]
+            loss, count = strategy.run(step, args=(batches,))
+            loss_sum += strategy.reduce("SUM", loss, axis=None)
+            examples += strategy.reduce("SUM", count, axis=None)
+            first = strategy.experimental_local_results(batches[0])[0]
+            if PIPELINE_COLUMN in first:
+                pipeline = first[PIPELINE_COLUMN]
+        with tf.control_dependencies([loss_sum, examples]):
+            ended = tf.timestamp()
+        return loss_sum, examples, ended - began, pipeline
+
+    return train
