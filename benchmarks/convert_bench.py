@@ -4,10 +4,10 @@ Generates N synthetic Criteo rows (``criteo()`` preset, default buckets) as
 Parquet in a temporary folder -- not timed -- then, restricted to one CPU
 core, times:
 
-* ``data.convert.convert`` (schema check, row checks, hashing of the 26
+* ``psrec.data.convert.convert`` (schema check, row checks, hashing of the 26
   categorical columns, block encoding, sharded TFRecord writing, sha256 and
   manifest): rows read per second;
-* reading every train shard back with ``data.dataset.make_eval_dataset``
+* reading every train shard back with ``psrec.data.dataset.make_eval_dataset``
   (batch 4096): rows parsed per second.
 
 Each measurement is repeated ``--repeat`` times and the median is reported as

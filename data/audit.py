@@ -34,11 +34,10 @@ import tensorflow as tf
 
 from psrec.data.dataset import DatasetFn
 from psrec.data.dataset import InputConfig
-from psrec.data.dataset import iterate_checked
 from psrec.data.dataset import make_train_dataset_fn
 from psrec.data.dataset import shard_files
 from psrec.data.manifest import Manifest
-from psrec.data.records import locate_corruption
+from psrec.data.records import corruption_named
 from psrec.features.spec import ID_COLUMN
 from psrec.features.spec import FeatureSpec
 
@@ -159,8 +158,8 @@ def _read_in_process(dataset_fn: DatasetFn, files: list[str],
                      workers: int) -> dict[int, np.ndarray]:
     read = {}
     for index, dataset in per_worker_datasets(dataset_fn, workers):
-        ids = [batch[ID_COLUMN].numpy() for batch in iterate_checked(
-            dataset, shard_files(files, workers, index))]
+        with corruption_named(shard_files(files, workers, index)):
+            ids = [batch[ID_COLUMN].numpy() for batch in dataset]
         read[index] = (np.concatenate(ids) if ids
                        else np.zeros([0], np.int64))
     return read
@@ -204,14 +203,9 @@ def _read_on_cluster(coordinator, dataset_fn: DatasetFn, files: list[str],
                 f"within {timeout:.0f} s")
         values = [coordinator.schedule(drain, args=(iterator,))
                   for _ in range(workers)]
-        try:
+        with corruption_named(files):
             coordinator.join()
             results = [value.fetch() for value in values]
-        except tf.errors.DataLossError as error:
-            located = locate_corruption(files)
-            if located is None:
-                raise
-            raise located from error
         for index, ids in results:
             index = int(index)
             if not 0 <= index < workers:

@@ -17,7 +17,6 @@ import collections
 import dataclasses
 import time
 from pathlib import Path
-from typing import Iterator
 from typing import Sequence
 
 import numpy as np
@@ -37,6 +36,8 @@ from psrec.data.shard_writer import Quarantine
 from psrec.data.shard_writer import ShardWriter
 from psrec.errors import ConfigError
 from psrec.errors import DataError
+from psrec.errors import check
+from psrec.errors import check_choice
 from psrec.features.columns import CategoricalFeature
 from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import ID_COLUMN
@@ -77,20 +78,15 @@ class ConversionOptions:
     def __post_init__(self) -> None:
         for key in ("shards", "block_rows", "batch_rows"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{key}` = {value!r} must be an integer >= 1.")
-        if self.eval_shards is not None and self.eval_shards < 1:
-            raise ValueError(
-                f"`eval_shards` = {self.eval_shards!r} must be >= 1.")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise ValueError(f"`eval_fraction` = {self.eval_fraction!r} must "
-                             "be in [0, 1).")
-        if not 0.0 <= self.max_bad_fraction <= 1.0:
-            raise ValueError(f"`max_bad_fraction` = {self.max_bad_fraction!r} "
-                             "must be in [0, 1].")
-        if self.split_mode not in SPLIT_MODES:
-            raise ValueError(f"`split_mode` = {self.split_mode!r}; use one of "
-                             f"{', '.join(SPLIT_MODES)}.")
+            check(isinstance(value, int) and value >= 1, key, value,
+                  "must be an integer >= 1")
+        check(self.eval_shards is None or self.eval_shards >= 1,
+              "eval_shards", self.eval_shards, "must be >= 1")
+        check(0.0 <= self.eval_fraction < 1.0, "eval_fraction",
+              self.eval_fraction, "must be in [0, 1)")
+        check(0.0 <= self.max_bad_fraction <= 1.0, "max_bad_fraction",
+              self.max_bad_fraction, "must be in [0, 1]")
+        check_choice("split_mode", self.split_mode, SPLIT_MODES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,12 +215,6 @@ def _is_eval(ids: np.ndarray, total_rows: int,
         int(options.eval_fraction * 1_000_000))
 
 
-def _batches(path: str, columns: Sequence[str],
-             batch_rows: int) -> Iterator[pa.RecordBatch]:
-    yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows,
-                                                 columns=list(columns))
-
-
 def _clean_previous(out_dir: Path) -> None:
     """Removes the old manifest first, so stale shards are never published."""
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
@@ -328,7 +318,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     try:
         for path in paths:
             row_in_file = 0
-            for batch in _batches(path, spec.columns, options.batch_rows):
+            for batch in pq.ParquetFile(path).iter_batches(
+                    batch_size=options.batch_rows, columns=list(spec.columns)):
                 ids = np.arange(next_id, next_id + batch.num_rows,
                                 dtype=np.int64)
                 reasons = row_reasons(batch, spec)

@@ -12,20 +12,18 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from psrec.data.files import atomic_output
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
-from psrec.data.ingest import atomic_output
 from psrec.data.ingest import prepare_out_dir
 from psrec.data.ingest import require_file
 
 CRITEO_LABEL_COLUMN = "label"
 CRITEO_INTEGER_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, 14))
 CRITEO_CATEGORICAL_COLUMNS: tuple[str, ...] = tuple(
-    f"C{i}" for i in range(1, 27)
-)
+    f"C{i}" for i in range(1, 27))
 CRITEO_COLUMNS: tuple[str, ...] = (
-    (CRITEO_LABEL_COLUMN,) + CRITEO_INTEGER_COLUMNS + CRITEO_CATEGORICAL_COLUMNS
-)
+    (CRITEO_LABEL_COLUMN,) + CRITEO_INTEGER_COLUMNS + CRITEO_CATEGORICAL_COLUMNS)
 
 # Suffixes that pyarrow decompresses transparently; dropped from output names.
 _COMPRESSION_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".lz4"})
@@ -35,50 +33,35 @@ _CRITEO_FIX = (
     "Check that it is a raw Kaggle Criteo file: tab-separated, no header, "
     "40 fields per line (label, I1..I13, C1..C26; 39 without the label), "
     "integer fields empty or matching -?[0-9]+, and that it is not truncated "
-    "or corrupted."
-)
+    "or corrupted.")
 
 
 def criteo_schema(*, labelled: bool = True) -> pa.Schema:
-    """Returns the Arrow schema of an ingested Criteo file.
-
-    Args:
-      labelled: Whether the file has the leading ``label`` column (the Kaggle
-        ``train.txt`` layout) or not (the ``test.txt`` layout).
-    """
+    """The Arrow schema of an ingested Criteo file; ``labelled``: with the
+    leading ``label`` column (Kaggle ``train.txt``) or not (``test.txt``)."""
     fields = [pa.field(name, pa.int64()) for name in CRITEO_INTEGER_COLUMNS]
-    fields += [
-        pa.field(name, pa.string()) for name in CRITEO_CATEGORICAL_COLUMNS
-    ]
+    fields += [pa.field(name, pa.string())
+               for name in CRITEO_CATEGORICAL_COLUMNS]
     if labelled:
         fields.insert(0, pa.field(CRITEO_LABEL_COLUMN, pa.int64()))
     return pa.schema(fields)
 
 
 def _output_stem(path: Path) -> str:
-    """Returns the output base name: the input stem, minus compression."""
+    """The output base name: the input stem, minus compression."""
     if path.suffix.lower() in _COMPRESSION_SUFFIXES:
         path = path.with_suffix("")
     return path.stem
 
 
 def _criteo_is_labelled(path: Path) -> bool:
-    """Tells the labelled (40-field) from the unlabelled (39-field) layout.
-
-    Only the first line is looked at; every other line is checked by the
-    parser against the layout chosen here.
-
-    Raises:
-      IngestError: if the file is empty or its first line has neither 40 nor
-        39 tab-separated fields.
-    """
+    """Tells the labelled (40-field) from the unlabelled (39-field) layout by
+    the first line; the parser checks every other line against it."""
     with pa.input_stream(str(path), compression="detect") as stream:
         head = stream.read(_SNIFF_BYTES)
     if not head.strip():
-        raise IngestError(
-            f"Criteo file {str(path)!r} is empty; check the download or "
-            "remove it from the inputs."
-        )
+        raise IngestError(f"Criteo file {str(path)!r} is empty; check the "
+                          "download or remove it from the inputs.")
     first_line = head.split(b"\n", 1)[0].rstrip(b"\r")
     n_fields = first_line.count(b"\t") + 1
     if n_fields == len(CRITEO_COLUMNS):
@@ -88,42 +71,28 @@ def _criteo_is_labelled(path: Path) -> bool:
     raise IngestError(
         f"Criteo file {str(path)!r}: line 1 has {n_fields} tab-separated "
         f"fields, expected {len(CRITEO_COLUMNS)} (or "
-        f"{len(CRITEO_COLUMNS) - 1} without the label). {_CRITEO_FIX}"
-    )
+        f"{len(CRITEO_COLUMNS) - 1} without the label). {_CRITEO_FIX}")
 
 
-def _describe_csv_error(
-    err: Exception,
-    column_names: Sequence[str],
-    bad_rows: list[pa_csv.InvalidRow],
-) -> str:
+def _describe_csv_error(err: Exception, column_names: Sequence[str],
+                        bad_rows: list[pa_csv.InvalidRow]) -> str:
     """Turns a pyarrow CSV error into a precise, readable reason."""
     if bad_rows:
         row = bad_rows[0]
         text = row.text if len(row.text) <= 200 else row.text[:200] + "..."
-        return (
-            f"a line has {row.actual_columns} tab-separated fields instead "
-            f"of {row.expected_columns}: {text!r}"
-        )
+        return (f"a line has {row.actual_columns} tab-separated fields "
+                f"instead of {row.expected_columns}: {text!r}")
     reason = str(err)
     match = re.search(r"column #(\d+)", reason)
     if match and int(match.group(1)) < len(column_names):
-        name = column_names[int(match.group(1))]
-        reason = f"column {name}: {reason}"
+        reason = f"column {column_names[int(match.group(1))]}: {reason}"
     return reason
 
 
-def _ingest_criteo_file(
-    src: Path, dst: Path, labelled: bool, block_size_bytes: int
-) -> tuple[int, int | None]:
-    """Streams one Criteo TSV into one Parquet file.
-
-    Returns:
-      ``(rows, positives)``; ``positives`` is ``None`` when unlabelled.
-
-    Raises:
-      IngestError: on the first row that does not parse.
-    """
+def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
+                        block_size_bytes: int) -> tuple[int, int | None]:
+    """Streams one Criteo TSV into one Parquet file; returns ``(rows,
+    positives)`` (``positives`` None when unlabelled)."""
     schema = criteo_schema(labelled=labelled)
     column_names = schema.names
     # Filled by pyarrow with the rows that have the wrong number of fields;
@@ -134,28 +103,19 @@ def _ingest_criteo_file(
         bad_rows.append(row)
         return "error"
 
-    read_options = pa_csv.ReadOptions(
-        column_names=column_names, block_size=block_size_bytes
-    )
-    parse_options = pa_csv.ParseOptions(
-        delimiter="\t", quote_char=False, invalid_row_handler=on_invalid_row
-    )
-    convert_options = pa_csv.ConvertOptions(
-        column_types={field.name: field.type for field in schema},
-        null_values=[""],
-        strings_can_be_null=True,
-    )
-
-    rows = 0
-    positives = 0
+    rows = positives = 0
     with atomic_output(dst) as tmp_path:
         try:
             reader = pa_csv.open_csv(
                 src,
-                read_options=read_options,
-                parse_options=parse_options,
-                convert_options=convert_options,
-            )
+                read_options=pa_csv.ReadOptions(
+                    column_names=column_names, block_size=block_size_bytes),
+                parse_options=pa_csv.ParseOptions(
+                    delimiter="\t", quote_char=False,
+                    invalid_row_handler=on_invalid_row),
+                convert_options=pa_csv.ConvertOptions(
+                    column_types={field.name: field.type for field in schema},
+                    null_values=[""], strings_can_be_null=True))
             with pq.ParquetWriter(tmp_path, schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
@@ -165,40 +125,31 @@ def _ingest_criteo_file(
                         positives += total.as_py() or 0
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
             reason = _describe_csv_error(err, column_names, bad_rows)
-            where = (
-                f"after its first {rows:,} data rows, which parsed fine"
-                if rows
-                else "within its first block of rows"
-            )
+            where = (f"after its first {rows:,} data rows, which parsed fine"
+                     if rows else "within its first block of rows")
             raise IngestError(
                 f"Cannot parse Criteo file {str(src)!r} ({where}): {reason}. "
-                f"{_CRITEO_FIX}"
-            ) from err
+                f"{_CRITEO_FIX}") from err
     return rows, (positives if labelled else None)
 
 
-def ingest_criteo(
-    tsv_paths: Sequence[str | Path],
-    out_dir: str | Path,
-    *,
-    block_size_bytes: int = 64 << 20,
-) -> IngestReport:
+def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
+                  block_size_bytes: int = 64 << 20) -> IngestReport:
     """Converts raw Kaggle Criteo TSV files to Parquet, one file per input.
 
-    Each input is streamed (never held whole in memory) with
-    ``pyarrow.csv.open_csv`` and written batch by batch to
-    ``out_dir/<input stem>.parquet``. Columns: ``label`` (int64, only for the
-    40-field ``train.txt`` layout), ``I1``..``I13`` (int64) and
+    Each input is streamed (never held whole in memory) and written batch by
+    batch to ``out_dir/<input stem>.parquet``: ``label`` (int64, only for
+    the 40-field ``train.txt`` layout), ``I1``..``I13`` (int64) and
     ``C1``..``C26`` (string); empty fields become nulls. Values are not
-    range-checked here (e.g. a label of 2 is kept as is).
+    range-checked here (a label of 2 is kept as is).
 
     Args:
       tsv_paths: Raw TSV files (optionally ``.gz``/``.bz2``/``.zst``/``.lz4``
-        compressed). All must share one layout: all labelled or all not.
+        compressed), all labelled or all not.
       out_dir: Output folder; created if missing. Existing outputs with the
         same names are replaced.
-      block_size_bytes: Bytes of text parsed per block; bounds the memory used
-        and sets the size of the record batches written.
+      block_size_bytes: Bytes of text parsed per block; bounds the memory
+        used and sets the size of the record batches written.
 
     Returns:
       An :class:`IngestReport`; ``positives`` is the sum of the label column,
@@ -206,54 +157,39 @@ def ingest_criteo(
 
     Raises:
       IngestError: if an input is missing or empty, the inputs mix layouts
-        or map to the same output name, or a row has the wrong number of
-        fields or an integer field that does not parse.
+        or map to the same output name, or a row does not parse.
     """
     sources = [Path(p) for p in tsv_paths]
     if not sources:
         raise IngestError(
-            "ingest_criteo got no input files; pass at least one TSV path."
-        )
+            "ingest_criteo got no input files; pass at least one TSV path.")
     if block_size_bytes <= 0:
-        raise IngestError(
-            f"block_size_bytes must be positive, got {block_size_bytes}; "
-            "use e.g. 64 << 20."
-        )
+        raise IngestError(f"block_size_bytes must be positive, got "
+                          f"{block_size_bytes}; use e.g. 64 << 20.")
     for src in sources:
         require_file(src, "Criteo file")
-
     stems = [_output_stem(src) for src in sources]
     if len(set(stems)) != len(stems):
         dup = sorted({s for s in stems if stems.count(s) > 1})
         raise IngestError(
             f"Criteo inputs map to the same output name(s) {dup}: "
             f"{[str(s) for s in sources]}; rename the inputs so their stems "
-            "differ, or ingest them into different folders."
-        )
-
+            "differ, or ingest them into different folders.")
     layouts = [_criteo_is_labelled(src) for src in sources]
     if len(set(layouts)) > 1:
         labelled_files = [str(s) for s, lab in zip(sources, layouts) if lab]
         unlabelled = [str(s) for s, lab in zip(sources, layouts) if not lab]
         raise IngestError(
             f"Criteo inputs mix labelled files {labelled_files} with "
-            f"unlabelled files {unlabelled}; ingest them in separate calls."
-        )
-
+            f"unlabelled files {unlabelled}; ingest them in separate calls.")
     out = prepare_out_dir(out_dir)
-    files: list[str] = []
-    total_rows = 0
-    total_positives = 0
+    files, total_rows, total_positives = [], 0, 0
     for src, stem, labelled in zip(sources, stems, layouts):
         dst = out / f"{stem}.parquet"
-        rows, positives = _ingest_criteo_file(
-            src, dst, labelled, block_size_bytes
-        )
+        rows, positives = _ingest_criteo_file(src, dst, labelled,
+                                              block_size_bytes)
         files.append(str(dst))
         total_rows += rows
         total_positives += positives or 0
-    return IngestReport(
-        files=tuple(files),
-        rows=total_rows,
-        positives=total_positives if layouts[0] else None,
-    )
+    return IngestReport(files=tuple(files), rows=total_rows,
+                        positives=total_positives if layouts[0] else None)

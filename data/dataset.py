@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Callable
-from typing import Iterator
 from typing import Sequence
 
 import tensorflow as tf
 
 from psrec.data.manifest import Manifest
 from psrec.data.records import decode_blocks
-from psrec.data.records import locate_corruption
 from psrec.errors import ConfigError
+from psrec.errors import check_at_least
 from psrec.features.spec import FeatureSpec
 
 Batch = dict[str, tf.Tensor]
@@ -58,10 +57,8 @@ class InputConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "shuffle_records", "cycle_length"):
-            if getattr(self, key) < 1:
-                raise ConfigError(
-                    f"`{key}` = {getattr(self, key)!r} must be >= 1.")
+        check_at_least(self, 1, "batch_size", "shuffle_records",
+                       "cycle_length")
 
 
 def shard_files(files: Sequence[str], num_pipelines: int,
@@ -181,18 +178,3 @@ def make_eval_dataset(files: Sequence[str], spec: FeatureSpec,
                           deterministic=True)
     return dataset.rebatch(batch_size, drop_remainder=False).prefetch(
         tf.data.AUTOTUNE)
-
-
-def iterate_checked(dataset: tf.data.Dataset,
-                    files: Sequence[str]) -> Iterator[Batch]:
-    """Iterates eagerly, turning a ``DataLossError`` into an error that
-    names the corrupted file (tf.data's own message gives only an offset).
-    """
-    try:
-        yield from dataset
-    except tf.errors.DataLossError as error:
-        located = locate_corruption(files)
-        if located is None:
-            raise
-        raise located from error
-

@@ -4,17 +4,15 @@ Ingest only *parses*: each raw file is read with :mod:`pyarrow.csv` under an
 explicit schema and written to Parquet; nothing is filtered or range-checked
 (conversion quarantines bad values). A row that cannot be parsed stops the
 run with :class:`IngestError`; rows are never skipped silently. Every file is
-written under a hidden temporary name and renamed into place when complete.
-No TensorFlow, and no Python loop per row. The datasets: ``data.criteo``
-(Kaggle Criteo TSV) and ``data.movielens`` (MovieLens 100k).
+written with ``data.files.atomic_output`` (under a hidden temporary name,
+renamed into place when complete). No TensorFlow, and no Python loop per
+row. The datasets: ``data.criteo`` (Kaggle Criteo TSV) and ``data.movielens``
+(MovieLens 100k).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from psrec.errors import ConfigError
@@ -59,31 +57,13 @@ class IngestReport:
         return text
 
 
-@contextlib.contextmanager
-def atomic_output(final_path: Path) -> Iterator[Path]:
-    """Yields a temporary path next to ``final_path``; renames it on success.
-
-    The temporary file is hidden (``.<name>.tmp-<pid>``) and lives in the same
-    folder, so :func:`os.replace` is an atomic rename. If the body raises,
-    the temporary file is removed and ``final_path`` is left untouched.
-    """
-    tmp_path = final_path.with_name(f".{final_path.name}.tmp-{os.getpid()}")
-    try:
-        yield tmp_path
-        os.replace(tmp_path, final_path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
-
-
 def prepare_out_dir(out_dir: str | Path) -> Path:
-    """Creates ``out_dir`` if needed and returns it as a :class:`Path`."""
+    """``out_dir`` as a :class:`Path`, created if needed."""
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise IngestError(
             f"Output path {str(path)!r} exists and is not a folder; pass a "
-            "folder (it is created if missing)."
-        )
+            "folder (it is created if missing).")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -91,7 +71,5 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
 def require_file(path: Path, what: str) -> None:
     """Raises :class:`IngestError` unless ``path`` is an existing file."""
     if not path.is_file():
-        raise IngestError(
-            f"{what} {str(path)!r} does not exist or is not a file; check the "
-            "path."
-        )
+        raise IngestError(f"{what} {str(path)!r} does not exist or is not a "
+                          "file; check the path.")

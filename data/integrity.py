@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from psrec.data.manifest import Manifest
 from psrec.data.manifest import ManifestError
-from psrec.data.records import locate_corruption
+from psrec.data.records import corruption_named
 from psrec.data.repair import ScanResult
 from psrec.data.repair import scan_records
 from psrec.errors import ConfigError
@@ -37,11 +37,8 @@ def _ids(files: list[str]) -> np.ndarray:
     dataset = tf.data.TFRecordDataset(files).batch(256).map(
         lambda r: tf.io.decode_raw(tf.strings.reduce_join(
             tf.io.parse_example(r, features)[ID_COLUMN]), tf.int64))
-    try:
+    with corruption_named(files):
         parts = [ids.numpy() for ids in dataset]
-    except tf.errors.DataLossError as error:
-        located = locate_corruption(files)
-        raise (located or error) from error
     return np.concatenate(parts) if parts else np.zeros([0], np.int64)
 
 

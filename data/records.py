@@ -18,9 +18,12 @@ A block record has these features (all ``bytes_list`` with one value, except
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Iterable
+from typing import Iterator
 from typing import Mapping
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -103,6 +106,18 @@ def decode_blocks(serialized: tf.Tensor,
             out[feature.name] = tf.reshape(out[feature.name],
                                            [-1, feature.max_length])
     return out
+
+
+@contextlib.contextmanager
+def corruption_named(paths: Sequence[str | Path]) -> Iterator[None]:
+    """Turns a ``DataLossError`` raised inside into the
+    :class:`CorruptRecordError` that names the corrupted file of ``paths``
+    (tf.data's own message gives only a byte offset)."""
+    try:
+        yield
+    except tf.errors.DataLossError as error:
+        located = locate_corruption(paths)
+        raise (located or error) from error
 
 
 def locate_corruption(paths: Iterable[str | Path]) -> CorruptRecordError | None:

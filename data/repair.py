@@ -13,9 +13,10 @@ uint32 masked_crc(data)``, little-endian.
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 from pathlib import Path
+
+from psrec.data.files import atomic_output
 
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
 _MASK_DELTA = 0xA282EAD8
@@ -102,9 +103,6 @@ def scan_records(path: str | Path, repaired: str | Path | None = None
             corrupted += 1
         offset = end
     if repaired is not None:
-        target = Path(repaired)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(bytes(out))
-        os.replace(tmp, target)
+        with atomic_output(repaired) as tmp:
+            tmp.write_bytes(bytes(out))
     return ScanResult(str(path), good, corrupted, unreadable)

@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from psrec.data.files import atomic_output
+from psrec.errors import check
 from psrec.features.columns import CategoricalFeature
 from psrec.features.columns import DenseFeature
 from psrec.features.spec import FeatureSpec
@@ -167,8 +169,8 @@ def write_synthetic_parquet(spec: FeatureSpec, out_dir: str | Path,
     Returns:
       The file paths, in row order.
     """
-    if rows < 1 or files < 1:
-        raise ValueError(f"`rows` = {rows} and `files` = {files} must be >= 1.")
+    check(rows >= 1, "rows", rows, "must be >= 1")
+    check(files >= 1, "files", files, "must be >= 1")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     truth = _truth(spec, seed)
@@ -179,16 +181,15 @@ def write_synthetic_parquet(spec: FeatureSpec, out_dir: str | Path,
         if count <= 0:
             break
         path = out / f"{spec.name}-synthetic-{f:03d}.parquet"
-        tmp = path.with_name(f".{path.name}.tmp")
-        writer = None
-        for start in range(0, count, _CHUNK_ROWS):
-            table = _chunk(spec, truth, seed, chunk_index,
-                           min(_CHUNK_ROWS, count - start))
-            chunk_index += 1
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema)
-            writer.write_table(table)
-        writer.close()
-        tmp.replace(path)
+        with atomic_output(path) as tmp:
+            writer = None
+            for start in range(0, count, _CHUNK_ROWS):
+                table = _chunk(spec, truth, seed, chunk_index,
+                               min(_CHUNK_ROWS, count - start))
+                chunk_index += 1
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table)
+            writer.close()
         paths.append(str(path))
     return paths

@@ -18,30 +18,15 @@ def _invalid(text: str, allowed: str) -> argparse.ArgumentTypeError:
         f"invalid value {text!r}: must be {allowed}")
 
 
-def _bounded_int(low: int | None, name: str) -> Callable[[str], int]:
-    allowed = "an integer" if low is None else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise _invalid(text, allowed) from None
-        if low is not None and value < low:
-            raise _invalid(text, allowed)
-        return value
-
-    parse.__name__ = name
-    return parse
-
-
-def _bounded_float(allowed: str, ok: Callable[[float], bool],
-                   name: str) -> Callable[[str], float]:
+def _typed(convert: Callable[[str], float], allowed: str,
+           ok: Callable[[float], bool], name: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = convert(text)
         except ValueError:
             raise _invalid(text, allowed) from None
-        if not math.isfinite(value) or not ok(value):
+        if (isinstance(value, float) and not math.isfinite(value)) or not ok(
+                value):
             raise _invalid(text, allowed)
         return value
 
@@ -49,32 +34,32 @@ def _bounded_float(allowed: str, ok: Callable[[float], bool],
     return parse
 
 
-integer = _bounded_int(None, "integer")
+integer = _typed(int, "an integer", lambda v: True, "integer")
 """Any integer."""
 
-positive = _bounded_int(1, "positive")
+positive = _typed(int, "an integer >= 1", lambda v: v >= 1, "positive")
 """An integer >= 1 (counts, sizes, steps)."""
 
-non_negative = _bounded_int(0, "non_negative")
+non_negative = _typed(int, "an integer >= 0", lambda v: v >= 0,
+                      "non_negative")
 """An integer >= 0 (0 usually means "off" or "none")."""
 
-positive_float = _bounded_float("a finite number > 0", lambda v: v > 0,
-                                "positive_float")
+positive_float = _typed(float, "a finite number > 0", lambda v: v > 0,
+                        "positive_float")
 """A finite float > 0 (learning rates)."""
 
-non_negative_float = _bounded_float("a finite number >= 0", lambda v: v >= 0,
-                                    "non_negative_float")
+non_negative_float = _typed(float, "a finite number >= 0",
+                            lambda v: v >= 0, "non_negative_float")
 """A finite float >= 0 (timeouts where 0 disables)."""
 
-fraction = _bounded_float("a number in [0, 1]", lambda v: 0.0 <= v <= 1.0,
-                          "fraction")
+fraction = _typed(float, "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0,
+                  "fraction")
 """A share in [0, 1]."""
 
-positive_fraction = _bounded_float("a number in (0, 1]",
-                                   lambda v: 0.0 < v <= 1.0,
-                                   "positive_fraction")
+positive_fraction = _typed(float, "a number in (0, 1]",
+                           lambda v: 0.0 < v <= 1.0, "positive_fraction")
 """A share in (0, 1]."""
 
-proper_fraction = _bounded_float("a number in [0, 1)",
-                                 lambda v: 0.0 <= v < 1.0, "proper_fraction")
+proper_fraction = _typed(float, "a number in [0, 1)",
+                         lambda v: 0.0 <= v < 1.0, "proper_fraction")
 """A share in [0, 1) (a split that leaves rows on the other side)."""

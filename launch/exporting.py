@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from psrec.data.dataset import iterate_checked
 from psrec.data.dataset import make_eval_dataset
 from psrec.data.manifest import Manifest
+from psrec.data.records import corruption_named
 from psrec.features.spec import ID_COLUMN
 from psrec.launch.job_config import JobConfig
 from psrec.models.export import export_saved_model
@@ -61,6 +61,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
     label = record.spec.label.name
     step = tf.function(lambda batch: batch_statistics(
         batch[label], model(batch), batch[ID_COLUMN]))
-    parts = [{k: np.asarray(v) for k, v in step(batch).items()}
-             for batch in iterate_checked(dataset, files)]
+    with corruption_named(files):
+        parts = [{k: np.asarray(v) for k, v in step(batch).items()}
+                 for batch in dataset]
     return merge(parts)

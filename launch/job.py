@@ -69,7 +69,7 @@ class JobSummary:
             int(k): v for k, v in data["closures_per_worker"].items()}
         return cls(**data)
 
-    def text(self) -> str:
+    def summary(self) -> str:
         lines = [f"psrec train summary ({self.strategy}):"]
         if self.eval is not None:
             lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
@@ -282,14 +282,12 @@ def _translated_errors(manifest: Manifest) -> Iterator[None]:
     PS is retryable, a corrupted record names its file."""
     import tensorflow as tf
 
-    from psrec.data.records import locate_corruption
+    from psrec.data.records import corruption_named
     from psrec.ps_cluster.errors import ClusterUnavailableError
     try:
-        yield
-    except tf.errors.DataLossError as error:
-        located = locate_corruption(manifest.files("train")
-                                    + manifest.files("eval"))
-        raise (located or error) from error
+        with corruption_named(manifest.files("train")
+                              + manifest.files("eval")):
+            yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.CancelledError) as error:
         raise ClusterUnavailableError(

@@ -17,6 +17,8 @@ from typing import Any
 from psrec.data.dataset import InputConfig
 from psrec.data.files import write_json_atomic
 from psrec.errors import ConfigError
+from psrec.errors import check
+from psrec.errors import check_choice
 from psrec.features.presets import criteo
 from psrec.features.spec import FeatureSpec
 from psrec.models.config import ModelConfig
@@ -76,21 +78,14 @@ class StrategyConfig:
     allow_remote: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in STRATEGIES:
-            raise ConfigError(f"`--strategy` = {self.kind!r} is not one of "
-                              f"{', '.join(STRATEGIES)}.")
-        if self.collective not in COLLECTIVES:
-            raise ConfigError(f"`--collective` = {self.collective!r} is not "
-                              f"one of {', '.join(COLLECTIVES)}.")
-        if self.grad_accum_steps < 1:
-            raise ConfigError(f"`--grad-accum-steps` = "
-                              f"{self.grad_accum_steps!r} must be >= 1.")
-        if not 0.0 < self.memory_fraction <= 1.0:
-            raise ConfigError(f"`--memory-fraction` = "
-                              f"{self.memory_fraction!r} must be in (0, 1].")
-        if self.cpu_replicas is not None and self.cpu_replicas < 1:
-            raise ConfigError(f"`--cpu-replicas` = {self.cpu_replicas!r} "
-                              "must be >= 1.")
+        check_choice("--strategy", self.kind, STRATEGIES)
+        check_choice("--collective", self.collective, COLLECTIVES)
+        check(self.grad_accum_steps >= 1, "--grad-accum-steps",
+              self.grad_accum_steps, "must be >= 1")
+        check(0.0 < self.memory_fraction <= 1.0, "--memory-fraction",
+              self.memory_fraction, "must be in (0, 1]")
+        check(self.cpu_replicas is None or self.cpu_replicas >= 1,
+              "--cpu-replicas", self.cpu_replicas, "must be >= 1")
         _refuse(self.kind, "--collective", self.collective != "auto",
                 ("mirrored", "multi-worker-mirrored"))
         _refuse(self.kind, "--cpu-replicas", self.cpu_replicas is not None,
@@ -169,9 +164,9 @@ class JobConfig:
         _refuse(kind, "--ps", self.ps != 1, ("ps",))
         _refuse(kind, "--workers", self.workers != 2,
                 ("ps", "multi-worker-mirrored"))
-        if self.stall_timeout is not None and not self.stall_timeout > 0:
-            raise ConfigError(f"`--stall-timeout` = {self.stall_timeout!r} "
-                              "must be > 0 (0 disables the watchdog).")
+        check(self.stall_timeout is None or self.stall_timeout > 0,
+              "--stall-timeout", self.stall_timeout,
+              "must be > 0 (0 disables the watchdog)")
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -235,14 +230,30 @@ def _path(value: str | None) -> Path | None:
     return None if value is None else Path(value)
 
 
+def _nested(key: str, cls: type) -> Any:
+    """Decodes a nested dataclass; an unknown key is a ConfigError naming it
+    (not a TypeError with a traceback in `psrec export`/`eval`)."""
+    def decode(data: dict[str, Any]) -> Any:
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            named = [f"{key}.{u}" for u in unknown]
+            raise ConfigError(f"unknown job keys {named}; known in {key!r}: "
+                              f"{', '.join(known)}.")
+        return cls(**data)
+    return decode
+
+
 _DECODERS = {
     "workdir": Path, "spec": FeatureSpec.from_dict, "model_name": str,
-    "model": lambda d: ModelConfig(**d),
-    "optimizer": lambda d: OptimizerConfig(**d),
-    "input": lambda d: InputConfig(**d), "loop": lambda d: LoopConfig(**d),
-    "strategy": lambda d: StrategyConfig(**d),
-    "partition": lambda d: PartitionConfig(**d), "data": _path,
-    "synthetic": lambda d: SyntheticData(**d), "workers": int, "ps": int,
+    "model": _nested("model", ModelConfig),
+    "optimizer": _nested("optimizer", OptimizerConfig),
+    "input": _nested("input", InputConfig),
+    "loop": _nested("loop", LoopConfig),
+    "strategy": _nested("strategy", StrategyConfig),
+    "partition": _nested("partition", PartitionConfig), "data": _path,
+    "synthetic": _nested("synthetic", SyntheticData), "workers": int,
+    "ps": int,
     "export": bool, "verify_checksums": bool, "max_corrupt_records": int,
     "keep_checkpoints": int, "stall_timeout": _same,
 }

@@ -13,7 +13,6 @@ behind.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -22,10 +21,14 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Iterable
 
+from psrec.errors import ConfigError
 from psrec.errors import RetryableError
+from psrec.errors import is_retryable
 from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TaskInfo
+from psrec.ps_cluster.tf_config import TFConfig
 from psrec.ps_cluster.tf_config import loopback_cluster
 from psrec.runtime import role_environment
 
@@ -60,7 +63,12 @@ def worker_gpus(index: int, num_workers: int, gpus: list[str]) -> str | None:
 
 
 class RoleStartError(RetryableError):
-    """A role process exited or never listened."""
+    """A role process was killed or never listened (a restart may help)."""
+
+
+class RoleConfigError(ConfigError):
+    """A role process exited with a permanent code before listening (a bad
+    installation, configuration or argument: a restart cannot help)."""
 
 
 def die_with_parent() -> None:  # runs in the child between fork and exec
@@ -125,6 +133,7 @@ class LocalCluster:
     def start_task(self, task: TaskInfo) -> subprocess.Popen:
         """Starts (or restarts) one role process."""
         env = role_environment()
+        env["TF_CONFIG"] = TFConfig(self.cluster, task).to_json()
         if task.type == "ps":
             env["CUDA_VISIBLE_DEVICES"] = ""  # PS tasks only hold variables
         else:
@@ -133,9 +142,10 @@ class LocalCluster:
             if share is not None:
                 env["CUDA_VISIBLE_DEVICES"] = share
         log = open(self.log_dir / f"{task.type}-{task.index}.log", "ab")
-        command = [sys.executable, "-m", "psrec", "server",
-                   "--cluster-json", json.dumps(self.cluster.to_tf_cluster_dict()),
-                   "--role", task.type, "--index", str(task.index)]
+        # -P: the working directory is not put on sys.path, so no file of
+        # the user's (a models.py, a data.py) can shadow a module psrec or a
+        # library it uses imports.
+        command = [sys.executable, "-P", "-m", "psrec", "server"]
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env,
                                    preexec_fn=die_with_parent)
@@ -164,7 +174,9 @@ class LocalCluster:
                     code = process.wait(timeout=0.05)
                 except subprocess.TimeoutExpired:
                     continue
-                raise RoleStartError(
+                error = (RoleStartError if is_retryable(code)
+                         else RoleConfigError)
+                raise error(
                     f"{task.type}-{task.index} exited with code {code} before "
                     f"listening; log tail:\n"
                     f"{tail_log(self.log_dir / f'{task.type}-{task.index}.log')}")
@@ -174,13 +186,21 @@ class LocalCluster:
 
     def stop(self, grace: float = 5.0) -> None:
         """Terminates every started process by pid; kills stragglers."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + grace
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(self.processes.values(), grace)
+
+
+def stop_processes(processes: Iterable[subprocess.Popen],
+                   grace: float = 5.0) -> None:
+    """SIGTERM to each live process, SIGKILL to those still alive after
+    ``grace`` seconds; returns when all have exited."""
+    processes = [p for p in processes if p is not None]
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -21,6 +21,7 @@ from typing import Sequence
 from psrec.errors import DataError
 from psrec.launch.job_config import JobConfig
 from psrec.launch.local import die_with_parent
+from psrec.launch.local import stop_processes
 from psrec.launch.local import tail_log
 from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TaskInfo
@@ -59,7 +60,7 @@ def run_local_workers(config: JobConfig, argv: Sequence[str], log=print,
             env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
             with open(logs / f"worker-{index}.log", "ab") as out:
                 processes[index] = subprocess.Popen(
-                    [sys.executable, "-m", "psrec", *argv,
+                    [sys.executable, "-P", "-m", "psrec", *argv,
                      "--data-verified"], stdout=out,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env=env, preexec_fn=die_with_parent)
@@ -69,7 +70,7 @@ def run_local_workers(config: JobConfig, argv: Sequence[str], log=print,
             f"{logs}")
         _wait(processes, logs, timeout)
     finally:
-        _stop(processes)
+        stop_processes(processes.values())
     return json.loads((workdir / "summary.json").read_text())
 
 
@@ -96,16 +97,3 @@ def _wait(processes: dict[int, subprocess.Popen], logs: Path,
                 f"finish within {timeout:.0f} s; log tail of worker "
                 f"{index}:\n{tail_log(logs / f'worker-{index}.log')}")
 
-
-def _stop(processes: dict[int, subprocess.Popen], grace: float = 5.0) -> None:
-    """Terminates every started worker by pid; kills stragglers."""
-    for process in processes.values():
-        if process.poll() is None:
-            process.terminate()
-    deadline = time.monotonic() + grace
-    for process in processes.values():
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)

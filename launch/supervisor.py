@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Sequence
 
 from psrec.errors import EXIT_RETRYABLE
+from psrec.errors import check_at_least
 from psrec.errors import is_retryable
 from psrec.launch.local import LocalCluster
 from psrec.launch.local import die_with_parent
+from psrec.launch.local import stop_processes
 from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.runtime import role_environment
 
@@ -56,9 +58,7 @@ class SupervisorConfig:
     backoff: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0:
-            raise ValueError(f"`max_restarts` = {self.max_restarts!r} must be "
-                             ">= 0.")
+        check_at_least(self, 0, "max_restarts")
 
 
 class _Terminated(Exception):
@@ -152,7 +152,7 @@ class Supervisor:
             self.cluster.cluster.to_tf_cluster_dict()) + "\n")
         while True:
             self.coordinator = subprocess.Popen(
-                [sys.executable, "-m", "psrec", *self.argv,
+                [sys.executable, "-P", "-m", "psrec", *self.argv,
                  "--cluster", str(cluster_file)],
                 env=role_environment(), preexec_fn=die_with_parent)
             self.log(f"psrec supervisor: coordinator pid "
@@ -186,6 +186,13 @@ class Supervisor:
             for task, process in list(self.cluster.processes.items()):
                 if process.poll() is None:
                     continue
+                if task.type == "ps" and not is_retryable(
+                        process.returncode):
+                    self.log(f"psrec supervisor: ps-{task.index} failed "
+                             f"permanently (exit {process.returncode}); "
+                             "stopping the job")
+                    self._stop_coordinator()
+                    return process.returncode, f"ps-{task.index} failed"
                 if task.type == "ps":
                     self.log(f"psrec supervisor: ps-{task.index} died (exit "
                              f"{process.returncode}); restarting PS tasks and "
@@ -263,15 +270,7 @@ class Supervisor:
                          f"(pid {process.pid})")
 
     def _stop_coordinator(self, grace: float = 10.0) -> None:
-        process = self.coordinator
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_processes([self.coordinator], grace)
 
 
 def supervise(cluster: LocalCluster, coordinator_argv: Sequence[str],

@@ -6,14 +6,13 @@ does not import TensorFlow, which must see ``TF_USE_LEGACY_KERAS=1`` first;
 see ``psrec.runtime``).
 """
 
-import importlib
-
+from psrec._lazy import lazy_getattr
 from psrec.models.config import MODEL_PRESETS
 from psrec.models.config import ModelConfig
 from psrec.models.config import ModelConfigError
 from psrec.models.config import model_config
 
-_LAZY = {
+__getattr__ = lazy_getattr("psrec.models", {
     "RankingModel": "psrec.models.ranking",
     "build_model": "psrec.models.ranking",
     "SparseArch": "psrec.models.embedding",
@@ -23,13 +22,7 @@ _LAZY = {
     "build_optimizers": "psrec.models.optim",
     "ServingModule": "psrec.models.export",
     "export_saved_model": "psrec.models.export",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'models' has no attribute {name!r}")
+})
 
 
 __all__ = [

@@ -58,15 +58,3 @@ def add_gradients(total: Sequence[Gradient] | None,
                          f"has {len(total)}: the variable lists differ.")
     return [add_gradient(a, b) for a, b in zip(total, grads)]
 
-
-def zero_non_finite(grad: Gradient) -> Gradient:
-    """The gradient with NaN/Inf entries replaced by 0 (for the table
-    update of a mixed_float16 step whose loss scale overflowed)."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        values = grad.values
-        return tf.IndexedSlices(
-            tf.where(tf.math.is_finite(values), values,
-                     tf.zeros_like(values)), grad.indices, grad.dense_shape)
-    return tf.where(tf.math.is_finite(grad), grad, tf.zeros_like(grad))

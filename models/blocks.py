@@ -7,6 +7,8 @@ from typing import Sequence
 import tensorflow as tf
 import tf_keras
 
+from psrec.errors import check_choice
+
 BATCH_NORM_KINDS = ("none", "batch", "sync")
 
 
@@ -16,9 +18,7 @@ def batch_norm_layer(kind: str, **kwargs: object
     statistics, ``sync`` all-reduces mean and variance across the replicas
     in sync (``BatchNormalization(synchronized=True)``; without a strategy
     it is a plain batch norm)."""
-    if kind not in ("batch", "sync"):
-        raise ValueError(f"`batch_norm` = {kind!r} does not make a layer; use "
-                         "'batch' or 'sync'.")
+    check_choice("batch_norm", kind, ("batch", "sync"))
     return tf_keras.layers.BatchNormalization(synchronized=kind == "sync",
                                               **kwargs)
 
@@ -40,9 +40,7 @@ class MLP(tf_keras.layers.Layer):
                  batch_norm: str = "none", output_dtype: str | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
-        if batch_norm not in BATCH_NORM_KINDS:
-            raise ValueError(f"`batch_norm` = {batch_norm!r} is not one of "
-                             f"{', '.join(map(repr, BATCH_NORM_KINDS))}.")
+        check_choice("batch_norm", batch_norm, BATCH_NORM_KINDS)
         self.widths = tuple(widths)
         self.output_units = output_units
         self.batch_norm = batch_norm

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from psrec.errors import ConfigError
+from psrec.errors import check
+from psrec.errors import check_choice
 
 INTERACTIONS = ("dot", "cross", "fm", "concat")
 BATCH_NORMS = ("none", "batch", "sync")
@@ -56,10 +58,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
         object.__setattr__(self, "top_mlp", tuple(self.top_mlp))
-        if self.interaction not in INTERACTIONS:
-            raise ModelConfigError(
-                f"`interaction` = {self.interaction!r} is not one of "
-                f"{', '.join(map(repr, INTERACTIONS))}.")
+        check_choice("interaction", self.interaction, INTERACTIONS,
+                     ModelConfigError)
         for key in ("bottom_mlp", "top_mlp"):
             widths = getattr(self, key)
             if any(not isinstance(w, int) or w < 1 for w in widths):
@@ -69,14 +69,11 @@ class ModelConfig:
             raise ModelConfigError(
                 f"`cross_layers` = {self.cross_layers!r} must be >= 1 for the "
                 "cross interaction.")
-        if self.batch_norm not in BATCH_NORMS:
-            raise ModelConfigError(
-                f"`batch_norm` = {self.batch_norm!r} is not one of "
-                f"{', '.join(map(repr, BATCH_NORMS))}.")
-        if self.cross_low_rank is not None and self.cross_low_rank < 1:
-            raise ModelConfigError(
-                f"`cross_low_rank` = {self.cross_low_rank!r} must be >= 1 or "
-                "None.")
+        check_choice("batch_norm", self.batch_norm, BATCH_NORMS,
+                     ModelConfigError)
+        check(self.cross_low_rank is None or self.cross_low_rank >= 1,
+              "cross_low_rank", self.cross_low_rank, "must be >= 1 or None",
+              ModelConfigError)
 
 
 MODEL_PRESETS: dict[str, ModelConfig] = {

@@ -23,7 +23,9 @@ import math
 import tensorflow as tf
 import tf_keras
 
-from psrec.errors import ConfigError
+from psrec.errors import check
+from psrec.errors import check_at_least
+from psrec.errors import check_choice
 
 SPARSE_OPTIMIZERS = ("adagrad", "sgd", "ftrl")
 DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
@@ -50,20 +52,14 @@ class OptimizerConfig:
     warmup_steps: int = 100
 
     def __post_init__(self) -> None:
-        if self.sparse not in SPARSE_OPTIMIZERS:
-            raise ConfigError(f"`sparse_optimizer` = {self.sparse!r}; use one "
-                             f"of {', '.join(SPARSE_OPTIMIZERS)}.")
-        if self.dense not in DENSE_OPTIMIZERS:
-            raise ConfigError(f"`dense_optimizer` = {self.dense!r}; use one of "
-                             f"{', '.join(DENSE_OPTIMIZERS)}.")
+        check_choice("sparse_optimizer", self.sparse, SPARSE_OPTIMIZERS)
+        check_choice("dense_optimizer", self.dense, DENSE_OPTIMIZERS)
         for key in ("sparse_lr", "dense_lr"):
-            if not (math.isfinite(getattr(self, key))
-                    and getattr(self, key) > 0):
-                raise ConfigError(f"`{key}` = {getattr(self, key)!r} must be "
-                                  "a finite number > 0.")
-        if self.base_batch_size < 1 or self.warmup_steps < 0:
-            raise ConfigError("`base_batch_size` must be >= 1 and "
-                             "`warmup_steps` >= 0.")
+            value = getattr(self, key)
+            check(math.isfinite(value) and value > 0, key, value,
+                  "must be a finite number > 0")
+        check_at_least(self, 1, "base_batch_size")
+        check_at_least(self, 0, "warmup_steps")
 
 
 LINEARLY_SCALED = ("sgd",)  # the others scale by the square root

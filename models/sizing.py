@@ -24,6 +24,8 @@ import os
 import subprocess
 
 from psrec.errors import ConfigError
+from psrec.errors import check
+from psrec.errors import check_choice
 from psrec.features.spec import FeatureSpec
 from psrec.models.config import ModelConfig
 from psrec.models.optim import OptimizerConfig
@@ -60,12 +62,6 @@ class SizeEstimate:
         return (self.table_bytes + self.table_slot_bytes + self.dense_bytes
                 + self.dense_slot_bytes)
 
-    @property
-    def gradient_bytes(self) -> int:
-        """Bytes a dense all-reduce of every gradient would move (tables
-        as dense tensors: the upper bound)."""
-        return self.table_bytes + self.dense_bytes
-
     def text(self) -> str:
         return (f"{self.total_bytes / GIB:.3f} GiB per replica (tables "
                 f"{self.table_bytes / GIB:.3f} GiB + their slots "
@@ -85,8 +81,7 @@ def proxy_spec(spec: FeatureSpec, max_ids: int = 1) -> FeatureSpec:
     Raises:
       ValueError: if ``max_ids`` < 1.
     """
-    if max_ids < 1:
-        raise ValueError(f"`max_ids` = {max_ids!r} must be >= 1.")
+    check(max_ids >= 1, "max_ids", max_ids, "must be >= 1")
     next_row = {t.name: 0 for t in spec.tables}
     features = []
     for feature in spec.categorical:
@@ -198,8 +193,7 @@ def device_memory_bytes(kind: str | None = None) -> DeviceMemory:
     Raises:
       ValueError: for an unknown ``kind``, or ``GPU`` on a machine without.
     """
-    if kind not in (None, "GPU", "CPU"):
-        raise ValueError(f"`kind` = {kind!r} is not 'GPU', 'CPU' or None.")
+    check_choice("kind", kind, (None, "GPU", "CPU"))
     if kind in (None, "GPU"):
         gpu = _gpu_memory()
         if gpu is not None:
@@ -225,12 +219,10 @@ def check_fits(estimate: SizeEstimate, memory: DeviceMemory,
       ValueError: ``memory_fraction`` outside (0, 1].
       ModelTooLargeError: with the size and ``--strategy ps``.
     """
-    if not 0.0 < memory_fraction <= 1.0:
-        raise ValueError(f"`--memory-fraction` = {memory_fraction!r} must be "
-                         "in (0, 1].")
-    if replicas_sharing_memory < 1:
-        raise ValueError(f"`replicas_sharing_memory` = "
-                         f"{replicas_sharing_memory!r} must be >= 1.")
+    check(0.0 < memory_fraction <= 1.0, "--memory-fraction", memory_fraction,
+          "must be in (0, 1]")
+    check(replicas_sharing_memory >= 1, "replicas_sharing_memory",
+          replicas_sharing_memory, "must be >= 1")
     need = estimate.total_bytes * replicas_sharing_memory
     budget = memory_fraction * memory.bytes
     if need > budget:

@@ -6,14 +6,13 @@ so those names are resolved lazily (importing ``ps_cluster`` does not import
 TensorFlow; see ``psrec.runtime``).
 """
 
-import importlib
-
+from psrec._lazy import lazy_getattr
 from psrec.ps_cluster.addresses import ClusterSpecError
 from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.ps_cluster.tf_config import TFConfig
 
-_LAZY = {
+__getattr__ = lazy_getattr("psrec.ps_cluster", {
     "PartitionConfig": "psrec.ps_cluster.partitioning",
     "TablePartitioner": "psrec.ps_cluster.partitioning",
     "start_server": "psrec.ps_cluster.server",
@@ -30,13 +29,7 @@ _LAZY = {
     "EvalResult": "psrec.ps_cluster.metrics",
     "Watchdog": "psrec.ps_cluster.watchdog",
     "ClusterUnavailableError": "psrec.ps_cluster.errors",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'ps_cluster' has no attribute {name!r}")
+})
 
 
 __all__ = [

@@ -14,6 +14,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from psrec.errors import check
+from psrec.errors import check_choice
 from psrec.models.embedding import creating_table
 
 PARTITIONER_KINDS = ("min-size", "fixed", "max-size")
@@ -40,20 +42,16 @@ class PartitionConfig:
     shards: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in PARTITIONER_KINDS:
-            raise ValueError(
-                f"`partitioner` = {self.kind!r} is not one of "
-                f"{', '.join(PARTITIONER_KINDS)}.")
-        if self.shards is not None and self.shards < 1:
-            raise ValueError(f"`shards` = {self.shards!r} must be >= 1.")
+        check_choice("partitioner", self.kind, PARTITIONER_KINDS)
+        check(self.shards is None or self.shards >= 1, "shards", self.shards,
+              "must be >= 1")
 
 
 class TablePartitioner(tf.distribute.experimental.partitioners.Partitioner):
     """Shards tables per a :class:`PartitionConfig`; other variables whole."""
 
     def __init__(self, config: PartitionConfig, num_ps: int) -> None:
-        if num_ps < 1:
-            raise ValueError(f"`num_ps` = {num_ps} must be >= 1.")
+        check(num_ps >= 1, "num_ps", num_ps, "must be >= 1")
         cap = config.shards or num_ps
         partitioners = tf.distribute.experimental.partitioners
         if config.kind == "fixed":

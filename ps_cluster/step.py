@@ -69,15 +69,10 @@ class DynamicLossScale(tf.Module):
                         self.good_steps.assign(new_good))
 
 
-def _count_non_finite(grads: list) -> tf.Tensor:
-    total = tf.constant(0.0)
-    for grad in grads:
-        if grad is None:
-            continue
-        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-        total += tf.reduce_sum(tf.cast(
-            tf.logical_not(tf.math.is_finite(values)), tf.float32))
-    return total
+def _all_finite(grads: list) -> tf.Tensor:
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(
+        g.values if isinstance(g, tf.IndexedSlices) else g))
+        for g in grads if g is not None])
 
 
 def ids_per_example(spec: FeatureSpec, table: str) -> int:
@@ -186,7 +181,7 @@ class TrainStep:
             if isinstance(g, tf.IndexedSlices) else g * inverse)
             for g in table_grads + dense_grads]
         grads = context.all_reduce("SUM", grads)
-        finite = tf.equal(_count_non_finite(grads), 0.0)
+        finite = _all_finite(grads)
         split = len(table_grads)
 
         def apply_in_replica(grads):

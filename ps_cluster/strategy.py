@@ -18,6 +18,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from psrec.errors import ConfigError
+from psrec.errors import check
+from psrec.errors import check_choice
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.partitioning import TablePartitioner
 from psrec.ps_cluster.tf_config import ClusterSpec
@@ -56,8 +58,7 @@ def split_cpu(count: int) -> list[str]:
     Raises:
       StrategyError: ``count`` < 1, or devices already initialized.
     """
-    if count < 1:
-        raise StrategyError(f"`--cpu-replicas` = {count!r} must be >= 1.")
+    check(count >= 1, "--cpu-replicas", count, "must be >= 1", StrategyError)
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -87,9 +88,7 @@ def precision_policy(mixed_precision: bool) -> str:
 
 
 def _check_collective(strategy: str, collective: str) -> None:
-    if collective not in COLLECTIVES:
-        raise StrategyError(f"`--collective` = {collective!r} is not one of "
-                            f"{', '.join(COLLECTIVES)}.")
+    check_choice("--collective", collective, COLLECTIVES, StrategyError)
     if collective == "nccl" and not has_gpu():
         raise StrategyError(
             "`--collective` = 'nccl' needs GPUs and this machine has none; "
@@ -114,9 +113,7 @@ def build_replicated_strategy(kind: str, collective: str = "auto",
       StrategyError: bad kind/collective, or no TF_CONFIG task.
       ClusterSpecError: an invalid or unsafe cluster.
     """
-    if kind not in REPLICATED:
-        raise StrategyError(f"`--strategy` = {kind!r} is not one of "
-                            f"{', '.join(REPLICATED)}.")
+    check_choice("--strategy", kind, REPLICATED, StrategyError)
     _check_collective(kind, collective)
     if kind == "one-device":
         gpus = tf.config.list_logical_devices("GPU")

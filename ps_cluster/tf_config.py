@@ -192,8 +192,8 @@ class ClusterSpec:
         if not self.jobs:
             raise ClusterSpecError(
                 "cluster has no jobs (empty job list); add at least the 'ps' "
-                "and 'worker' jobs, e.g. --ps localhost:2223 --workers "
-                "localhost:2224")
+                "and 'worker' jobs, e.g. --ps-hosts localhost:2223 "
+                "--worker-hosts localhost:2224")
         for name, addresses in self.jobs.items():
             if not addresses:
                 raise ClusterSpecError(
@@ -204,13 +204,13 @@ class ClusterSpec:
             raise ClusterSpecError(
                 "There must be at least one ps task for ParameterServerStrategy"
                 f", but the cluster has jobs {jobs} and no 'ps'; add one, e.g. "
-                "--ps localhost:2223 (cluster 'ps': [...])")
+                "--ps-hosts localhost:2223 (cluster 'ps': [...])")
         if strategy == "ps" and not self.workers:
             raise ClusterSpecError(
                 "There must be at least one worker task for ParameterServer"
                 f"Strategy, but the cluster has jobs {jobs} and no 'worker'; "
-                "add one, e.g. --workers localhost:2224 (cluster 'worker': "
-                "[...])")
+                "add one, e.g. --worker-hosts localhost:2224 (cluster "
+                "'worker': [...])")
         if strategy != "ps" and self.ps:
             raise ClusterSpecError(
                 f"job 'ps' {list(self.ps)} is not allowed with strategy "
@@ -263,17 +263,19 @@ class TFConfig:
     def from_json(cls, text: str) -> TFConfig:
         """Parses ``TF_CONFIG``; ``environment`` and ``rpc_layer`` are
         accepted and ignored."""
-        if not isinstance(text, str) or not text.strip():
-            raise ClusterSpecError(f"TF_CONFIG is empty ({text!r}); set it to "
-                                   f"a JSON object such as {_EXAMPLE_CONFIG}")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            snippet = text if len(text) <= 80 else text[:77] + "..."
+        return cls.from_dict(_decode(text, "TF_CONFIG"))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TFConfig:
+        """A ``TF_CONFIG`` file (``psrec tf-config --out``), or a file that
+        holds only its ``cluster`` object (then the task is None)."""
+        if not Path(path).is_file():
             raise ClusterSpecError(
-                f"TF_CONFIG is not valid JSON ({exc.msg} at line {exc.lineno} "
-                f"column {exc.colno}): {snippet!r}; fix the JSON, e.g. use "
-                "double quotes and no trailing commas") from None
+                f"cluster file {path} does not exist; write one with "
+                "`psrec tf-config --out DIR`.")
+        data = _decode(Path(path).read_text(), f"cluster file {path}")
+        if isinstance(data, Mapping) and "cluster" not in data:
+            data = {"cluster": data}
         return cls.from_dict(data)
 
     @classmethod
@@ -336,6 +338,20 @@ class TFConfig:
         """:meth:`ClusterSpec.validate` of the cluster (the task was checked
         on construction)."""
         self.cluster.validate(strategy=strategy, allow_remote=allow_remote)
+
+
+def _decode(text: str, source: str) -> Any:
+    if not isinstance(text, str) or not text.strip():
+        raise ClusterSpecError(f"{source} is empty ({text!r}); set it to a "
+                               f"JSON object such as {_EXAMPLE_CONFIG}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        snippet = text if len(text) <= 80 else text[:77] + "..."
+        raise ClusterSpecError(
+            f"{source} is not valid JSON ({exc.msg} at line {exc.lineno} "
+            f"column {exc.colno}): {snippet!r}; fix the JSON, e.g. use "
+            "double quotes and no trailing commas") from None
 
 
 def _reject_unknown(what: str, data: Mapping, allowed: tuple[str, ...]) -> None:

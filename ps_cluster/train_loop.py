@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from psrec.data.dataset import DatasetFn
 from psrec.data.dataset import make_eval_dataset
-from psrec.errors import ConfigError
+from psrec.errors import check_at_least
 from psrec.features.spec import ID_COLUMN
 from psrec.features.spec import FeatureSpec
 from psrec.ps_cluster.metrics import EvalResult
@@ -61,15 +61,9 @@ class LoopConfig:
     checkpoint_every: int = 500
 
     def __post_init__(self) -> None:
-        for key in ("steps", "steps_per_closure", "in_flight_per_worker",
-                    "log_every"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"`{key}` = {getattr(self, key)!r} must be "
-                                 ">= 1.")
-        for key in ("eval_every", "checkpoint_every"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"`{key}` = {getattr(self, key)!r} must be "
-                                 ">= 0.")
+        check_at_least(self, 1, "steps", "steps_per_closure",
+                       "in_flight_per_worker", "log_every")
+        check_at_least(self, 0, "eval_every", "checkpoint_every")
 
     def next_boundary(self, step: int) -> int:
         """The next step at which to join: eval, checkpoint or the end."""

@@ -26,6 +26,8 @@ from psrec.data.dataset import DatasetFn
 from psrec.data.dataset import InputConfig
 from psrec.data.dataset import make_train_dataset_fn
 from psrec.data.manifest import Manifest
+from psrec.errors import check
+from psrec.errors import check_choice
 from psrec.features.spec import FeatureSpec
 from psrec.models.config import ModelConfig
 from psrec.models.optim import OptimizerConfig
@@ -109,12 +111,9 @@ class Trainer:
                  micro_batches: int = 1, precision: str = "float32",
                  checkpoint_dir: str | Path | None = None,
                  keep_checkpoints: int = 3) -> None:
-        if micro_batches < 1:
-            raise StrategyError(
-                f"`--grad-accum-steps` = {micro_batches!r} must be >= 1.")
-        if precision not in PRECISIONS:
-            raise StrategyError(f"`precision` = {precision!r} is not one of "
-                                f"{', '.join(PRECISIONS)}.")
+        check(micro_batches >= 1, "--grad-accum-steps", micro_batches,
+              "must be >= 1", StrategyError)
+        check_choice("precision", precision, PRECISIONS, StrategyError)
         self.strategy = strategy
         self.spec = spec
         self.input_config = input_config
@@ -333,14 +332,17 @@ class Trainer:
         if executor is None:
             return "training loop not started"
         now = time.monotonic()
+        done, last = executor.closures_per_pipeline, executor.last_result_at
         workers = "; ".join(
-            f"worker {w}: {n} closures finished, last "
-            f"{now - executor.last_result_at[w]:.0f} s ago"
-            for w, n in sorted(executor.closures_per_pipeline.items()))
-        return (f"{executor.in_flight} call(s)/closure(s) in flight (the "
-                f"oldest is awaited); step {int(self.progress.step.numpy())}"
-                f"; {workers or 'no results yet'}. A worker whose last result"
-                " is oldest holds the stalled closure.")
+            f"worker {w}: {done[w]} closures finished, " + (
+                f"last {now - last[w]:.0f} s ago" if w in last else "none yet")
+            for w in (range(self.num_workers) if self.is_ps else sorted(done)))
+        unit = ("closure(s) scheduled and not collected" if self.is_ps
+                else "call(s) in flight")
+        return (f"{executor.in_flight} {unit} (the oldest is awaited); step "
+                f"{int(self.progress.step.numpy())}; "
+                f"{workers or 'no results yet'}. A worker whose last result "
+                "is oldest holds the stalled closure.")
 
 
 def table_checkpoint_keys(model: RankingModel) -> dict[str, object]:

@@ -19,6 +19,7 @@ import traceback
 from typing import Callable
 
 from psrec.errors import EXIT_RETRYABLE
+from psrec.errors import check
 
 
 class Watchdog:
@@ -33,8 +34,7 @@ class Watchdog:
 
     def __init__(self, timeout: float, describe: Callable[[], str],
                  exit: Callable[[int], None] = os._exit) -> None:
-        if timeout <= 0:
-            raise ValueError(f"`stall_timeout` = {timeout!r} must be > 0.")
+        check(timeout > 0, "stall_timeout", timeout, "must be > 0")
         self.timeout = timeout
         self._describe = describe
         self._exit = exit

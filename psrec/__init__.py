@@ -11,8 +11,7 @@ conversion, input), ``psrec.models`` (the ranking model),
 ``psrec.launch`` (the CLI, local clusters, the job runner).
 """
 
-import importlib
-
+from psrec._lazy import lazy_getattr
 from psrec._version import __version__
 from psrec.errors import ConfigError
 from psrec.errors import DataError
@@ -24,20 +23,19 @@ from psrec.models.config import ModelConfig
 from psrec.models.config import model_config
 from psrec.runtime import configure_environment
 
-# name -> module; each needs TensorFlow, so it is imported on first use.
-_LAZY = {
+# name -> module, imported on first use: they need TensorFlow, or belong
+# to the launch layer that nothing below it may import.
+__getattr__ = lazy_getattr("psrec", {
     "build_model": "psrec.models.ranking",
-    "LocalCluster": "psrec.launch.local",
-    "JobConfig": "psrec.launch.job",
+    "Trainer": "psrec.ps_cluster.trainer",
+    "build_ps_strategy": "psrec.ps_cluster.strategy",
+    "build_replicated_strategy": "psrec.ps_cluster.strategy",
+    "in_process_cluster": "psrec.ps_cluster.in_process",
     "run_job": "psrec.launch.job",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        configure_environment()
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'psrec' has no attribute {name!r}")
+    "JobConfig": "psrec.launch.job_config",
+    "LocalCluster": "psrec.launch.local",
+    "StrategyConfig": "psrec.launch.job_config",
+})
 
 
 __all__ = [
@@ -49,9 +47,14 @@ __all__ = [
     "ModelConfig",
     "PsrecError",
     "RetryableError",
+    "StrategyConfig",
+    "Trainer",
     "__version__",
     "build_model",
+    "build_ps_strategy",
+    "build_replicated_strategy",
     "configure_environment",
+    "in_process_cluster",
     "load_spec",
     "model_config",
     "run_job",

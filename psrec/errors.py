@@ -65,3 +65,26 @@ class RetryableError(PsrecError):
     a stall). Retryable (exit 138)."""
 
     exit_code = EXIT_RETRYABLE
+
+
+def check(ok: bool, name: str, value: object, allowed: str,
+          error: type[PsrecError] = ConfigError) -> None:
+    """Raises ``error("`name` = value allowed.")`` unless ``ok``: the one
+    shape of every configuration check's message."""
+    if not ok:
+        raise error(f"`{name}` = {value!r} {allowed}.")
+
+
+def check_at_least(config: object, low: int, *names: str,
+                   error: type[PsrecError] = ConfigError) -> None:
+    """Each named attribute of ``config`` is a number >= ``low``."""
+    for name in names:
+        value = getattr(config, name)
+        check(value >= low, name, value, f"must be >= {low}", error)
+
+
+def check_choice(name: str, value: object, choices: tuple,
+                 error: type[PsrecError] = ConfigError) -> None:
+    """``value`` is one of ``choices``."""
+    check(value in choices, name, value,
+          f"is not one of {', '.join(map(str, choices))}", error)

@@ -55,6 +55,32 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
         time.sleep(0.1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) ``pid`` has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # fields[0] is the state (field 3 of stat); utime, stime are 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_cpu(pid: int, seconds: float, timeout: float) -> float:
+    """Polls until ``pid`` has used ``seconds`` more CPU time than when
+    called (it is busy computing); returns the CPU time it used. Fails when
+    that does not happen within ``timeout`` or ``pid`` exits."""
+    start = cpu_seconds(pid)
+    deadline = time.monotonic() + timeout
+    while True:
+        if not pid_alive(pid):
+            raise AssertionError(f"pid {pid} exited while awaited busy")
+        used = cpu_seconds(pid) - start
+        if used >= seconds:
+            return used
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"pid {pid} used {used:.2f} s CPU in {timeout} s, not "
+                f"{seconds} s")
+        time.sleep(0.02)
+
+
 def kill_pids(pids: Iterable[int]) -> None:
     """SIGKILLs each pid that is still alive (test cleanup, by pid)."""
     for pid in pids:

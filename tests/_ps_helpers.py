@@ -221,6 +221,35 @@ def random_dataset_fn(spec: FeatureSpec, batch_size: int):
     return dataset_fn
 
 
+def synthetic_rows(spec: FeatureSpec, rows: int, seed: int = 0
+                   ) -> dict[str, np.ndarray]:
+    """Seeded decoded rows (dense, ids with their row offsets, a label with
+    some signal) as numpy arrays: input for :func:`in_order_dataset_fn`."""
+    rng = np.random.default_rng(seed)
+    dense = rng.uniform(0, 5, (rows, len(spec.dense))).astype(np.float32)
+    data = {DENSE_COLUMN: dense}
+    signal = dense[:, 0] - 2.5
+    for feature in spec.categorical:
+        ids = rng.integers(0, feature.hash_buckets, rows)
+        data[feature.name] = (ids + feature.row_offset).astype(np.int64)
+        signal += (ids % 3 == 0) * 0.5
+    data[spec.label.name] = (rng.uniform(size=rows)
+                             < 1 / (1 + np.exp(-signal))).astype(np.float32)
+    return data
+
+
+def in_order_dataset_fn(data: dict[str, np.ndarray], global_batch: int):
+    """Consecutive rows in order: replica r of a step reads rows
+    [r*b, (r+1)*b) of the step's global batch (b = global / replicas), so
+    any replica count sees the same global batches."""
+    def dataset_fn(context: tf.distribute.InputContext | None = None):
+        rows = (context.get_per_replica_batch_size(global_batch)
+                if context else global_batch)
+        return tf.data.Dataset.from_tensor_slices(data).batch(
+            rows, drop_remainder=True).repeat()
+    return dataset_fn
+
+
 # -- reshard ------------------------------------------------------------------------
 
 RESHARD_SPEC_ARGS = {"buckets": 50, "dim": 4}
@@ -237,15 +266,17 @@ def _reshard(args: argparse.Namespace) -> dict:
     from psrec.models.optim import OptimizerConfig
     from psrec.ps_cluster.in_process import in_process_cluster
     from psrec.ps_cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.train_loop import LoopConfig
-    from psrec.ps_cluster.trainer import PSTrainer
+    from psrec.ps_cluster.trainer import Trainer
     spec = criteo(**RESHARD_SPEC_ARGS)
     cluster = in_process_cluster(1, args.ps)
-    trainer = PSTrainer(
-        cluster, spec, RESHARD_MODEL,
+    trainer = Trainer(
+        build_ps_strategy(cluster, PartitionConfig(kind="fixed")), spec,
+        RESHARD_MODEL,
         OptimizerConfig(sparse_lr=0.1, dense_lr=0.01, base_batch_size=64,
                         warmup_steps=0),
-        InputConfig(batch_size=64), PartitionConfig(kind="fixed"),
+        InputConfig(batch_size=64),
         checkpoint_dir=args.train_to or Path(args.out) / "unused")
     table = trainer.model.sparse_arch.tables[TABLE]
     shards = list(getattr(table, "variables", [table]))

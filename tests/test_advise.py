@@ -15,9 +15,9 @@ from psrec.models.sizing import DeviceMemory
 from psrec.models.sizing import SizeEstimate
 from psrec.models.sizing import estimate_replicated_bytes
 from psrec.ps_cluster.advise import Measurements
-from psrec.ps_cluster.advise import gradient_traffic
 from psrec.ps_cluster.advise import recommend
-from psrec.ps_cluster.advise import traffic_bytes
+from psrec.ps_cluster.advise_measure import gradient_traffic
+from psrec.ps_cluster.advise_measure import traffic_bytes
 from tests._proc import run_psrec
 
 MEMORY = DeviceMemory("GPU", 16 << 30, "test")

@@ -16,7 +16,7 @@ from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
 from psrec.launch import argtypes
-from psrec.launch import cli
+from psrec.launch import data_commands
 from psrec.launch.cli import build_parser
 from psrec.launch.cli import exit_code_for
 from psrec.launch.cli import main
@@ -62,6 +62,7 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
         text = parser.format_help()
         assert "(default: None)" not in _flat(text), name
         assert "(default: False)" not in _flat(text), name
+        assert "%%" not in text and "%(" not in text, name
         for action in _options(parser):
             flag = "/".join(action.option_strings) or action.dest
             assert action.help and action.help.strip(), f"{name} {flag}"
@@ -248,7 +249,7 @@ def test_a_real_process_prints_one_line_and_exits_2():
     assert "--sparse-lr" in line and "'nan'" in line
 
 
-# -- library errors: one line and their exit code -----------------------------
+# -- library errors: one line and their exit code ----------------------------
 
 
 def test_exit_codes_of_library_errors():
@@ -279,7 +280,7 @@ def test_library_error_is_one_line_with_its_exit_code(monkeypatch, capsys,
                                                       error, code):
     def failing(args):
         raise error
-    monkeypatch.setattr(cli, "_cmd_spec", failing)
+    monkeypatch.setattr(data_commands, "_cmd_spec", failing)
     assert main(["spec", "criteo"]) == code
     captured = capsys.readouterr()
     line = _one_line_error(captured.err, "spec")
@@ -293,7 +294,7 @@ def test_unknown_spec_is_a_one_line_usage_error(capsys):
     assert "'no-such-preset'" in line and "criteo" in line
 
 
-# -- tf-config: addresses are --*-hosts, --ps/--workers are counts ------------
+# -- tf-config: addresses are --*-hosts, --ps/--workers are counts -----------
 
 
 HOSTS = ["--ps-hosts", "localhost:2222,localhost:2223",
@@ -360,7 +361,7 @@ def test_ps_and_workers_are_counts_in_train_and_bench():
     assert not {"--ps", "--workers", "--chief"} & tf_config
 
 
-# -- eval --json ----------------------------------------------------------------
+# -- eval --json -------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -420,3 +421,15 @@ def test_eval_of_a_folder_without_checkpoint_is_one_line(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "job.json" in _one_line_error(captured.err, "eval")
+
+
+def test_export_json_names_the_saved_model(capsys, tmp_path,
+                                           checkpoint_and_data):
+    checkpoints, _ = checkpoint_and_data
+    out = tmp_path / "export"
+    assert main(["export", str(checkpoints), "--out", str(out),
+                 "--json"]) == 0
+    stdout = capsys.readouterr().out
+    assert len(stdout.strip().splitlines()) == 1
+    saved = Path(json.loads(stdout)["saved_model"])
+    assert (saved / "saved_model.pb").is_file()

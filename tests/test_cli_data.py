@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +203,138 @@ def _library_user_ids(folder: Path) -> np.ndarray:
     """The library call behind ``psrec synth`` gives the same rows."""
     [path] = write_synthetic_parquet(movielens(), folder, 500, files=1, seed=9)
     return pq.read_table(path).column("user_id").to_numpy()
+
+
+# -- --json ------------------------------------------------------------------
+
+
+def _json_out(capsys) -> dict:
+    """stdout is exactly one JSON object (one line)."""
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1, out
+    data = json.loads(out)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_convert_json(tmp_path, capsys):
+    spec_file = _spec_file(tmp_path)
+    [path] = write_synthetic_parquet(SPEC, tmp_path / "pq", 1000, files=1)
+    out = tmp_path / "out"
+    assert main(["convert", path, "--spec", spec_file, "--out", str(out),
+                 "--shards", "2", "--eval-fraction", "0.1", "--json"]) == 0
+    data = _json_out(capsys)
+    assert data["manifest"] == str(out / MANIFEST_NAME)
+    assert data["rows_read"] == 1000
+    assert data["rows_written"] == {"train": 900, "eval": 100}
+    assert data["bad_rows"] == 0 and data["quarantine"] is None
+    assert data["seconds"] > 0
+    assert Manifest.load(out).rows("eval") == 100
+
+
+def test_audit_shards_json(converted_six, capsys):
+    out, spec_file = converted_six
+    assert main(["audit-shards", str(out), "--pipelines", "3", "--spec",
+                 spec_file, "--json"]) == 0
+    data = _json_out(capsys)
+    assert data["ok"] is True and data["overlap"] == 0
+    assert data["split"] == "train" and data["pipelines"] == 3
+    assert len(data["counts"]) == 3 and sum(data["counts"]) == 2700
+    assert data["distinct"] == data["expected_rows"] == 2700
+    assert data["coverage"] == 1.0
+
+
+def test_ingest_criteo_json(tmp_path, capsys):
+    ints = [str(i) for i in range(13)]
+    cats = [f"{i:08x}" for i in range(26)]
+    tsv = tmp_path / "day.txt"
+    tsv.write_text("".join("\t".join([str(label)] + ints + cats) + "\n"
+                           for label in (1, 0, 0, 1, 1)))
+    assert main(["ingest", "criteo", str(tsv), "--out", str(tmp_path / "pq"),
+                 "--json"]) == 0
+    data = _json_out(capsys)
+    assert data["rows"] == 5 and data["positives"] == 3
+    [written] = data["files"]
+    assert pq.read_table(written).num_rows == 5
+
+
+def test_synth_and_spec_json(tmp_path, capsys):
+    assert main(["synth", "--spec", "movielens", "--rows", "100", "--files",
+                 "2", "--out", str(tmp_path), "--json"]) == 0
+    data = _json_out(capsys)
+    assert data["rows"] == 100 and len(data["files"]) == 2
+    assert sum(pq.read_metadata(f).num_rows for f in data["files"]) == 100
+    assert main(["spec", "movielens", "--json"]) == 0
+    assert FeatureSpec.from_dict(_json_out(capsys)) == movielens()
+
+
+# -- folders of Parquet ------------------------------------------------------
+
+
+def test_convert_folder_converts_the_same_rows_as_listing_files(tmp_path,
+                                                                 capsys):
+    spec_file = _spec_file(tmp_path)
+    folder = tmp_path / "pq"
+    write_synthetic_parquet(SPEC, folder / "part", 1200, files=3, seed=4)
+    (folder / "README.txt").write_text("not data")   # not *.parquet: skipped
+    (folder / "_SUCCESS").write_text("")
+    listed = sorted(str(p) for p in folder.rglob("*.parquet"))
+    assert len(listed) == 3
+    options = ["--spec", spec_file, "--shards", "3", "--eval-fraction",
+               "0.25", "--json"]
+    assert main(["convert", *listed, "--out", str(tmp_path / "a"),
+                 *options]) == 0
+    by_files = _json_out(capsys)
+    assert main(["convert", str(folder), "--out", str(tmp_path / "b"),
+                 *options]) == 0
+    by_folder = _json_out(capsys)
+    assert by_folder["rows_read"] == by_files["rows_read"] == 1200
+    assert by_folder["rows_written"] == by_files["rows_written"]
+    a, b = Manifest.load(tmp_path / "a"), Manifest.load(tmp_path / "b")
+    assert [s["file"] for s in b.sources] == listed
+    for split in ("train", "eval"):
+        assert ([s.sha256 for s in a.shards[split]]
+                == [s.sha256 for s in b.shards[split]])
+
+
+def test_parquet_files_expands_folders_like_pyarrow(tmp_path):
+    from psrec.data.convert import parquet_files
+    table = synthetic_table(SPEC, 10)
+    for name in ("b.parquet", "a/z.parquet", "a/y.parquet", "_tmp/x.parquet",
+                 ".hidden.parquet", "a/_x.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, tmp_path / name)
+    single = tmp_path / "b.parquet"
+    assert parquet_files([tmp_path, single]) == [
+        str(tmp_path / "a/y.parquet"), str(tmp_path / "a/z.parquet"),
+        str(single), str(single)]
+    import pyarrow.dataset as ds
+    found = ds.dataset(str(tmp_path), format="parquet").files
+    assert sorted(found) == sorted(parquet_files([tmp_path])[:3])
+
+
+def test_convert_empty_folder_is_one_line_naming_it(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "data.csv").write_text("a,b\n1,2\n")
+    assert main(["convert", str(empty), "--spec", "criteo", "--out",
+                 str(tmp_path / "out"), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    [line] = captured.err.strip().splitlines()
+    assert line.startswith("psrec convert: error: ")
+    assert str(empty) in line and "*.parquet" in line
+
+
+def test_convert_non_parquet_file_is_one_line_naming_it(tmp_path, capsys):
+    tsv = tmp_path / "day_0.txt"
+    tsv.write_text("1\t2\t3\n")
+    assert main(["convert", str(tsv), "--spec", "criteo", "--out",
+                 str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    [line] = captured.err.strip().splitlines()
+    assert line.startswith("psrec convert: error: ")
+    assert str(tsv) in line and "not a Parquet file" in line
+    assert "psrec ingest" in line
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()

@@ -14,8 +14,9 @@ from psrec.data.dataset import InputConfig
 from psrec.features import criteo
 from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig
+from psrec.ps_cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.trainer import PSTrainer
+from psrec.ps_cluster.trainer import Trainer
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import shared_data
 
@@ -30,8 +31,8 @@ def test_ps_trained_dcn_reaches_auc_068_on_real_criteo(tmp_path, ps_cluster):
                                        split_mode="tail", block_rows=64))
     manifest = report.manifest
     assert report.rows_written == {"train": 8312, "eval": 2078}
-    trainer = PSTrainer(
-        ps_cluster, spec, model_config("dcn"),
+    trainer = Trainer(
+        build_ps_strategy(ps_cluster), spec, model_config("dcn"),
         OptimizerConfig(sparse_lr=0.05, dense_lr=0.001, base_batch_size=256,
                         warmup_steps=20),
         InputConfig(batch_size=256, shuffle_records=32))

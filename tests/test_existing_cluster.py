@@ -75,7 +75,13 @@ def test_servers_from_tf_config_and_train_as_chief(tmp_path):
         assert "steps 0 -> 30" in out
         assert all(p.poll() is None for p in servers)  # roles still serve
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-        assert summary["cluster"]["ps"] == [f"127.0.0.1:{ps}"]
+        assert (summary["strategy"], summary["ps"], summary["workers"]) == (
+            "ps", 1, 1)
+        # ... and it coordinated exactly the TF_CONFIG cluster's tasks.
+        [line] = [x for x in out.splitlines()
+                  if "coordinating existing cluster" in x]
+        assert f"'ps': ['127.0.0.1:{ps}']" in line, line
+        assert f"'worker': ['127.0.0.1:{worker}']" in line, line
     finally:
         for process in servers:
             process.kill()

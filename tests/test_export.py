@@ -16,14 +16,15 @@ from psrec.features.presets import movielens
 from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import ID_COLUMN
 from psrec.launch.exporting import export_checkpoint
-from psrec.launch.jobfile import JobRecord
+from psrec.launch.job_config import JobConfig
 from psrec.models.config import ModelConfig
 from psrec.models.export import ServingModule
 from psrec.models.export import export_saved_model
 from psrec.models.optim import OptimizerConfig
 from psrec.models.ranking import build_model
+from psrec.ps_cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.trainer import PSTrainer
+from psrec.ps_cluster.trainer import Trainer
 from tests._ps_helpers import helper_result
 from tests._ps_helpers import raw_rows
 from tests._ps_helpers import read_split
@@ -43,12 +44,13 @@ def exported(ps_cluster, small_criteo_spec, criteo_data, tmp_path_factory):
     manifest, parquet = criteo_data
     root = tmp_path_factory.mktemp("export")
     ckpt_dir = root / "checkpoints"
-    JobRecord(spec=small_criteo_spec, model_name="dcn", model=MODEL,
-              batch_size=128, manifest=str(manifest.root)).write(ckpt_dir)
-    trainer = PSTrainer(ps_cluster, small_criteo_spec, MODEL,
-                        OptimizerConfig(sparse_lr=0.2, dense_lr=0.01,
-                                        base_batch_size=128, warmup_steps=0),
-                        InputConfig(batch_size=128), checkpoint_dir=ckpt_dir)
+    JobConfig(workdir=root, spec=small_criteo_spec, model_name="dcn",
+              model=MODEL, input=InputConfig(batch_size=128),
+              data=manifest.root).write(ckpt_dir)
+    trainer = Trainer(build_ps_strategy(ps_cluster), small_criteo_spec, MODEL,
+                      OptimizerConfig(sparse_lr=0.2, dense_lr=0.01,
+                                      base_batch_size=128, warmup_steps=0),
+                      InputConfig(batch_size=128), checkpoint_dir=ckpt_dir)
     result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
         steps=40, steps_per_closure=10, checkpoint_every=0))
     assert result.checkpoint == trainer.keeper.latest

@@ -14,13 +14,13 @@ from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
 from psrec.data.dataset import InputConfig
 from psrec.data.dataset import NotEnoughShardsError
-from psrec.data.dataset import iterate_checked
 from psrec.data.dataset import make_eval_dataset
 from psrec.data.dataset import make_train_dataset_fn
 from psrec.data.dataset import shard_files
 from psrec.data.manifest import Manifest
 from psrec.data.manifest import ManifestError
 from psrec.data.records import CorruptRecordError
+from psrec.data.records import corruption_named
 from psrec.data.synthetic import write_synthetic_parquet
 from psrec.features import criteo
 from psrec.features.spec import DENSE_COLUMN
@@ -177,9 +177,9 @@ def _copy(manifest: Manifest, dest: Path) -> Manifest:
 
 def _drain(files: list[str]) -> int:
     rows = 0
-    for batch in iterate_checked(make_eval_dataset(files, SPEC, 512, 64),
-                                 files):
-        rows += int(batch[ID_COLUMN].shape[0])
+    with corruption_named(files):
+        for batch in make_eval_dataset(files, SPEC, 512, 64):
+            rows += int(batch[ID_COLUMN].shape[0])
     return rows
 
 

@@ -1,11 +1,12 @@
-"""The mirrored path: MirroredStrategy on 2 logical CPU devices,
-MultiWorkerMirroredStrategy over loopback, sync batch norm, mixed precision,
-gradient accumulation, the size guard and the serving export.
+"""The replicated strategies through the one Trainer: MirroredStrategy on 2
+logical CPU devices, MultiWorkerMirroredStrategy over loopback, sync batch
+norm, mixed precision, gradient accumulation, periodic evaluation, the stall
+watchdog, the size guard and the serving export.
 
 The CPU can only be split into logical devices before TensorFlow sets up its
 devices, which the pytest process may already have done (other tests, the
 in-process PS cluster). So each 2-replica check runs this file as a script
-in a fresh process (``python tests/test_mirrored.py CHECK ARGS``), which
+in a fresh process (``python -m tests.test_mirrored CHECK ARGS``), which
 prints one JSON line of results; the test asserts on them.
 """
 
@@ -28,14 +29,20 @@ REPO = Path(__file__).resolve().parents[1]
 LOSS_TOLERANCE = 1e-4
 
 
-def _run_check(name: str, *args: str, timeout: float = 240) -> dict:
+def _run(name: str, *args: str, timeout: float = 240
+         ) -> subprocess.CompletedProcess:
     """Runs one check of this file in a fresh process with 2 CPU devices."""
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
     env.pop("TF_CONFIG", None)
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), name, *args],
+    return subprocess.run(
+        [sys.executable, "-m", "tests.test_mirrored", name, *args],
         cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
         stdin=subprocess.DEVNULL, check=False)
+
+
+def _run_check(name: str, *args: str, timeout: float = 240) -> dict:
+    """A check's JSON result (the check must exit 0)."""
+    done = _run(name, *args, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, (
         f"check {name} failed (exit {done.returncode}):\n"
@@ -61,6 +68,9 @@ def test_mirrored_on_two_replicas_matches_single_device_training():
     # ... while per-replica batch norm differs (the check can tell).
     local = np.array(out["mirrored_local_bn"])
     assert np.abs(np.array(out["one_bn"]) - local).max() > 10 * LOSS_TOLERANCE
+    # The DirectExecutor reports its calls like the PS path's closures.
+    assert out["describe"].startswith("0 call(s) in flight")
+    assert "step 12" in out["describe"]
 
 
 def test_sync_batch_norm_normalizes_with_global_statistics():
@@ -97,6 +107,7 @@ def test_mixed_precision_keeps_float32_logits_and_loss():
         assert all(np.isfinite(run["losses"]))
         assert run["replicas"] == 2
     assert out["trained"]["mixed_float16"]["loss_scale"] > 0
+    assert "loss_scale" not in out["trained"]["mixed_bfloat16"]
 
 
 @pytest.mark.slow
@@ -112,58 +123,80 @@ def test_gradient_accumulation_equals_one_k_times_larger_batch():
 
 
 @pytest.mark.slow
-def test_mirrored_job_checkpoints_and_exports_the_ps_serving_signature(
+def test_mirrored_job_evaluates_checkpoints_and_exports_the_ps_signature(
         tmp_path):
     out = _run_check("job", str(tmp_path))
+    assert out["strategy"] == "mirrored"
     assert out["replicas"] == 2 and out["step"] == 6
     assert out["precision"] == "mixed_bfloat16"
-    assert out["grad_accum_steps"] == 2
+    assert out["micro_batches"] == 2
     record = json.loads((tmp_path / "checkpoints" / "job.json").read_text())
     assert record["model"]["batch_norm"] == "sync"
+    assert record["strategy"]["kind"] == "mirrored"
     _assert_ps_serving_signature(Path(out["export"]), out["spec"])
     assert out["eval"]["count"] > 0
+    # --eval-every 3 of 6 steps: an intermediate evaluation at step 3 (a
+    # line and TensorBoard scalars), and the final one at step 6.
+    assert [line.split(":")[0] for line in out["eval_lines"]] == [
+        "step 3", "step 6"], out["eval_lines"]
+    assert out["eval_scalars"] == {"eval/auc": [3, 6],
+                                   "eval/logloss": [3, 6]}
+    assert out["checkpoint_lines"] == ["step 3", "step 6"]
     # A rerun with more steps resumes from the verified checkpoint.
     resumed = out["resumed"]
     assert (resumed["start_step"], resumed["step"]) == (6, 9)
     assert resumed["checkpoint"].endswith("ckpt-9")
 
 
+@pytest.mark.cluster  # a psrec job in a subprocess
+def test_mirrored_job_stall_fires_the_watchdog_with_the_pending_call(
+        tmp_path):
+    """--stall-timeout under mirrored: a train call that never returns ends
+    the job with the retryable code after describing the call in flight."""
+    done = _run("stall", str(tmp_path), timeout=180)
+    err = done.stderr
+    assert done.returncode == 138, err[-3000:]
+    assert "psrec watchdog: no training progress for" in err
+    assert "(--stall-timeout 1)" in err
+    assert ("1 call(s) in flight (the oldest is awaited); step 0; "
+            "no results yet") in err
+    assert "psrec watchdog: exiting with retryable code 138" in err
+    assert "in stalled_call" in err  # the stacks show the hung call
+    assert "NOT REACHED" not in done.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_two_worker_multi_worker_mirrored_run_only_chief_checkpoints(
         tmp_path):
-    from psrec.data.dataset import InputConfig
     from psrec.features.presets import criteo
-    from psrec.launch.job import JobConfig
-    from psrec.launch.job import SyntheticData
-    from psrec.launch.mirrored_job import MirroredOptions
-    from psrec.launch.mirrored_job import run_mirrored_job
-    from psrec.ps_cluster.train_loop import LoopConfig
+    from tests._proc import assert_no_leftovers
+    from tests._proc import run_psrec
     spec = criteo(buckets=100, dim=4)
-    config = JobConfig(
-        workdir=tmp_path, spec=spec, model_name="dcn",
-        input=InputConfig(batch_size=64),
-        loop=LoopConfig(steps=8, steps_per_closure=4, checkpoint_every=4,
-                        log_every=4),
-        synthetic=SyntheticData(rows=3000, shards=4, files=1), workers=2)
-    summary = run_mirrored_job(config, MirroredOptions(
-        strategy="multi-worker-mirrored", collective="ring",
-        worker_timeout=240), log=lambda text: None)
-    assert summary.replicas == 2 and summary.workers == 2
-    assert summary.step == 8
-    assert Path(summary.checkpoint).name == "ckpt-8"
+    spec_file = spec.save(tmp_path / "spec.yaml")
+    workdir = tmp_path / "run"
+    code, run = run_psrec([
+        "train", "--strategy", "multi-worker-mirrored", "--workers", "2",
+        "--collective", "ring", "--spec", spec_file,
+        "--synthetic-rows", "3000", "--batch-size", "64", "--steps", "8",
+        "--steps-per-closure", "4", "--checkpoint-every", "4",
+        "--log-every", "4", "--workdir", workdir], timeout=420)
+    assert code == 0, run.output[-4000:]
+    assert_no_leftovers(run, workdir)
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["strategy"] == "multi-worker-mirrored"
+    assert summary["replicas"] == 2 and summary["workers"] == 2
+    assert summary["step"] == 8
+    assert Path(summary["checkpoint"]).name == "ckpt-8"
     # Only the chief's checkpoint folder holds checkpoint files.
-    indexes = sorted(p.relative_to(tmp_path)
-                     for p in tmp_path.rglob("ckpt-*.index"))
+    indexes = sorted(p.relative_to(workdir)
+                     for p in workdir.rglob("ckpt-*.index"))
     assert indexes == [Path("checkpoints/ckpt-4.index"),
                        Path("checkpoints/ckpt-8.index")]
-    # Worker 1 did save (collectively), into a scratch folder now gone.
-    log = (tmp_path / "logs" / "mwms-worker-1.log").read_text()
-    assert "worker[1] is not the chief: its 2 checkpoint save(s)" in log
-    assert "(exists now: False)" in log
-    assert not list(tmp_path.glob(".checkpoints-*"))
-    _assert_ps_serving_signature(Path(summary.export), spec.to_dict())
-    assert summary.eval is not None and summary.eval.count == 600
+    # Worker 1 saved (collectively) into a scratch folder, now gone.
+    assert not list(workdir.glob(".checkpoints-*"))
+    _assert_ps_serving_signature(Path(summary["export"]), spec.to_dict())
+    assert summary["eval"] is not None and summary["eval"]["count"] == 600
 
 
 def test_size_guard_stops_the_cli_with_the_size_and_ps_advice(tmp_path):
@@ -179,21 +212,21 @@ def test_size_guard_stops_the_cli_with_the_size_and_ps_advice(tmp_path):
     assert not (tmp_path / "data").exists()  # stopped before any data work
 
 
-def test_mirrored_options_name_the_argument_and_value():
+def test_replicated_options_name_the_argument_and_value():
     from psrec.launch.cli import main
-    from psrec.launch.mirrored_job import MirroredOptions
-    from psrec.ps_cluster.mirrored import MirroredConfigError
-    from psrec.ps_cluster.mirrored import build_strategy
-    with pytest.raises(MirroredConfigError, match=r"`--collective` = 'ring'"):
-        build_strategy("mirrored", "ring")
-    with pytest.raises(MirroredConfigError, match=r"`--strategy` = 'ps'"):
-        MirroredOptions(strategy="ps")
-    with pytest.raises(MirroredConfigError,
-                       match=r"`--grad-accum-steps` = 0"):
-        MirroredOptions(grad_accum_steps=0)
-    with pytest.raises(MirroredConfigError,
-                       match=r"`--memory-fraction` = 1.5"):
-        MirroredOptions(memory_fraction=1.5)
+    from psrec.launch.job_config import StrategyConfig
+    from psrec.ps_cluster.strategy import StrategyError
+    from psrec.ps_cluster.strategy import build_replicated_strategy
+    with pytest.raises(StrategyError, match=r"`--collective` = 'ring'"):
+        build_replicated_strategy("mirrored", "ring")
+    with pytest.raises(StrategyError, match=r"`--strategy` = 'ps'"):
+        build_replicated_strategy("ps")
+    with pytest.raises(ValueError, match=r"`--strategy` = 'tpu'"):
+        StrategyConfig(kind="tpu")
+    with pytest.raises(ValueError, match=r"`--grad-accum-steps` = 0"):
+        StrategyConfig(grad_accum_steps=0)
+    with pytest.raises(ValueError, match=r"`--memory-fraction` = 1.5"):
+        StrategyConfig(kind="mirrored", memory_fraction=1.5)
     assert main(["train", "--strategy", "mirrored", "--cluster",
                  "c.json"]) == 2
 
@@ -243,49 +276,25 @@ def _assert_ps_serving_signature(export: Path, spec_dict: dict) -> None:
 # -- the checks, run as a script with 2 logical CPU devices ----------------------
 
 
-def _data(spec, rows: int, seed: int = 0) -> dict:
-    from psrec.features.spec import DENSE_COLUMN
-    rng = np.random.default_rng(seed)
-    dense = rng.uniform(0, 5, (rows, len(spec.dense))).astype(np.float32)
-    data = {DENSE_COLUMN: dense}
-    signal = dense[:, 0] - 2.5
-    for feature in spec.categorical:
-        ids = rng.integers(0, feature.hash_buckets, rows)
-        data[feature.name] = (ids + feature.row_offset).astype(np.int64)
-        signal += (ids % 3 == 0) * 0.5
-    data[spec.label.name] = (rng.uniform(size=rows)
-                             < 1 / (1 + np.exp(-signal))).astype(np.float32)
-    return data
-
-
-def _in_order_dataset_fn(data: dict, global_batch: int):
-    """Consecutive rows in order: replica r of a step reads rows
-    [r*b, (r+1)*b) of the step's global batch, so any replica count sees
-    the same global batches."""
-    import tensorflow as tf
-
-    def dataset_fn(context=None):
-        rows = (context.get_per_replica_batch_size(global_batch)
-                if context else global_batch)
-        return tf.data.Dataset.from_tensor_slices(data).batch(
-            rows, drop_remainder=True).repeat()
-    return dataset_fn
-
-
 def _trainer(strategy, spec, model, optimizer, batch, **kwargs):
     from psrec.data.dataset import InputConfig
-    from psrec.ps_cluster.mirrored import MirroredTrainer
-    return MirroredTrainer(strategy, spec, model, optimizer,
-                           InputConfig(batch_size=batch),
-                           memory_fraction=None, **kwargs)
+    from psrec.ps_cluster.trainer import Trainer
+    return Trainer(strategy, spec, model, optimizer,
+                   InputConfig(batch_size=batch), **kwargs)
+
+
+def _train(trainer, dataset_fn, loop) -> tuple[object, list[float]]:
+    """Trains; returns the result and the mean loss of each call."""
+    losses: list[float] = []
+    result = trainer.train(dataset_fn, loop, on_progress=lambda step, loss,
+                           n: losses.append(loss))
+    return result, losses
 
 
 def _strategies():
-    import tensorflow as tf
-
-    from psrec.ps_cluster.mirrored import build_strategy
-    return (tf.distribute.OneDeviceStrategy("/cpu:0"),
-            build_strategy("mirrored"))
+    from psrec.ps_cluster.strategy import build_replicated_strategy
+    return (build_replicated_strategy("one-device"),
+            build_replicated_strategy("mirrored"))
 
 
 def _check_equivalence() -> dict:
@@ -293,8 +302,10 @@ def _check_equivalence() -> dict:
     from psrec.models.config import model_config
     from psrec.models.optim import OptimizerConfig
     from psrec.ps_cluster.train_loop import LoopConfig
+    from tests._ps_helpers import in_order_dataset_fn
+    from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=100, dim=4)
-    data = _data(spec, 2048)
+    data = synthetic_rows(spec, 2048)
     optimizer = OptimizerConfig(warmup_steps=4, base_batch_size=64,
                                 dense_lr=0.01)
     loop = LoopConfig(steps=12, steps_per_closure=2, checkpoint_every=0)
@@ -313,15 +324,16 @@ def _check_equivalence() -> dict:
         family = bn == "none"
         initial.setdefault(family, trainer.model.get_weights())
         trainer.model.set_weights(initial[family])  # same initial values
-        result = trainer.train(_in_order_dataset_fn(data, 64), loop)
+        result, out[key] = _train(trainer, in_order_dataset_fn(data, 64),
+                                  loop)
         trainers[key] = trainer
-        out[key] = list(result.losses)
         if bn == "none":
             out["replicas"][key] = result.replicas
     out["weights_max_diff"] = max(
         float(np.abs(a - b).max()) for a, b in zip(
             trainers["one"].model.get_weights(),
             trainers["mirrored"].model.get_weights()))
+    out["describe"] = trainers["mirrored"].describe_pending()
     return out
 
 
@@ -372,6 +384,8 @@ def _check_mixed_precision() -> dict:
     from psrec.models.ranking import build_model
     from psrec.models.ranking import example_batch
     from psrec.ps_cluster.train_loop import LoopConfig
+    from tests._ps_helpers import in_order_dataset_fn
+    from tests._ps_helpers import synthetic_rows
     out: dict = {"model_logits": {}, "trained": {}}
     tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -388,19 +402,20 @@ def _check_mixed_precision() -> dict:
     finally:
         tf_keras.mixed_precision.set_global_policy("float32")
     spec = criteo(buckets=50, dim=4)
-    data = _data(spec, 1024)
+    data = synthetic_rows(spec, 1024)
     _, strategy = _strategies()
     for policy in ("mixed_bfloat16", "mixed_float16"):
         trainer = _trainer(strategy, spec, model_config(
             "deepfm", top_mlp=(16,), batch_norm="sync"), OptimizerConfig(),
             64, precision=policy)
-        result = trainer.train(_in_order_dataset_fn(data, 64), LoopConfig(
-            steps=4, steps_per_closure=2, checkpoint_every=0))
+        result, losses = _train(trainer, in_order_dataset_fn(data, 64),
+                                LoopConfig(steps=4, steps_per_closure=2,
+                                           checkpoint_every=0))
         batch = {k: v[:8] for k, v in data.items()}
-        run = {"losses": list(result.losses), "replicas": result.replicas,
+        run = {"losses": losses, "replicas": result.replicas,
                "logits_dtype": trainer.model(batch).dtype.name}
         if trainer.loss_scale is not None:
-            run["loss_scale"] = float(trainer.loss_scale.loss_scale)
+            run["loss_scale"] = float(trainer.loss_scale.scale.numpy())
         out["trained"][policy] = run
     return out
 
@@ -410,8 +425,10 @@ def _check_accumulation() -> dict:
     from psrec.models.config import model_config
     from psrec.models.optim import OptimizerConfig
     from psrec.ps_cluster.train_loop import LoopConfig
+    from tests._ps_helpers import in_order_dataset_fn
+    from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=100, dim=4)
-    data = _data(spec, 1024, seed=5)
+    data = synthetic_rows(spec, 1024, seed=5)
     model = model_config("deepfm", top_mlp=(16,))
     sgd = OptimizerConfig(sparse="sgd", dense="sgd", sparse_lr=0.5,
                           dense_lr=0.5, base_batch_size=128, warmup_steps=0)
@@ -422,16 +439,17 @@ def _check_accumulation() -> dict:
     weights, trained, out = None, {}, {"updates": {}}
     for name, (batch, steps) in runs.items():
         trainer = _trainer(strategy, spec, model, sgd, batch,
-                           grad_accum_steps=steps)
+                           micro_batches=steps)
         if weights is None:
             weights = trainer.model.get_weights()
         trainer.model.set_weights(weights)
         run_loop = loop if name != "unaccumulated" else LoopConfig(
             steps=3 * k, steps_per_closure=3 * k, checkpoint_every=0)
-        result = trainer.train(_in_order_dataset_fn(data, batch), run_loop)
+        result, losses = _train(trainer, in_order_dataset_fn(data, batch),
+                                run_loop)
         trained[name] = trainer.model.get_weights()
         if name != "unaccumulated":
-            out[name] = list(result.losses)
+            out[name] = losses
             out["updates"][name] = int(
                 trainer.dense_optimizer.iterations.numpy())
         out["replicas"] = result.replicas
@@ -444,40 +462,90 @@ def _check_accumulation() -> dict:
     return out
 
 
-def _check_job(workdir: str) -> dict:
+def _job_config(workdir: str, **loop):
     from psrec.data.dataset import InputConfig
     from psrec.features.presets import criteo
-    from psrec.launch.job import JobConfig
-    from psrec.launch.job import SyntheticData
-    from psrec.launch.mirrored_job import MirroredOptions
-    from psrec.launch.mirrored_job import run_mirrored_job
+    from psrec.launch.job_config import JobConfig
+    from psrec.launch.job_config import StrategyConfig
+    from psrec.launch.job_config import SyntheticData
+    from psrec.models.config import model_config
     from psrec.ps_cluster.train_loop import LoopConfig
-    spec = criteo(buckets=100, dim=4)
-    config = JobConfig(
-        workdir=Path(workdir), spec=spec, model_name="dcn",
+    return JobConfig(
+        workdir=Path(workdir), spec=criteo(buckets=100, dim=4),
+        model_name="dcn", model=model_config("dcn", batch_norm="sync"),
         input=InputConfig(batch_size=64),
-        loop=LoopConfig(steps=6, steps_per_closure=3, checkpoint_every=3,
-                        log_every=3),
+        loop=LoopConfig(**{"steps": 6, "steps_per_closure": 3,
+                           "checkpoint_every": 3, "log_every": 3, **loop}),
+        strategy=StrategyConfig(kind="mirrored", cpu_replicas=2,
+                                mixed_precision=True, grad_accum_steps=2),
         synthetic=SyntheticData(rows=3000, shards=2, files=1))
-    options = MirroredOptions(cpu_replicas=2, sync_batch_norm=True,
-                              mixed_precision=True, grad_accum_steps=2)
-    summary = run_mirrored_job(config, options, log=lambda text: None)
-    resumed = run_mirrored_job(dataclasses.replace(config, loop=LoopConfig(
-        steps=9, steps_per_closure=3, checkpoint_every=3)), options,
-        log=lambda text: None)
-    return {**summary.to_dict(), "spec": spec.to_dict(),
-            "resumed": resumed.to_dict()}
+
+
+def _scalar_steps(log_dir: Path) -> dict[str, list[int]]:
+    import tensorflow as tf
+    steps: dict[str, list[int]] = {}
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag.startswith("eval/"):
+                    steps.setdefault(value.tag, []).append(int(event.step))
+    return {tag: sorted(found) for tag, found in steps.items()}
+
+
+def _check_job(workdir: str) -> dict:
+    import contextlib
+    import io
+
+    from psrec.launch.job import run_job
+    config = _job_config(workdir, eval_every=3)
+    stream = io.StringIO()  # the progress reporter's stream (not a tty)
+    with contextlib.redirect_stderr(stream):
+        summary = run_job(config, log=lambda text: None)
+    lines = stream.getvalue().splitlines()
+    scalars = _scalar_steps(Path(workdir) / "tensorboard")
+    resumed = run_job(dataclasses.replace(config, loop=dataclasses.replace(
+        config.loop, steps=9, eval_every=0)), log=lambda text: None)
+    return {**summary.to_dict(), "spec": config.spec.to_dict(),
+            "eval_lines": [x for x in lines if ": eval:" in x],
+            "checkpoint_lines": [x.split(":")[0] for x in lines
+                                 if ": checkpoint " in x],
+            "eval_scalars": scalars, "resumed": resumed.to_dict()}
+
+
+def _check_stall(workdir: str) -> dict:
+    """A job whose train call hangs: the watchdog must end the process."""
+    import time
+
+    from psrec.launch.job import run_job
+    from psrec.ps_cluster import trainer as trainer_module
+    original = trainer_module.make_train_function
+
+    def hanging(*args, **kwargs):
+        function = original(*args, **kwargs)
+
+        def stalled_call(iterator):  # named in the watchdog's stack dump
+            time.sleep(30)
+            return function(iterator)
+        return stalled_call
+
+    trainer_module.make_train_function = hanging
+    config = dataclasses.replace(_job_config(workdir), stall_timeout=1.0,
+                                 export=False)
+    run_job(config, log=lambda text: None)
+    print("NOT REACHED", flush=True)
+    return {}
 
 
 def _main(argv: list[str]) -> int:
     from psrec.runtime import configure_environment
     configure_environment()
-    from psrec.ps_cluster.mirrored import split_cpu
+    from psrec.ps_cluster.strategy import split_cpu
     split_cpu(2)
     checks = {"equivalence": _check_equivalence,
               "sync_batch_norm": _check_sync_batch_norm,
               "mixed_precision": _check_mixed_precision,
-              "accumulation": _check_accumulation, "job": _check_job}
+              "accumulation": _check_accumulation, "job": _check_job,
+              "stall": _check_stall}
     print(json.dumps(checks[argv[0]](*argv[1:])), flush=True)
     return 0
 

@@ -2,7 +2,7 @@
 sharding and placement, sparse lookups in the traced graph, learning, exact
 evaluation, verified checkpoints and at-least-once step accounting.
 
-One PSTrainer is built for the module (plus one for the config-mismatch
+One PS Trainer is built for the module (plus one for the config-mismatch
 restore); training runs once, in the ``trained`` fixture.
 """
 
@@ -25,9 +25,10 @@ from psrec.models.ranking import example_batch
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.checkpoint import RestoreError
 from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.step import make_train_function
+from psrec.ps_cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.train_loop import make_train_closure
-from psrec.ps_cluster.trainer import PSTrainer
+from psrec.ps_cluster.trainer import Trainer
 from tests._ps_helpers import CLUSTER_PS
 from tests._ps_helpers import CLUSTER_WORKERS
 from tests._ps_helpers import read_split
@@ -58,12 +59,16 @@ def ckpt_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trainer(ps_cluster, small_criteo_spec, ckpt_dir) -> PSTrainer:
+def trainer(ps_cluster, small_criteo_spec, ckpt_dir) -> Trainer:
     # "fixed": one shard per PS task for every table; a partitioner applied
     # to all variables would also split the dense kernels (checked below).
-    return PSTrainer(ps_cluster, small_criteo_spec, MODEL, OPTIMIZER,
-                     InputConfig(batch_size=BATCH),
-                     PartitionConfig(kind="fixed"), checkpoint_dir=ckpt_dir)
+    return _ps_trainer(ps_cluster, small_criteo_spec, ckpt_dir)
+
+
+def _ps_trainer(cluster, spec, ckpt_dir) -> Trainer:
+    strategy = build_ps_strategy(cluster, PartitionConfig(kind="fixed"))
+    return Trainer(strategy, spec, MODEL, OPTIMIZER,
+                   InputConfig(batch_size=BATCH), checkpoint_dir=ckpt_dir)
 
 
 @dataclasses.dataclass
@@ -171,14 +176,13 @@ def test_lookup_gathers_from_each_shard_and_never_reads_a_table(
         assert uses_by_op(bad, key) == {"ReadVariableOp": 1}
 
 
-def test_train_closure_updates_tables_sparsely(trainer, small_criteo_spec):
+def test_train_function_updates_tables_sparsely(trainer, small_criteo_spec):
     handles = _table_handles(trainer)
     batch = dict(example_batch(small_criteo_spec, 4))
     batch[small_criteo_spec.label.name] = tf.zeros([4])
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
-    closure = make_train_closure(trainer.strategy, trainer.model,
-                                 trainer.sparse_optimizer,
-                                 trainer.dense_optimizer, small_criteo_spec, 3)
+    # The very function the ClosureExecutor schedules on the workers.
+    closure = make_train_function(trainer.strategy, trainer.step, 3)
     uses = resource_uses(closure.get_concrete_function(iterator), handles)
     for key in handles:
         ops = uses_by_op(uses, key)
@@ -323,9 +327,7 @@ def test_checkpoint_of_another_config_is_a_restore_error(
     assert path is not None
     # Another embedding width: every table (and the kernel above it) has
     # another shape. Restoring must name them, not fail inside TensorFlow.
-    other = PSTrainer(ps_cluster, criteo(buckets=200, dim=4), MODEL, OPTIMIZER,
-                      InputConfig(batch_size=BATCH),
-                      PartitionConfig(kind="fixed"), checkpoint_dir=ckpt_dir)
+    other = _ps_trainer(ps_cluster, criteo(buckets=200, dim=4), ckpt_dir)
     with pytest.raises(RestoreError) as error:
         other.restore()
     message = str(error.value)

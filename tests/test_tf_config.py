@@ -224,13 +224,13 @@ def test_empty_job_address_list():
 
 def test_ps_strategy_requires_ps():
     spec = ClusterSpec.build(ps=[], workers=WORKERS, chief=CHIEF)
-    with pytest.raises(ClusterSpecError, match=r"There must be at least one ps task.*no 'ps'; add one, e\.g\. --ps"):
+    with pytest.raises(ClusterSpecError, match=r"There must be at least one ps task.*no 'ps'; add one, e\.g\. --ps-hosts"):
         spec.validate()
 
 
 def test_ps_strategy_requires_worker():
     spec = ClusterSpec.build(ps=PS, workers=[], chief=CHIEF)
-    with pytest.raises(ClusterSpecError, match=r"at least one worker task.*no 'worker'; add one, e\.g\. --workers"):
+    with pytest.raises(ClusterSpecError, match=r"at least one worker task.*no 'worker'; add one, e\.g\. --worker-hosts"):
         spec.validate()
 
 

@@ -1,38 +1,38 @@
-"""Training-side ``psrec`` commands: train, server, eval, export, bench."""
+"""The ``psrec`` commands of a training job: ``advise`` picks its
+strategy, ``train`` runs it (on the coordinator, or supervising a local
+cluster), ``server`` runs one of its PS or worker tasks."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
+from psrec.errors import EXIT_OK
 from psrec.launch.argtypes import integer
 from psrec.launch.argtypes import non_negative
 from psrec.launch.argtypes import non_negative_float
 from psrec.launch.argtypes import positive
 from psrec.launch.argtypes import positive_float
 from psrec.launch.argtypes import positive_fraction
-from psrec.launch.cli import UsageError
-from psrec.launch.cli import add_json_flag
-from psrec.launch.cli import print_json
-from psrec.models.config import MODEL_PRESETS
-
-EXIT_OK = 0
-MODEL_NAMES = tuple(MODEL_PRESETS)
+from psrec.launch.cli_support import UsageError
+from psrec.launch.cli_support import add_batch_flag
+from psrec.launch.cli_support import add_cluster_flags
+from psrec.launch.cli_support import add_count_flags
+from psrec.launch.cli_support import add_json_flag
+from psrec.launch.cli_support import add_model_flag
+from psrec.launch.cli_support import add_step_flags
+from psrec.launch.cli_support import print_result
 
 
 def _existing_cluster(args: argparse.Namespace):
     """The cluster to coordinate, from --cluster or TF_CONFIG; None means
     start a local one."""
     from psrec.ps_cluster.tf_config import REMOTE_WARNING
-    from psrec.ps_cluster.tf_config import ClusterSpec
     from psrec.ps_cluster.tf_config import TFConfig
     if args.cluster:
-        data = json.loads(Path(args.cluster).read_text())
-        config = (TFConfig.from_dict(data) if "cluster" in data
-                  else TFConfig(ClusterSpec.from_dict(data), None))
+        config = TFConfig.from_file(args.cluster)
     else:
         config = TFConfig.from_env()
         if config is None:
@@ -103,13 +103,6 @@ def _job_config(args: argparse.Namespace):
         stall_timeout=args.stall_timeout or None)
 
 
-def _print_summary(args: argparse.Namespace, summary) -> None:
-    if getattr(args, "json", False):
-        print_json(summary.to_dict())
-    else:
-        print(summary.text(), flush=True)
-
-
 def _cmd_advise(args: argparse.Namespace) -> int:
     from psrec.features.presets import resolve_spec
     from psrec.ps_cluster.advise import advise
@@ -120,10 +113,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
                     log=None if args.json else (
                         lambda text: print(text, file=sys.stderr,
                                            flush=True)))
-    if args.json:
-        print(json.dumps(advice.to_dict()), flush=True)
-    else:
-        print(advice.text(), flush=True)
+    print_result(args, advice)
     return EXIT_OK
 
 
@@ -141,7 +131,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if kind == "ps":
         cluster = _existing_cluster(args)
         if cluster is not None:  # coordinate it; an orchestrator restarts us
-            _print_summary(args, run_job(config, cluster,
+            print_result(args, run_job(config, cluster,
                                          data_verified=args.data_verified))
             return EXIT_OK
         # Local: check the data once, before any server starts, then
@@ -162,11 +152,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from psrec.launch.local_workers import run_local_workers
         record_verified(config, prepare_data(config))
         data = run_local_workers(config, args.argv)
-        _print_summary(args, JobSummary.from_dict(data))
+        print_result(args, JobSummary.from_dict(data))
         return EXIT_OK
     summary = run_job(config, data_verified=args.data_verified)
     if summary is not None:
-        _print_summary(args, summary)
+        print_result(args, summary)
     if kind == "multi-worker-mirrored":
         # MultiWorkerMirroredStrategy's server cannot be shut down.
         sys.stdout.flush()
@@ -177,34 +167,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_server(args: argparse.Namespace) -> int:
     from psrec.ps_cluster.server import start_server
-    from psrec.ps_cluster.tf_config import ClusterSpec
     from psrec.ps_cluster.tf_config import TaskInfo
     from psrec.ps_cluster.tf_config import TFConfig
-    if args.cluster_json or args.cluster:
-        text = args.cluster_json or Path(args.cluster).read_text()
-        source = ("--cluster-json" if args.cluster_json
-                  else f"--cluster {args.cluster}")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            data = error
-        if not isinstance(data, dict):
-            raise UsageError(
-                f"{source} is not a JSON object ({data}); write a cluster "
-                "spec such as {\"ps\": [\"H:P\"], \"worker\": [\"H:P\"]} or "
-                "a TF_CONFIG (see `psrec tf-config`).")
-        cluster = ClusterSpec.from_dict(data.get("cluster", data))
+    if args.cluster:
         if args.role is None or args.index is None:
-            raise UsageError("give --role and --index with a cluster spec.")
-        task = TaskInfo(args.role, args.index)
+            raise UsageError("give --role and --index with --cluster FILE.")
+        config = TFConfig(TFConfig.from_file(args.cluster).cluster,
+                          TaskInfo(args.role, args.index))
     else:
         config = TFConfig.from_env()
         if config is None or config.task is None:
             raise UsageError(
                 "no task to run: set TF_CONFIG (see `psrec tf-config`) or give "
                 "--cluster FILE --role ps|worker --index N.")
-        cluster, task = config.cluster, config.task
-    cluster.validate(strategy="ps", allow_remote=args.allow_remote)
+    config.validate(strategy="ps", allow_remote=args.allow_remote)
+    cluster, task = config.cluster, config.task
     server = start_server(cluster, task)
     print(f"psrec server: {task.type}:{task.index} serving "
           f"{cluster.address_of(task)} (pid {os.getpid()})", flush=True)
@@ -212,84 +189,17 @@ def _cmd_server(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_export(args: argparse.Namespace) -> int:
-    from psrec.launch.exporting import export_checkpoint
-    path = export_checkpoint(args.checkpoint_dir, args.out)
-    if args.json:
-        print_json({"saved_model": path})
-    else:
-        print(path)
-    return EXIT_OK
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from psrec.data.manifest import Manifest
-    from psrec.launch.exporting import evaluate_checkpoint
-    result = evaluate_checkpoint(args.checkpoint_dir, Manifest.load(args.data),
-                                 split=args.split)
-    if args.json:
-        print_json({"split": args.split, **result.to_dict()})
-    else:
-        print(result.summary())
-    return EXIT_OK
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from psrec.launch.bench import BenchConfig
-    from psrec.launch.bench import run_bench
-    result = run_bench(BenchConfig(
-        model=args.model, workers=args.workers, ps=args.ps,
-        batch_size=args.batch_size, buckets=args.buckets, dim=args.dim,
-        steps=args.steps, steps_per_closure=args.steps_per_closure,
-        single_process=args.single_process))
-    if args.json:
-        print(json.dumps(result), flush=True)
-    else:
-        print("\n".join(f"{k}: {v}" for k, v in result.items()), flush=True)
-    # In-process gRPC servers cannot be shut down; leave without waiting.
-    sys.stdout.flush()
-    os._exit(EXIT_OK)
-
-
-def _add_model_flag(group: argparse._ActionsContainer) -> None:
-    group.add_argument("--model", choices=MODEL_NAMES, default="dcn",
-                       help="named model configuration")
-
-
-def _add_count_flags(group: argparse._ActionsContainer) -> None:
-    """--workers/--ps: task COUNTS in every command that has them (host
-    lists are `psrec tf-config --worker-hosts/--ps-hosts`)."""
-    group.add_argument("--workers", type=positive, default=2,
-                       help="number of worker tasks")
-    group.add_argument("--ps", type=positive, default=1,
-                       help="number of parameter-server tasks")
-
-
-def _add_step_flags(group: argparse._ActionsContainer, steps: int) -> None:
-    group.add_argument("--steps", type=positive, default=steps,
-                       help="training steps (the run ends at this global step)")
-    group.add_argument("--steps-per-closure", type=positive, default=10,
-                       help="training steps per scheduled closure (K)")
-
-
-def _add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
-    group.add_argument("--batch-size", type=positive, default=1024,
-                       help=what)
-
-
-def _add_cluster_flags(p: argparse._ActionsContainer) -> None:
-    p.add_argument("--allow-remote", action="store_true",
-                   help="permit non-loopback hosts; TF gRPC servers accept "
-                   "unauthenticated, unencrypted connections on all "
-                   "interfaces: isolated networks only")
-
-
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Registers the training-side sub-commands."""
+    """Registers ``train``, ``advise`` and ``server``."""
 
-    p = sub.add_parser("train", help="train on a local or existing PS cluster",
-                       description="Train on a local supervised cluster, or "
-                       "coordinate an existing one (--cluster or TF_CONFIG).")
+    p = sub.add_parser("train", help="train a model (PS cluster, mirrored or "
+                       "one device)",
+                       description="Train under --strategy ps on a local "
+                       "supervised cluster, or coordinate an existing one "
+                       "(--cluster or TF_CONFIG); or under a replicated "
+                       "strategy (mirrored, multi-worker-mirrored, "
+                       "one-device). Every other option means the same under "
+                       "each strategy, or is refused where it cannot apply.")
     data = p.add_argument_group("data")
     data.add_argument("--spec", default="criteo",
                       help="preset (criteo, movielens) or spec file")
@@ -298,7 +208,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       "embedded synthetic data)")
     data.add_argument("--synthetic-rows", type=positive, default=250_000,
                       help="rows of synthetic data when --data is not given")
-    _add_batch_flag(data, "global batch size (rows per step)")
+    add_batch_flag(data, "rows of one step: of one worker's step under "
+                    "--strategy ps, of the global step (split over the "
+                    "replicas) otherwise")
     data.add_argument("--seed", type=integer, default=0,
                       help="shuffle and synthetic-data seed")
     data.add_argument("--no-verify-checksums", action="store_true",
@@ -310,16 +222,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help=argparse.SUPPRESS)  # set by the supervisor
 
     model = p.add_argument_group("model")
-    _add_model_flag(model)
+    add_model_flag(model)
     model.add_argument("--cross-low-rank", type=positive, default=None,
                        help="rank of the DCN cross layers' low-rank kernels "
                        "(default: the model configuration's)")
     model.add_argument("--sync-batch-norm", action="store_true",
                        help="batch norm in the MLP towers with statistics "
-                       "all-reduced across replicas (mirrored strategies)")
+                       "all-reduced across the replicas in sync (under ps: "
+                       "a worker's local replicas)")
     model.add_argument("--mixed-precision", action="store_true",
-                       help="mixed_float16 on GPU, mixed_bfloat16 on CPU; "
-                       "float32 logits and loss (mirrored strategies)")
+                       help="mixed_float16 on GPU (dynamic loss scale; an "
+                       "overflowing update is skipped whole), mixed_bfloat16 "
+                       "on CPU; float32 variables, logits and loss. Under ps "
+                       "it runs the workers' dense towers in 16 bits")
 
     optimizer = p.add_argument_group(
         "optimizer", "learning rates and the step schedule")
@@ -330,15 +245,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                            help="dense-tower learning rate at "
                            "--base-batch-size")
     optimizer.add_argument("--base-batch-size", type=positive, default=1024,
-                           help="the batch size the learning rates are given "
-                           "for (they scale with --batch-size)")
+                           help="the update size (rows) the learning rates "
+                           "are given for. They are scaled to --batch-size x "
+                           "--grad-accum-steps: linearly for sgd, by the "
+                           "square root for adagrad/adam/ftrl (the scaling "
+                           "rule valid for adaptive optimizers)")
     optimizer.add_argument("--warmup-steps", type=non_negative, default=100,
                            help="linear learning-rate warmup from 0 over N "
                            "steps")
-    _add_step_flags(optimizer, steps=400)
+    add_step_flags(optimizer, steps=400)
     optimizer.add_argument("--grad-accum-steps", type=positive, default=1,
-                           help="micro-batches of --batch-size per update "
-                           "(mirrored strategies)")
+                           help="micro-batches of --batch-size whose "
+                           "gradients are summed into one update (every "
+                           "strategy)")
 
     cluster = p.add_argument_group("cluster")
     cluster.add_argument("--strategy",
@@ -350,7 +269,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          "multi-worker-mirrored: workers from TF_CONFIG (or "
                          "--workers local ones); one-device: one GPU or the "
                          "CPU; see `psrec advise`")
-    _add_count_flags(cluster)
+    add_count_flags(cluster)
     cluster.add_argument("--cluster", default=None,
                          help="coordinate an existing cluster (JSON cluster "
                          "spec or TF_CONFIG file); TF_CONFIG naming this task "
@@ -373,7 +292,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cluster.add_argument("--cpu-replicas", type=positive, default=None,
                          help="--strategy mirrored without GPUs: split the "
                          "CPU into N logical devices (default: no split)")
-    _add_cluster_flags(cluster)
+    add_cluster_flags(cluster)
 
     reliability = p.add_argument_group("reliability")
     reliability.add_argument("--max-restarts", type=non_negative, default=3,
@@ -395,6 +314,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                              help="recent checkpoints kept")
 
     output = p.add_argument_group("output")
+    add_json_flag(output)
     output.add_argument("--workdir", default="runs/default",
                         help="holds data/, checkpoints/, export/, "
                         "tensorboard/ and logs/")
@@ -412,8 +332,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     model = p.add_argument_group("model")
     model.add_argument("--spec", default="criteo",
                        help="preset (criteo, movielens) or spec file")
-    _add_model_flag(model)
-    _add_batch_flag(model, "rows of one replica's (worker's) step")
+    add_model_flag(model)
+    add_batch_flag(model, "rows of one replica's (worker's) step")
     measure = p.add_argument_group("measurement")
     measure.add_argument("--memory-fraction", type=positive_fraction,
                          default=0.5,
@@ -429,43 +349,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "(or --cluster FILE --role --index) and block.")
     p.add_argument("--cluster", default=None,
                    help="cluster spec JSON file (default: TF_CONFIG)")
-    p.add_argument("--cluster-json", default=None, help=argparse.SUPPRESS)
     p.add_argument("--role", choices=("ps", "worker"), default=None,
                    help="this task's role, with --cluster")
     p.add_argument("--index", type=non_negative, default=None,
                    help="this task's index in its role, with --cluster")
-    _add_cluster_flags(p)
+    add_cluster_flags(p)
     p.set_defaults(run=_cmd_server)
-
-    p = sub.add_parser("export", help="checkpoint dir -> serving SavedModel")
-    p.add_argument("checkpoint_dir",
-                   help="checkpoint folder of a run (with its job.json)")
-    p.add_argument("--out", required=True, help="SavedModel folder to write")
-    add_json_flag(p)
-    p.set_defaults(run=_cmd_export)
-
-    p = sub.add_parser("eval", help="AUC/logloss of a checkpoint")
-    p.add_argument("checkpoint_dir",
-                   help="checkpoint folder of a run (with its job.json)")
-    p.add_argument("--data", required=True,
-                   help="manifest of converted data (file or folder)")
-    p.add_argument("--split", choices=("train", "eval"), default="eval",
-                   help="the split to evaluate, every example once")
-    add_json_flag(p)
-    p.set_defaults(run=_cmd_eval)
-
-    p = sub.add_parser("bench", help="training throughput (examples/s)")
-    workload = p.add_argument_group("model")
-    _add_model_flag(workload)
-    _add_batch_flag(workload, "global batch size (rows per step)")
-    workload.add_argument("--buckets", type=positive, default=100_000,
-                          help="hash buckets per synthetic table")
-    workload.add_argument("--dim", type=positive, default=16,
-                          help="embedding dimension")
-    cluster = p.add_argument_group("cluster")
-    _add_count_flags(cluster)
-    cluster.add_argument("--single-process", action="store_true",
-                         help="no cluster: train in this process (baseline)")
-    _add_step_flags(p.add_argument_group("schedule"), steps=300)
-    add_json_flag(p.add_argument_group("output"))
-    p.set_defaults(run=_cmd_bench)

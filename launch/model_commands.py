@@ -1,0 +1,87 @@
+"""The ``psrec`` commands that use or time a model outside a training job:
+``export`` and ``eval`` read a trained checkpoint, ``bench`` measures
+training throughput."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from psrec.errors import EXIT_OK
+from psrec.launch.argtypes import positive
+from psrec.launch.cli_support import add_batch_flag
+from psrec.launch.cli_support import add_count_flags
+from psrec.launch.cli_support import add_json_flag
+from psrec.launch.cli_support import add_model_flag
+from psrec.launch.cli_support import add_step_flags
+from psrec.launch.cli_support import print_result
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from psrec.launch.exporting import export_checkpoint
+    path = export_checkpoint(args.checkpoint_dir, args.out)
+    print_result(args, {"saved_model": path}, str(path))
+    return EXIT_OK
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from psrec.data.manifest import Manifest
+    from psrec.launch.exporting import evaluate_checkpoint
+    result = evaluate_checkpoint(args.checkpoint_dir, Manifest.load(args.data),
+                                 split=args.split)
+    print_result(args, {"split": args.split, **result.to_dict()},
+                 result.summary())
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from psrec.launch.bench import BenchConfig
+    from psrec.launch.bench import run_bench
+    result = run_bench(BenchConfig(
+        model=args.model, workers=args.workers, ps=args.ps,
+        batch_size=args.batch_size, buckets=args.buckets, dim=args.dim,
+        steps=args.steps, steps_per_closure=args.steps_per_closure,
+        single_process=args.single_process))
+    print_result(args, result,
+                 "\n".join(f"{k}: {v}" for k, v in result.items()))
+    # In-process gRPC servers cannot be shut down; leave without waiting.
+    sys.stdout.flush()
+    os._exit(EXIT_OK)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Registers ``export``, ``eval`` and ``bench``."""
+
+    p = sub.add_parser("export", help="checkpoint dir -> serving SavedModel")
+    p.add_argument("checkpoint_dir",
+                   help="checkpoint folder of a run (with its job.json)")
+    p.add_argument("--out", required=True, help="SavedModel folder to write")
+    add_json_flag(p)
+    p.set_defaults(run=_cmd_export)
+
+    p = sub.add_parser("eval", help="AUC/logloss of a checkpoint")
+    p.add_argument("checkpoint_dir",
+                   help="checkpoint folder of a run (with its job.json)")
+    p.add_argument("--data", required=True,
+                   help="manifest of converted data (file or folder)")
+    p.add_argument("--split", choices=("train", "eval"), default="eval",
+                   help="the split to evaluate, every example once")
+    add_json_flag(p)
+    p.set_defaults(run=_cmd_eval)
+
+    p = sub.add_parser("bench", help="training throughput (examples/s)")
+    workload = p.add_argument_group("model")
+    add_model_flag(workload)
+    add_batch_flag(workload, "global batch size (rows per step)")
+    workload.add_argument("--buckets", type=positive, default=100_000,
+                          help="hash buckets per synthetic table")
+    workload.add_argument("--dim", type=positive, default=16,
+                          help="embedding dimension")
+    cluster = p.add_argument_group("cluster")
+    add_count_flags(cluster)
+    cluster.add_argument("--single-process", action="store_true",
+                         help="no cluster: train in this process (baseline)")
+    add_step_flags(p.add_argument_group("schedule"), steps=300)
+    add_json_flag(p.add_argument_group("output"))
+    p.set_defaults(run=_cmd_bench)

@@ -1,0 +1,244 @@
+"""The job configuration of ``psrec train`` (``launch/job_config.py``): the
+one codec (``job.json``) and the refusal of options that mean nothing under
+the chosen strategy -- in the library and on the command line, before any
+server starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from psrec.data.dataset import InputConfig
+from psrec.errors import ConfigError
+from psrec.features.presets import criteo
+from psrec.features.presets import movielens
+from psrec.launch.job_config import JobConfig
+from psrec.launch.job_config import StrategyConfig
+from psrec.launch.job_config import SyntheticData
+from psrec.models.config import model_config
+from psrec.models.optim import OptimizerConfig
+from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.train_loop import LoopConfig
+
+# -- the codec ----------------------------------------------------------------------
+
+
+def _mirrored_job(tmp_path: Path) -> JobConfig:
+    """A job where every field differs from its default."""
+    return JobConfig(
+        workdir=tmp_path / "run", spec=movielens(dim=4), model_name="deepfm",
+        model=model_config("deepfm", top_mlp=(16, 8), batch_norm="sync",
+                           cross_low_rank=3),
+        optimizer=OptimizerConfig(sparse="ftrl", dense="sgd", sparse_lr=0.3,
+                                  dense_lr=0.02, base_batch_size=512,
+                                  warmup_steps=7),
+        input=InputConfig(batch_size=96, shuffle_records=8, cycle_length=2,
+                          seed=11),
+        loop=LoopConfig(steps=77, steps_per_closure=7, in_flight_per_worker=2,
+                        log_every=5, eval_every=11, checkpoint_every=22),
+        strategy=StrategyConfig(kind="mirrored", collective="nccl",
+                                mixed_precision=True, grad_accum_steps=3,
+                                memory_fraction=0.25, cpu_replicas=2,
+                                allow_remote=True),
+        data=tmp_path / "data" / "manifest.json",
+        synthetic=SyntheticData(rows=999, eval_fraction=0.3, files=3,
+                                shards=5, seed=4),
+        export=False, verify_checksums=False, max_corrupt_records=5,
+        keep_checkpoints=7, stall_timeout=12.5)
+
+
+def _ps_job(tmp_path: Path) -> JobConfig:
+    return JobConfig(
+        workdir=tmp_path / "ps-run", spec=criteo(buckets=77, dim=4),
+        model_name="dlrm", model=model_config("dlrm", bottom_mlp=(8,)),
+        strategy=StrategyConfig(kind="ps", mixed_precision=True,
+                                grad_accum_steps=2),
+        partition=PartitionConfig(kind="max-size", max_shard_bytes=1 << 20,
+                                  shards=3),
+        workers=3, ps=2, stall_timeout=None)
+
+
+@pytest.mark.parametrize("build", [_mirrored_job, _ps_job],
+                         ids=["mirrored", "ps"])
+def test_job_config_round_trips_through_dict_and_job_json(tmp_path, build):
+    config = build(tmp_path)
+    default = JobConfig()
+    differs = [f.name for f in dataclasses.fields(JobConfig)
+               if getattr(config, f.name) != getattr(default, f.name)]
+    assert len(differs) >= 5, differs
+    data = config.to_dict()
+    assert JobConfig.from_dict(data) == config
+    # Through JSON text too: tuples become lists, paths strings.
+    assert JobConfig.from_dict(json.loads(json.dumps(data))) == config
+    path = config.write(tmp_path / "ckpt")
+    assert path == tmp_path / "ckpt" / "job.json"
+    assert JobConfig.read(tmp_path / "ckpt") == config
+    assert json.loads(path.read_text())["strategy"]["kind"] == (
+        config.strategy.kind)
+
+
+def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
+    """The codec test above would miss a field the codec drops if that field
+    kept its default: the mirrored job sets every field but partition, ps and
+    workers (refused under mirrored), which the PS job sets."""
+    config, default = _mirrored_job(tmp_path), JobConfig()
+    same = {f.name for f in dataclasses.fields(JobConfig)
+            if getattr(config, f.name) == getattr(default, f.name)}
+    assert same == {"partition", "ps", "workers"}
+    ps = _ps_job(tmp_path)
+    assert all(getattr(ps, name) != getattr(default, name) for name in same)
+    strategy = config.strategy
+    assert all(getattr(strategy, f.name) != getattr(StrategyConfig(), f.name)
+               for f in dataclasses.fields(StrategyConfig))
+
+
+def test_unknown_job_keys_are_refused_by_name(tmp_path):
+    data = JobConfig().to_dict()
+    data["learning_rate"] = 0.1
+    with pytest.raises(ConfigError, match=r"unknown job keys \['learning_rate'"
+                       r"\]"):
+        JobConfig.from_dict(data)
+    (tmp_path / "job.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="learning_rate"):
+        JobConfig.read(tmp_path)
+    with pytest.raises(ConfigError, match="not a psrec checkpoint directory"):
+        JobConfig.read(tmp_path / "nowhere")
+    # Nested keys too: a ConfigError naming the key (exit 2, one line),
+    # not a TypeError from the dataclass.
+    nested = JobConfig().to_dict()
+    nested["strategy"]["kind_of"] = "ps"
+    with pytest.raises(ConfigError, match=r"unknown job keys "
+                       r"\['strategy.kind_of'\]; known in 'strategy': kind, "):
+        JobConfig.from_dict(nested)
+
+
+# -- options refused under the wrong strategy ---------------------------------------
+
+
+@pytest.mark.parametrize("kind, options, flag", [
+    ("ps", {"collective": "nccl"}, "--collective"),
+    ("ps", {"collective": "ring"}, "--collective"),
+    ("one-device", {"collective": "ring"}, "--collective"),
+    ("ps", {"cpu_replicas": 2}, "--cpu-replicas"),
+    ("one-device", {"cpu_replicas": 2}, "--cpu-replicas"),
+    ("multi-worker-mirrored", {"cpu_replicas": 2}, "--cpu-replicas"),
+    ("ps", {"memory_fraction": 0.3}, "--memory-fraction"),
+])
+def test_strategy_config_refuses_options_of_other_strategies(kind, options,
+                                                             flag):
+    with pytest.raises(ConfigError) as error:
+        StrategyConfig(kind=kind, **options)
+    message = str(error.value)
+    assert message.startswith(f"`{flag}` has no effect with --strategy "
+                              f"{kind};"), message
+
+
+@pytest.mark.parametrize("kind, fields, flag", [
+    ("mirrored", {"partition": PartitionConfig(kind="fixed")},
+     "--partitioner/--table-shards"),
+    ("mirrored", {"partition": PartitionConfig(shards=4)},
+     "--partitioner/--table-shards"),
+    ("multi-worker-mirrored", {"partition": PartitionConfig(kind="fixed")},
+     "--partitioner/--table-shards"),
+    ("mirrored", {"ps": 2}, "--ps"),
+    ("one-device", {"workers": 3}, "--workers"),
+])
+def test_job_config_refuses_options_of_other_strategies(kind, fields, flag):
+    with pytest.raises(ConfigError) as error:
+        JobConfig(strategy=StrategyConfig(kind=kind), **fields)
+    assert str(error.value).startswith(
+        f"`{flag}` has no effect with --strategy {kind};"), str(error.value)
+
+
+def test_options_that_apply_everywhere_are_accepted_under_ps():
+    config = JobConfig(strategy=StrategyConfig(
+        kind="ps", mixed_precision=True, grad_accum_steps=2))
+    assert config.strategy.mixed_precision
+    assert config.strategy.grad_accum_steps == 2
+    for kind in ("mirrored", "multi-worker-mirrored"):
+        assert StrategyConfig(kind=kind, collective="ring").collective == (
+            "ring")
+    assert StrategyConfig(kind="mirrored", cpu_replicas=2).cpu_replicas == 2
+    assert StrategyConfig(kind="one-device",
+                          memory_fraction=0.3).memory_fraction == 0.3
+
+
+def _train_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["train", "--workdir", str(tmp_path / "run"), *extra]
+
+
+class _Reached(Exception):
+    """Raised by the stand-ins of the first steps of a run."""
+
+
+def _forbid_any_work(monkeypatch) -> None:
+    """Data preparation, local servers and jobs raise if the CLI gets that
+    far (nothing may start before the configuration is accepted)."""
+    from psrec.launch import job
+    from psrec.launch import job_data
+    from psrec.launch import local
+
+    def reached(*args, **kwargs):
+        raise _Reached("the CLI went past its configuration checks")
+
+    monkeypatch.setattr(job_data, "prepare_data", reached)
+    monkeypatch.setattr(local, "LocalCluster", reached)
+    monkeypatch.setattr(job, "run_job", reached)
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (("--collective", "nccl"), "--collective"),
+    (("--collective", "ring"), "--collective"),
+    (("--cpu-replicas", "2"), "--cpu-replicas"),
+    (("--strategy", "one-device", "--cpu-replicas", "2"), "--cpu-replicas"),
+    (("--strategy", "mirrored", "--partitioner", "fixed"),
+     "--partitioner/--table-shards"),
+    (("--strategy", "mirrored", "--table-shards", "2"),
+     "--partitioner/--table-shards"),
+    (("--memory-fraction", "0.3"), "--memory-fraction"),
+])
+def test_cli_refuses_in_one_line_before_any_server_starts(
+        tmp_path, capsys, monkeypatch, extra, flag):
+    from psrec.launch.cli import main
+    _forbid_any_work(monkeypatch)
+    began = time.monotonic()
+    code = main(_train_args(tmp_path, *extra))
+    seconds = time.monotonic() - began
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"psrec train: error: `{flag}` has no effect "
+                               "with --strategy "), lines[0]
+    assert "Traceback" not in captured.err + captured.out
+    assert captured.out == ""
+    # Refused while building the configuration: no data, no servers, no
+    # processes -- nothing was written, and it took no time.
+    assert not (tmp_path / "run").exists()
+    assert seconds < 5, seconds
+
+
+def test_cli_accepts_mixed_precision_and_accumulation_under_ps(
+        tmp_path, monkeypatch):
+    """Both apply under every strategy now: the CLI builds the job and goes
+    on to prepare its data (stopped there)."""
+    from psrec.launch import job_data
+    from psrec.launch.cli import main
+    seen = []
+
+    def prepare(config, *args, **kwargs):
+        seen.append(config)
+        raise _Reached("data preparation")
+
+    monkeypatch.setattr(job_data, "prepare_data", prepare)
+    with pytest.raises(_Reached):
+        main(_train_args(tmp_path, "--mixed-precision", "--grad-accum-steps",
+                         "2", "--sync-batch-norm"))
+    [config] = seen
+    assert config.strategy == StrategyConfig(
+        kind="ps", mixed_precision=True, grad_accum_steps=2)
+    assert config.model.batch_norm == "sync"
