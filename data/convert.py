@@ -4,17 +4,22 @@ The conversion streams Parquet record batches (never the whole dataset),
 checks every file's schema against the spec before reading a row and then
 every row (``data.input_checks``), sends bad rows to a quarantine Parquet
 with their source file, row and reason, encodes categorical values with the
-same TensorFlow ops used at serving time, packs rows into block records
+same TensorFlow ops used at serving time (a null becomes the value serving
+takes as missing: ``""`` or ``-1``; null, ``""`` and ``-1`` list elements
+are padding, as in serving), packs rows into block records
 (``data.records``) and writes them round-robin to N shards under temporary
-names (``data.shard_writer``). Shards are renamed when all are complete and
-``manifest.json`` is written last, so an interrupted run leaves nothing under
-a final name, and a re-run on the same input is byte-identical.
+names (``data.shard_writer``); ``data.split`` decides which rows go to
+eval. Shards are renamed when all are complete, the spec is saved beside
+them (``spec.yaml``) and ``manifest.json`` is written last, so an
+interrupted run leaves nothing under a final name, and a re-run on the same
+input is byte-identical.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -23,28 +28,35 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import tensorflow as tf
 
+from psrec.data.input_checks import categorical_values
 from psrec.data.input_checks import check_schema
 from psrec.data.input_checks import float_values
 from psrec.data.input_checks import row_reasons
 from psrec.data.manifest import MANIFEST_NAME
+from psrec.data.manifest import SPEC_FILE_NAME
+from psrec.data.manifest import SPLITS
 from psrec.data.manifest import Manifest
-from psrec.data.records import PAD_ID
+from psrec.data.parquet_inputs import parquet_files
+from psrec.data.parquet_inputs import read_metadata
 from psrec.data.shard_writer import QUARANTINE_NAME
 from psrec.data.shard_writer import SHARD_NAME_RE
 from psrec.data.shard_writer import Quarantine
 from psrec.data.shard_writer import ShardWriter
-from psrec.errors import ConfigError
+from psrec.data.split import SPLIT_MODES
+from psrec.data.split import plan_split
 from psrec.errors import DataError
 from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.columns import CategoricalFeature
+from psrec.features.presets import with_absolute_vocabularies
 from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import ID_COLUMN
 from psrec.features.spec import FeatureSpec
+from psrec.features.transforms import MISSING_INT
+from psrec.features.transforms import MISSING_TOKEN
 from psrec.features.transforms import CategoricalEncoder
-
-SPLIT_MODES = ("tail", "hash")
 
 
 class BadDataError(DataError):
@@ -61,6 +73,10 @@ class ConversionOptions:
       eval_fraction: share of rows in the eval split, in [0, 1).
       split_mode: ``tail`` -- the last rows (time-ordered logs: evaluate on
         the most recent data) -- or ``hash`` -- a stable hash of the row id.
+      order_by: under ``tail``, the column whose last values are the eval
+        rows (ties by row id) instead of the last row ids.
+      eval_files: a glob; the rows of the inputs whose name matches it are
+        the eval split (instead of ``eval_fraction``).
       eval_shards: number of eval shards (default: ``shards``).
       block_rows: rows packed per record.
       max_bad_fraction: above this share of bad rows the conversion fails.
@@ -74,6 +90,8 @@ class ConversionOptions:
     block_rows: int = 256
     max_bad_fraction: float = 0.001
     batch_rows: int = 65_536
+    order_by: str | None = None
+    eval_files: str | None = None
 
     def __post_init__(self) -> None:
         for key in ("shards", "block_rows", "batch_rows"):
@@ -87,6 +105,16 @@ class ConversionOptions:
         check(0.0 <= self.max_bad_fraction <= 1.0, "max_bad_fraction",
               self.max_bad_fraction, "must be in [0, 1]")
         check_choice("split_mode", self.split_mode, SPLIT_MODES)
+        if self.order_by is not None:
+            check(self.split_mode == "tail" and self.eval_fraction > 0,
+                  "order_by", self.order_by, "applies to split_mode tail "
+                  "with eval_fraction > 0 (it orders the rows the tail is "
+                  "cut from)")
+        if self.eval_files is not None:
+            check(self.eval_fraction == 0 and self.split_mode == "tail"
+                  and self.order_by is None, "eval_files", self.eval_files,
+                  "picks the eval rows by file: give it without "
+                  "eval_fraction, split_mode hash and order_by")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +130,7 @@ class ConversionReport:
     truncated_lists: dict[str, int]
     quarantine: str | None
     seconds: float
+    warnings: tuple[str, ...] = ()
 
     @property
     def rows_per_second(self) -> float:
@@ -121,6 +150,7 @@ class ConversionReport:
                               for k, v in self.extra_columns.items()},
             "truncated_lists": dict(self.truncated_lists),
             "quarantine": self.quarantine, "seconds": self.seconds,
+            "warnings": list(self.warnings),
         }
 
     def summary(self) -> str:
@@ -145,37 +175,27 @@ class ConversionReport:
 # -- encoding -----------------------------------------------------------------
 
 
-def _strings(column: pa.Array) -> np.ndarray:
-    """Values in their hashed string form; null -> the missing token ""."""
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    if not (pa.types.is_string(column.type)
-            or pa.types.is_large_string(column.type)):
-        column = pc.cast(column, pa.string())
-    return pc.fill_null(column, "").to_numpy(zero_copy_only=False)
-
-
 def _encode_categorical(column: pa.Array, feature: CategoricalFeature,
                         encoder: CategoricalEncoder) -> tuple[np.ndarray, int]:
-    """Row ids ([n] or [n, L] padded with -1) and the count of cut lists."""
+    """Row ids ([n] or [n, L] padded with -1) and the count of cut lists
+    (more than ``max_length`` values besides padding)."""
     if not feature.multi_hot:
         if len(column) == 0:
             return np.zeros([0], np.int64), 0
-        return encoder.encode(feature.name, _strings(column)).numpy(), 0
+        return encoder.encode(feature.name,
+                              categorical_values(column, feature)).numpy(), 0
     column = pc.fill_null(column, pa.scalar([], column.type))
     lengths = np.asarray(pc.list_value_length(column).to_numpy(
         zero_copy_only=False), np.int64)
-    truncated = int((lengths > feature.max_length).sum())
-    values = pc.list_flatten(column)
-    out = np.full([len(column), feature.max_length], PAD_ID, np.int64)
-    if len(values):
-        ids = encoder.encode(feature.name, _strings(values)).numpy()
-        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        position = np.arange(len(ids)) - starts
-        rows = np.repeat(np.arange(len(column)), lengths)
-        keep = position < feature.max_length
-        out[rows[keep], position[keep]] = ids[keep]
-    return out, truncated
+    values = categorical_values(pc.list_flatten(column), feature)
+    pad = MISSING_INT if feature.dtype == "int64" else MISSING_TOKEN
+    rows = np.repeat(np.arange(len(column)), lengths)
+    counts = np.bincount(rows[values != pad], minlength=len(column))
+    truncated = int((counts > feature.max_length).sum())
+    dtype = tf.int64 if feature.dtype == "int64" else tf.string
+    ragged = tf.RaggedTensor.from_row_lengths(tf.constant(values, dtype),
+                                              lengths)
+    return encoder.encode_lists(feature.name, ragged).numpy(), truncated
 
 
 def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
@@ -198,72 +218,34 @@ def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
     return columns
 
 
-def _is_eval(ids: np.ndarray, total_rows: int,
-             options: ConversionOptions) -> np.ndarray:
-    if options.eval_fraction == 0:
-        return np.zeros(len(ids), bool)
-    if options.split_mode == "tail":
-        cut = total_rows - int(round(total_rows * options.eval_fraction))
-        return ids >= cut
-    # splitmix64 of the id: a stable, well-mixed hash in pure numpy.
-    z = ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z % np.uint64(1_000_000)) < np.uint64(
-        int(options.eval_fraction * 1_000_000))
+def _warnings(rows_written: dict[str, int],
+              options: ConversionOptions) -> tuple[str, ...]:
+    if rows_written["eval"]:
+        return ()
+    if options.eval_fraction == 0 and options.eval_files is None:
+        return ("no eval split written (--eval-fraction 0): nothing is held "
+                "out for evaluation; pass e.g. --eval-fraction 0.1.",)
+    return (f"no eval split written: --eval-fraction "
+            f"{options.eval_fraction:g} of {sum(rows_written.values())} rows "
+            "selected no row; raise --eval-fraction.",)
 
 
 def _clean_previous(out_dir: Path) -> None:
     """Removes the old manifest first, so stale shards are never published."""
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    (out_dir / SPEC_FILE_NAME).unlink(missing_ok=True)
     for path in out_dir.glob(".*.tmp*"):
         path.unlink()
 
 
-def parquet_files(paths: Sequence[str | Path]) -> list[str]:
-    """Input paths as Parquet files, as pyarrow's dataset discovery finds
-    them: a folder expands to every ``*.parquet`` file below it (recursive,
-    sorted, skipping names that start with ``.`` or ``_``); files stay in the
-    given order.
-
-    Raises:
-      FileNotFoundError: a path does not exist.
-      ConfigError: a folder holds no ``*.parquet`` file.
-    """
-    files: list[str] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found = sorted(
-                file.relative_to(path).as_posix()
-                for file in path.rglob("*.parquet") if file.is_file()
-                and not any(part.startswith((".", "_"))
-                            for part in file.relative_to(path).parts))
-            if not found:
-                raise ConfigError(
-                    f"input folder {path} holds no *.parquet file; pass "
-                    "Parquet files or a folder of them (`psrec ingest` "
-                    "turns raw Criteo TSV or MovieLens files into Parquet).")
-            files += [str(path / name) for name in found]
-        elif path.is_file():
-            files.append(str(path))
-        else:
-            raise FileNotFoundError(
-                f"input Parquet file {path} does not exist.")
-    return files
-
-
-def _read_metadata(path: str) -> pq.FileMetaData:
+def _save_spec(spec: FeatureSpec, out_dir: Path) -> str:
+    """Saves the spec beside the data (temp file + rename)."""
+    tmp = out_dir / f".spec.tmp-{os.getpid()}.yaml"
     try:
-        return pq.read_metadata(path)
-    except pa.ArrowException as error:
-        reason = str(error).splitlines()[0] if str(error) else type(
-            error).__name__
-        raise ConfigError(
-            f"input {path} is not a Parquet file ({reason}); convert takes "
-            "Parquet: run `psrec ingest criteo|movielens` on raw files "
-            "first.") from error
+        os.replace(spec.save(tmp), out_dir / SPEC_FILE_NAME)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return SPEC_FILE_NAME
 
 
 def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
@@ -274,7 +256,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
 
     Args:
       parquet_paths: input files, read in the given order (row ids follow
-        it), or folders of them (see :func:`parquet_files`).
+        it), or folders of them (see
+        :func:`~psrec.data.parquet_inputs.parquet_files`).
       spec: the feature spec.
       out_dir: output folder (created).
       options: see :class:`ConversionOptions`.
@@ -292,15 +275,21 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     paths = parquet_files(list(parquet_paths))
     if not paths:
         raise ValueError("give at least one Parquet file to convert.")
+    spec = with_absolute_vocabularies(spec)  # the form saved beside the data
     spec.check_vocabularies()
     extras, sources = {}, []
     for path in paths:  # every schema is checked before any row is read
-        metadata = _read_metadata(path)
+        metadata = read_metadata(path)
         found = check_schema(path, metadata.schema.to_arrow_schema(), spec)
         if found:
             extras[path] = found
         sources.append({"file": path, "rows": metadata.num_rows})
     total_rows = sum(s["rows"] for s in sources)
+    split = plan_split(paths, [s["rows"] for s in sources],
+                       mode=options.split_mode,
+                       eval_fraction=options.eval_fraction,
+                       order_by=options.order_by,
+                       eval_files=options.eval_files)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -308,12 +297,13 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     encoder = CategoricalEncoder(spec)
     writers = {"train": ShardWriter(out, "train", options.shards,
                                      options.block_rows)}
-    if options.eval_fraction > 0:
+    if split.has_eval:
         writers["eval"] = ShardWriter(
             out, "eval", options.eval_shards or options.shards,
             options.block_rows)
     quarantine = Quarantine(out)
     truncated: collections.Counter = collections.Counter()
+    positives = dict.fromkeys(SPLITS, 0)
     next_id = 0
     try:
         for path in paths:
@@ -333,7 +323,10 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                     ids = ids[keep]
                 columns = _encode_rows(batch, spec, encoder, truncated)
                 columns[ID_COLUMN] = ids
-                to_eval = _is_eval(ids, total_rows, options)
+                to_eval = split.is_eval(ids)
+                label = columns[spec.label.name]
+                positives["train"] += np.count_nonzero(label[~to_eval])
+                positives["eval"] += np.count_nonzero(label[to_eval])
                 writers["train"].add({k: v[~to_eval]
                                       for k, v in columns.items()})
                 if "eval" in writers:
@@ -370,16 +363,19 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     manifest = Manifest(
         root=out, spec_name=spec.name, spec_hash=spec.fingerprint(),
         block_rows=options.block_rows, shards=shards,
-        split={"mode": options.split_mode,
-               "eval_fraction": options.eval_fraction},
+        split=split.to_dict(),
         bad_rows=quarantine.count,
         quarantine=QUARANTINE_NAME if quarantine_path else None,
-        sources=tuple(sources))
+        sources=tuple(sources),
+        positives={k: int(v) for k, v in positives.items()},
+        spec_file=_save_spec(spec, out))
     manifest.write()
+    rows_written = {k: sum(s.rows for s in v) for k, v in shards.items()}
     return ConversionReport(
         manifest=manifest, rows_read=total_rows,
-        rows_written={k: sum(s.rows for s in v) for k, v in shards.items()},
+        rows_written=rows_written,
         bad_rows=quarantine.count, bad_reasons=dict(quarantine.reasons),
         extra_columns=extras, truncated_lists=dict(truncated),
-        quarantine=quarantine_path, seconds=time.perf_counter() - start)
+        quarantine=quarantine_path, seconds=time.perf_counter() - start,
+        warnings=_warnings(rows_written, options))
 

@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 from psrec.data.files import atomic_output
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
+from psrec.data.ingest import check_sources
+from psrec.data.ingest import output_stem
 from psrec.data.ingest import prepare_out_dir
-from psrec.data.ingest import require_file
 
 CRITEO_LABEL_COLUMN = "label"
 CRITEO_INTEGER_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, 14))
@@ -26,7 +27,6 @@ CRITEO_COLUMNS: tuple[str, ...] = (
     (CRITEO_LABEL_COLUMN,) + CRITEO_INTEGER_COLUMNS + CRITEO_CATEGORICAL_COLUMNS)
 
 # Suffixes that pyarrow decompresses transparently; dropped from output names.
-_COMPRESSION_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".lz4"})
 # How much of a file is read to count the fields of its first line.
 _SNIFF_BYTES = 1 << 16
 _CRITEO_FIX = (
@@ -45,13 +45,6 @@ def criteo_schema(*, labelled: bool = True) -> pa.Schema:
     if labelled:
         fields.insert(0, pa.field(CRITEO_LABEL_COLUMN, pa.int64()))
     return pa.schema(fields)
-
-
-def _output_stem(path: Path) -> str:
-    """The output base name: the input stem, minus compression."""
-    if path.suffix.lower() in _COMPRESSION_SUFFIXES:
-        path = path.with_suffix("")
-    return path.stem
 
 
 def _criteo_is_labelled(path: Path) -> bool:
@@ -159,22 +152,10 @@ def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
       IngestError: if an input is missing or empty, the inputs mix layouts
         or map to the same output name, or a row does not parse.
     """
-    sources = [Path(p) for p in tsv_paths]
-    if not sources:
-        raise IngestError(
-            "ingest_criteo got no input files; pass at least one TSV path.")
     if block_size_bytes <= 0:
         raise IngestError(f"block_size_bytes must be positive, got "
                           f"{block_size_bytes}; use e.g. 64 << 20.")
-    for src in sources:
-        require_file(src, "Criteo file")
-    stems = [_output_stem(src) for src in sources]
-    if len(set(stems)) != len(stems):
-        dup = sorted({s for s in stems if stems.count(s) > 1})
-        raise IngestError(
-            f"Criteo inputs map to the same output name(s) {dup}: "
-            f"{[str(s) for s in sources]}; rename the inputs so their stems "
-            "differ, or ingest them into different folders.")
+    sources = check_sources(tsv_paths, "Criteo file")
     layouts = [_criteo_is_labelled(src) for src in sources]
     if len(set(layouts)) > 1:
         labelled_files = [str(s) for s, lab in zip(sources, layouts) if lab]
@@ -184,8 +165,8 @@ def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
             f"unlabelled files {unlabelled}; ingest them in separate calls.")
     out = prepare_out_dir(out_dir)
     files, total_rows, total_positives = [], 0, 0
-    for src, stem, labelled in zip(sources, stems, layouts):
-        dst = out / f"{stem}.parquet"
+    for src, labelled in zip(sources, layouts):
+        dst = out / f"{output_stem(src)}.parquet"
         rows, positives = _ingest_criteo_file(src, dst, labelled,
                                               block_size_bytes)
         files.append(str(dst))

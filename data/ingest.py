@@ -6,14 +6,22 @@ explicit schema and written to Parquet; nothing is filtered or range-checked
 run with :class:`IngestError`; rows are never skipped silently. Every file is
 written with ``data.files.atomic_output`` (under a hidden temporary name,
 renamed into place when complete). No TensorFlow, and no Python loop per
-row. The datasets: ``data.criteo`` (Kaggle Criteo TSV) and ``data.movielens``
-(MovieLens 100k).
+row. The datasets: ``data.criteo`` (Kaggle Criteo TSV), ``data.movielens``
+(MovieLens 100k), and the generic readers ``data.tabular`` (any delimited
+text), ``data.libfm`` (libFM/libSVM lines) and ``data.jsonl`` (JSON lines),
+whose helpers are below.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
+
+import pyarrow as pa
 
 from psrec.errors import ConfigError
 
@@ -73,3 +81,117 @@ def require_file(path: Path, what: str) -> None:
     if not path.is_file():
         raise IngestError(f"{what} {str(path)!r} does not exist or is not a "
                           "file; check the path.")
+
+
+# -- shared by the generic readers (data.tabular, data.libfm, data.jsonl) ----
+
+# Compression recognised by the input's last suffix; dropped from output names.
+COMPRESSION_BY_SUFFIX = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd",
+                         ".lz4": "lz4"}
+# A thin progress sink: the CLI passes a printer to stderr.
+ProgressFn = Callable[[str], None]
+
+
+def compression_of(path: Path) -> str | None:
+    """The pyarrow codec name of ``path``'s compression suffix, or None."""
+    return COMPRESSION_BY_SUFFIX.get(path.suffix.lower())
+
+
+def output_stem(path: Path) -> str:
+    """The output base name: the input's name without compression and the
+    last remaining suffix (``day_1.csv.gz`` -> ``day_1``)."""
+    if compression_of(path):
+        path = path.with_suffix("")
+    return path.stem
+
+
+def check_sources(paths: Sequence[str | Path], what: str) -> list[Path]:
+    """The inputs as paths: at least one, each an existing file, their
+    output stems distinct (one Parquet file per input)."""
+    sources = [Path(p) for p in paths]
+    if not sources:
+        raise IngestError(f"no {what} given; pass at least one input file.")
+    for src in sources:
+        require_file(src, what)
+    stems = [output_stem(src) for src in sources]
+    if len(set(stems)) != len(stems):
+        dup = sorted({s for s in stems if stems.count(s) > 1})
+        raise IngestError(
+            f"{what}s map to the same output name(s) {dup}: "
+            f"{[str(s) for s in sources]}; rename the inputs so their stems "
+            "differ, or ingest them into different folders.")
+    return sources
+
+
+@contextlib.contextmanager
+def open_input(path: Path) -> Iterator[tuple[pa.NativeFile, pa.NativeFile]]:
+    """Yields ``(raw, stream)``: the file as stored and the byte stream to
+    parse, decompressed on the fly when the suffix says so. ``raw.tell()``
+    is how far into the stored file the reader has got (for progress)."""
+    with pa.OSFile(str(path), "rb") as raw:
+        codec = compression_of(path)
+        if codec is None:
+            yield raw, raw
+            return
+        with pa.CompressedInputStream(raw, codec) as stream:
+            yield raw, stream
+
+
+def first_line(path: Path, limit: int = 1 << 20) -> bytes:
+    """The first line of ``path`` (decompressed, without its newline; at
+    most ``limit`` bytes); refuses an empty file."""
+    with open_input(path) as (_, stream):
+        head = stream.read(limit)
+    if not head.strip():
+        raise IngestError(f"Input file {str(path)!r} is empty; check the "
+                          "file or remove it from the inputs.")
+    return head.split(b"\n", 1)[0].rstrip(b"\r")
+
+
+def find_line(path: Path, text: str, chunk: int = 8 << 20) -> int | None:
+    """The 1-based number of the first line of ``path`` that is exactly
+    ``text``, or None; an error-path helper, streamed chunk by chunk."""
+    needle = b"\n" + text.encode("utf-8", "replace")
+    lines, tail = 0, b"\n"
+    with open_input(path) as (_, stream):
+        while True:
+            data = stream.read(chunk)
+            buf = tail + data
+            start = 0
+            while (hit := buf.find(needle, start)) >= 0:
+                end = hit + len(needle)
+                if end == len(buf) and data:
+                    break  # the line may go on in the next chunk
+                if end == len(buf) or buf[end:end + 1] in (b"\n", b"\r"):
+                    return lines + buf.count(b"\n", 0, hit) + 1
+                start = hit + 1
+            if not data:
+                return None
+            keep = min(len(buf), len(needle) + 1)
+            lines += buf.count(b"\n", 0, len(buf) - keep)
+            tail = buf[len(buf) - keep:]
+
+
+class ProgressMeter:
+    """Calls ``progress`` with one line each time another ``every_bytes``
+    of a file (as stored) or ``every_rows`` rows have been read."""
+
+    def __init__(self, progress: ProgressFn | None, path: Path,
+                 raw: pa.NativeFile, *, every_bytes: int = 64 << 20,
+                 every_rows: int = 1_000_000) -> None:
+        self.progress, self.path, self.raw = progress, path, raw
+        self.every_bytes, self.every_rows = every_bytes, every_rows
+        self.total = path.stat().st_size
+        self.rows = self._rows_said = self._bytes_said = 0
+
+    def add(self, rows: int) -> None:
+        self.rows += rows
+        if self.progress is None:
+            return
+        done = self.raw.tell()
+        if (done - self._bytes_said >= self.every_bytes
+                or self.rows - self._rows_said >= self.every_rows):
+            self._rows_said, self._bytes_said = self.rows, done
+            self.progress(
+                f"ingest {self.path.name}: {self.rows:,} rows, "
+                f"{done / 2**20:,.1f} of {self.total / 2**20:,.1f} MiB read")

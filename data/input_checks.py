@@ -9,7 +9,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from psrec.errors import ConfigError
+from psrec.errors import DataError
+from psrec.features.columns import CategoricalFeature
 from psrec.features.spec import FeatureSpec
+from psrec.features.transforms import MISSING_INT
+from psrec.features.transforms import MISSING_TOKEN
 
 
 class SchemaError(ConfigError):
@@ -91,6 +95,24 @@ def float_values(column: pa.Array, fill: float) -> np.ndarray:
         column = column.dictionary_decode()
     return np.asarray(pc.fill_null(pc.cast(column, pa.float64()), fill)
                       .to_numpy(zero_copy_only=False))
+
+
+def categorical_values(column: pa.Array, feature: CategoricalFeature) -> np.ndarray:
+    """Values as the serving function takes them: strings with null -> the
+    missing token ``""``, or int64 with null -> ``MISSING_INT`` (-1)."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if feature.dtype != "int64":
+        return pc.fill_null(column, MISSING_TOKEN).to_numpy(
+            zero_copy_only=False)
+    try:
+        column = pc.cast(column, pa.int64())
+    except pa.ArrowInvalid as error:
+        raise DataError(
+            f"categorical feature {feature.name!r}: {error}; an int64 "
+            "feature takes values that fit int64 (as serving does).") from None
+    return np.asarray(pc.fill_null(column, MISSING_INT).to_numpy(
+        zero_copy_only=False), np.int64)
 
 
 def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:

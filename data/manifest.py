@@ -1,9 +1,11 @@
 """``manifest.json``: the commit marker and table of contents of a conversion.
 
 It is written last, under a temporary name and renamed, so its presence
-means every shard it lists was complete. It records the spec hash, rows,
-bytes and sha256 of every shard, the split, the bad-row count and the
-sources.
+means every shard it lists was complete. It records the spec (hash, and
+the file beside it that holds the spec: ``spec.yaml``), rows, bytes and
+sha256 of every shard, the split, the count of positive labels per split,
+the bad-row count and the sources. :func:`spec_for` picks the spec a job
+reads the data with: the data's own, unless overridden.
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ from typing import Any
 
 from psrec.data.files import write_json_atomic
 from psrec.errors import ConfigError
+from psrec.features.presets import PRESETS
+from psrec.features.presets import resolve_spec
+from psrec.features.presets import with_absolute_vocabularies
+from psrec.features.spec import FeatureSpec
 
 MANIFEST_NAME = "manifest.json"
+SPEC_FILE_NAME = "spec.yaml"
 FORMAT = "psrec-blocks-v1"
 SPLITS = ("train", "eval")
 
@@ -47,10 +54,15 @@ class Manifest:
       spec_hash: ``FeatureSpec.fingerprint()`` of the spec used.
       block_rows: rows per block record.
       shards: split name -> shards.
-      split: how rows were split (mode, eval_fraction).
+      split: how rows were split (mode, eval_fraction; order_by or
+        eval_files when used, see ``data.split``).
       bad_rows: rows quarantined.
       quarantine: file name of the quarantine Parquet, if any.
       sources: input files and their row counts.
+      positives: split name -> rows with a positive label; None for a
+        manifest written before psrec recorded it.
+      spec_file: the spec's file (relative to ``root``); None for a
+        manifest written before psrec saved the spec beside the data.
     """
 
     root: Path
@@ -62,22 +74,33 @@ class Manifest:
     bad_rows: int
     quarantine: str | None
     sources: tuple[dict[str, Any], ...]
+    positives: dict[str, int] | None = None
+    spec_file: str | None = None
 
     def files(self, split: str = "train") -> list[str]:
         """Absolute paths of a split's shards, in order."""
-        if split not in SPLITS:
-            raise ManifestError(
-                f"split {split!r} is not one of {', '.join(SPLITS)}.")
+        _check_split(split)
         return [str(self.root / s.file) for s in self.shards[split]]
 
     def rows(self, split: str = "train") -> int:
+        _check_split(split)
         return sum(s.rows for s in self.shards[split])
+
+    def positive_rate(self, split: str = "train") -> float | None:
+        """The share of positive labels in a split (the base rate an output
+        bias starts at); None when the manifest does not record positives
+        (written by an older psrec) or the split has no rows."""
+        rows = self.rows(split)
+        if self.positives is None or not rows:
+            return None
+        return self.positives[split] / rows
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "spec_name": self.spec_name,
             "spec_hash": self.spec_hash,
+            "spec_file": self.spec_file,
             "block_rows": self.block_rows,
             "shards": {k: [dataclasses.asdict(s) for s in v]
                        for k, v in self.shards.items()},
@@ -85,6 +108,7 @@ class Manifest:
             "bad_rows": self.bad_rows,
             "quarantine": self.quarantine,
             "sources": list(self.sources),
+            "positives": self.positives,
         }
 
     def write(self) -> Path:
@@ -117,6 +141,8 @@ class Manifest:
                 bad_rows=int(data["bad_rows"]),
                 quarantine=data.get("quarantine"),
                 sources=tuple(data["sources"]),
+                positives=_positives(data.get("positives")),
+                spec_file=data.get("spec_file"),
             )
         except (KeyError, TypeError, json.JSONDecodeError) as error:
             raise ManifestError(f"{path} is malformed: {error!r}") from None
@@ -137,6 +163,30 @@ class Manifest:
         problems = self.mismatches(checksums=checksums, first_only=True)
         if problems:
             raise ManifestError(problems[0][2])
+
+    def load_spec(self) -> FeatureSpec | None:
+        """The spec saved beside the data; None when the manifest names no
+        spec file (written by an older psrec).
+
+        Raises:
+          ManifestError: the file is missing or was changed since the
+            conversion (its fingerprint is not the recorded spec hash).
+        """
+        if self.spec_file is None:
+            return None
+        path = self.root / self.spec_file
+        if not path.is_file():
+            raise ManifestError(
+                f"{path}, the spec file {self.root / MANIFEST_NAME} names, "
+                "is missing; convert again or pass the spec with --spec.")
+        spec = FeatureSpec.load(path)
+        if spec.fingerprint() != self.spec_hash:
+            raise ManifestError(
+                f"{path} hashes to {spec.fingerprint()[:12]}, not to the "
+                f"spec hash {self.spec_hash[:12]} recorded in "
+                f"{MANIFEST_NAME}: it (or a vocabulary it names) was changed "
+                "after the conversion; restore it or convert again.")
+        return spec
 
     def check_spec(self, spec_hash: str) -> None:
         """Raises unless the data was converted with this spec."""
@@ -183,6 +233,81 @@ class Manifest:
                          for s in infos)
             for split, infos in self.shards.items()}
         return dataclasses.replace(self, shards=shards)
+
+
+def _describe(spec: FeatureSpec | None, name: str, spec_hash: str) -> str:
+    return f"{spec.name if spec else name!r} ({spec_hash[:12]})"
+
+
+def spec_for(manifest: Manifest | None,
+             override: str | Path | FeatureSpec | None = None, *,
+             default: str = "criteo", flag: str = "--spec") -> FeatureSpec:
+    """The spec to read data with, in the form convert fingerprints (see
+    :func:`~psrec.features.presets.with_absolute_vocabularies`).
+
+    Args:
+      manifest: the data's manifest; None for data the job generates.
+      override: a preset name, spec file or spec given explicitly.
+      default: the preset used without manifest and override.
+      flag: the option ``override`` came from, named in errors.
+
+    Returns:
+      Without a manifest: ``override``, else ``default``. With a manifest
+      naming its spec file: that spec, or ``override`` when it is the same
+      spec. With an older manifest: ``override``, else the preset whose
+      fingerprint is the recorded spec hash.
+
+    Raises:
+      ConfigError: ``override`` is another spec than the data's (naming
+        both), or an older manifest's spec is no preset and no override is
+        given.
+      ManifestError: the saved spec file is missing or was changed.
+    """
+    if manifest is None:
+        return with_absolute_vocabularies(
+            resolve_spec(default if override is None else override))
+    saved = manifest.load_spec()
+    if override is None:
+        if saved is not None:
+            return saved
+        for build in PRESETS.values():
+            spec = build()
+            if spec.fingerprint() == manifest.spec_hash:
+                return spec
+        raise ConfigError(
+            f"the data in {manifest.root} was converted with spec "
+            f"{_describe(None, manifest.spec_name, manifest.spec_hash)}, "
+            f"which is no preset, and its manifest names no spec file; pass "
+            f"the spec file it was converted with as {flag} FILE.")
+    given = resolve_spec(override)
+    for spec in (with_absolute_vocabularies(given), given):
+        if spec.fingerprint() == manifest.spec_hash:
+            return spec
+    given = with_absolute_vocabularies(given)
+    value = override.name if isinstance(override, FeatureSpec) else str(
+        override)
+    data_spec = _describe(saved, manifest.spec_name, manifest.spec_hash)
+    advice = (f"drop {flag} to use the data's own spec "
+              f"({manifest.root / manifest.spec_file})" if saved is not None
+              else "pass the spec the data was converted with")
+    raise ConfigError(
+        f"`{flag}` = {value!r} is spec "
+        f"{_describe(given, '', given.fingerprint())}, but the data in "
+        f"{manifest.root} was converted with spec {data_spec}; {advice}, or "
+        "convert the data again with this spec.")
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ManifestError(
+            f"split {split!r} is not one of {', '.join(SPLITS)}.")
+
+
+def _positives(data: Any) -> dict[str, int] | None:
+    """The recorded positives; None (older manifests) when absent."""
+    if data is None:
+        return None
+    return {split: int(data[split]) for split in SPLITS}
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

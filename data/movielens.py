@@ -1,5 +1,6 @@
 """MovieLens 100k -> one Parquet table: ``u.data`` ratings joined with the
-``u.item`` genres and ``u.user`` demographics (see ``data.ingest``)."""
+``u.item`` genres and ``u.user`` demographics (see ``data.ingest``), in
+time order, so a tail split evaluates on the most recent ratings."""
 
 from __future__ import annotations
 
@@ -129,8 +130,10 @@ def ingest_movielens(ml_dir: str | Path, out_dir: str | Path) -> IngestReport:
 
     Reads ``u.data`` (ratings), ``u.item`` (movies, latin-1), ``u.genre`` and
     ``u.user`` from ``ml_dir`` and writes ``out_dir/movielens.parquet``
-    (replacing it): one row per rating, in ``u.data`` order, with the
-    columns of :func:`movielens_schema`; ``genres`` lists the genres flagged
+    (replacing it): one row per rating, ordered by ``timestamp`` (ratings
+    of the same second keep their ``u.data`` order), so ``psrec convert
+    --split tail`` puts the most recent ratings in eval; with the columns
+    of :func:`movielens_schema`; ``genres`` lists the genres flagged
     1 for the movie, in ``u.genre`` order. ``positives`` of the report
     counts ratings of 4 or more.
 
@@ -148,6 +151,8 @@ def ingest_movielens(ml_dir: str | Path, out_dir: str | Path) -> IngestReport:
     ratings = _read_table(
         ml / "u.data", "MovieLens ratings file", _RATING_COLUMNS,
         {name: pa.int64() for name in _RATING_COLUMNS}, delimiter="\t")
+    ratings = ratings.take(pc.sort_indices(  # stable: ties keep file order
+        ratings, sort_keys=[("timestamp", "ascending")]))
 
     item_path = ml / "u.item"
     flag_names = [f"genre_{i}" for i in range(len(genre_names))]

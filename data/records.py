@@ -32,9 +32,9 @@ from psrec.errors import DataError
 from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import ID_COLUMN
 from psrec.features.spec import FeatureSpec
+from psrec.features.transforms import PAD_ID as PAD_ID  # the padding id
 
 ROWS_KEY = "__rows__"
-PAD_ID = -1
 
 
 class CorruptRecordError(DataError):

@@ -138,7 +138,8 @@ class CategoricalFeature:
         row_offset: first table row used by this feature; features sharing a
             table with equal offsets share rows (same value, same embedding).
         max_length: 1 for a single value; > 1 for a multi-hot list column,
-            of which the first ``max_length`` values are kept.
+            of which the first ``max_length`` non-padding values are kept
+            (null, ``""`` and ``-1`` elements are padding).
         combiner: how a multi-hot list is reduced: ``sum`` or ``mean``.
         required: when true, a null is a bad row; otherwise null is hashed as
             the empty string (its own "missing" bucket).

@@ -1,11 +1,14 @@
 """Named feature specs shipped with psrec: ``criteo`` and ``movielens``.
 
-Presets are built in code from one pattern each (no copied variants), and
-``resolve_spec`` turns a preset name or a spec file path into a spec.
+Presets are built in code from one pattern each (no copied variants),
+``resolve_spec`` turns a preset name or a spec file path into a spec and
+``with_absolute_vocabularies`` gives a spec the form that reads the same
+files from any folder (the form ``psrec convert`` saves beside its data).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -101,3 +104,20 @@ def resolve_spec(spec: str | Path | FeatureSpec) -> FeatureSpec:
         f"`--spec` = {text!r} is neither a preset ({', '.join(PRESETS)}) "
         "nor an existing YAML/JSON file."
     )
+
+
+def with_absolute_vocabularies(spec: FeatureSpec) -> FeatureSpec:
+    """``spec`` with every relative ``vocabulary_file`` made absolute
+    (against the current folder, which relative paths already mean), so a
+    copy of the spec saved anywhere reads the same vocabularies and keeps
+    its fingerprint; a spec without relative vocabulary paths is returned
+    as is."""
+    categorical = tuple(
+        dataclasses.replace(
+            feature, vocabulary_file=str(Path(feature.vocabulary_file).absolute()))
+        if feature.vocabulary_file is not None
+        and not Path(feature.vocabulary_file).is_absolute() else feature
+        for feature in spec.categorical)
+    if categorical == spec.categorical:
+        return spec
+    return dataclasses.replace(spec, categorical=categorical)

@@ -4,7 +4,13 @@ serving so that the three can never disagree.
 * :class:`CategoricalEncoder` turns raw categorical values (strings or ints)
   into embedding-table row ids: a stable FarmHash fingerprint of the value's
   string form (``tf.strings.to_hash_bucket_fast``), or a vocabulary lookup,
-  plus the feature's row offset.
+  plus the feature's row offset; multi-hot lists become ``[batch,
+  max_length]`` ids with padding dropped (:meth:`CategoricalEncoder.encode_lists`).
+* The missing/padding values, the same at conversion and at serving: a
+  missing single value (null, ``""`` or, for ints, ``-1``) is hashed as the
+  missing token ``""``; in a multi-hot list a null, ``""`` (string lists) or
+  ``-1`` (int lists) element is padding: it is dropped, and the list's
+  remaining values move up (only they count towards ``max_length``).
 * :func:`transform_dense` applies the spec's dense transforms to a
   ``[batch, num_dense]`` matrix of raw values (NaN = missing).
 """
@@ -18,14 +24,24 @@ from psrec.features.columns import CategoricalFeature
 from psrec.features.spec import FeatureSpec
 
 MISSING_TOKEN = ""  # how a missing categorical value is hashed
+MISSING_INT = -1  # the missing value of an int64 feature (no null in int64)
+PAD_ID = -1  # the row id of a multi-hot padding slot (masked by the model)
 
 
 def as_strings(values: tf.Tensor) -> tf.Tensor:
-    """The string form that hashing and vocabularies see (ints in decimal)."""
+    """The string form that hashing and vocabularies see: ints in decimal,
+    except :data:`MISSING_INT`, which is the missing token like a null."""
     values = tf.convert_to_tensor(values)
     if values.dtype == tf.string:
         return values
-    return tf.strings.as_string(values)
+    return tf.where(tf.equal(values, tf.cast(MISSING_INT, values.dtype)),
+                    MISSING_TOKEN, tf.strings.as_string(values))
+
+
+def padding_value(dtype: tf.DType) -> str | int:
+    """The multi-hot padding element of raw values of ``dtype``: ``""`` for
+    strings, :data:`MISSING_INT` for ints (nulls are filled with it)."""
+    return MISSING_TOKEN if dtype == tf.string else MISSING_INT
 
 
 class CategoricalEncoder(tf.Module):
@@ -68,6 +84,28 @@ class CategoricalEncoder(tf.Module):
         else:
             bucket = self._tables[name].lookup(strings)
         return bucket + feature.row_offset
+
+    def encode_lists(self, name: str,
+                     values: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
+        """Row ids ``[batch, max_length]`` of multi-hot lists.
+
+        Padding elements (:func:`padding_value`) are dropped and the rest
+        keep their order; the first ``max_length`` of them are encoded and
+        the remaining slots are :data:`PAD_ID`.
+
+        Args:
+          name: the multi-hot feature's name.
+          values: ``[batch, n]`` raw values, dense (serving: padded rows) or
+            ragged (conversion: one list per row), string or int.
+        """
+        feature = self._features[name]
+        if not isinstance(values, tf.RaggedTensor):
+            values = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(values))
+        pad = padding_value(values.dtype)
+        values = tf.ragged.boolean_mask(values, tf.not_equal(values, pad))
+        ids = tf.ragged.map_flat_values(self.encode, name, values)
+        return ids.to_tensor(default_value=tf.constant(PAD_ID, tf.int64),
+                             shape=[None, feature.max_length])
 
 
 def dense_constants(spec: FeatureSpec) -> dict[str, np.ndarray]:

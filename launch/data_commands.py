@@ -29,10 +29,71 @@ def _existing_files(paths: Sequence[str], what: str) -> list[str]:
     return list(paths)
 
 
+_FORMAT_FLAGS = {"delimiter": ("csv",), "header": ("csv",),
+                 "columns": ("csv",), "types": ("csv", "jsonl"),
+                 "fields": ("libfm",)}
+
+
+def _progress_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _names(text: str, flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise UsageError(f"{flag} {text!r}: give comma-separated names, "
+                         "none empty (e.g. a,b,c)")
+    return names
+
+
+def _types(text: str | None) -> dict[str, str]:
+    """``COL=TYPE,...`` -> ``{COL: TYPE}`` (type names checked later)."""
+    types: dict[str, str] = {}
+    for item in text.split(",") if text else []:
+        column, sep, name = item.partition("=")
+        if not sep or not column.strip() or not name.strip():
+            raise UsageError(f"--types {text!r}: give COL=TYPE pairs "
+                             "separated by commas (e.g. click=int64,price="
+                             "float64)")
+        types[column.strip()] = name.strip()
+    return types
+
+
+def _delimiter(text: str) -> str:
+    """``\\t`` and ``tab`` name the tab (hard to type in a shell)."""
+    return "\t" if text in ("\\t", "tab") else text
+
+
+def _ingest_generic(args: argparse.Namespace) -> object:
+    inputs = _existing_files(args.inputs, "input file")
+    if args.dataset == "csv":
+        from psrec.data.tabular import ingest_csv
+        return ingest_csv(
+            inputs, args.out, delimiter=_delimiter(args.delimiter or ","),
+            header=args.header is not False,
+            columns=_names(args.columns, "--columns") if args.columns
+            else None, column_types=_types(args.types),
+            progress=_progress_to_stderr)
+    if args.dataset == "libfm":
+        from psrec.data.libfm import ingest_libfm
+        return ingest_libfm(
+            inputs, args.out, progress=_progress_to_stderr,
+            fields=_names(args.fields, "--fields") if args.fields else None)
+    from psrec.data.jsonl import ingest_jsonl
+    return ingest_jsonl(inputs, args.out, column_types=_types(args.types),
+                        progress=_progress_to_stderr)
+
+
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from psrec.data.criteo import ingest_criteo
     from psrec.data.movielens import ingest_movielens
-    if args.dataset == "criteo":
+    for flag, formats in _FORMAT_FLAGS.items():
+        if getattr(args, flag) is not None and args.dataset not in formats:
+            raise UsageError(f"--{flag} applies to ingest "
+                             f"{' / '.join(formats)}, not {args.dataset}")
+    if args.dataset in ("csv", "libfm", "jsonl"):
+        report = _ingest_generic(args)
+    elif args.dataset == "criteo":
         report = ingest_criteo(_existing_files(args.inputs, "input TSV"),
                                args.out)
     else:
@@ -52,33 +113,25 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     options = ConversionOptions(
         shards=args.shards, eval_fraction=args.eval_fraction,
         split_mode=args.split, eval_shards=args.eval_shards,
-        block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction)
+        block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
+        order_by=args.order_by, eval_files=args.eval_files)
     report = convert(_existing_files(args.inputs, "input Parquet"),
                      resolve_spec(args.spec), args.out, options)
     print_result(args, report)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     return EXIT_OK
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     from psrec.data.audit import audit_shards
     from psrec.data.manifest import Manifest
+    from psrec.data.manifest import spec_for
     manifest = Manifest.load(args.manifest)
-    spec = resolve_spec(args.spec) if args.spec else _spec_of(manifest)
+    spec = spec_for(manifest, args.spec)
     report = audit_shards(manifest, spec, args.pipelines, split=args.split)
     print_result(args, report)
     return EXIT_OK if report.ok else EXIT_FAILURE
-
-
-def _spec_of(manifest) -> object:
-    """The preset a manifest was converted with, when it is one."""
-    from psrec.features.presets import PRESETS
-    for build in PRESETS.values():
-        spec = build()
-        if spec.fingerprint() == manifest.spec_hash:
-            return spec
-    raise UsageError(
-        f"the manifest's spec ({manifest.spec_name}) is not a default preset; "
-        "pass it with --spec FILE.")
 
 
 def _cmd_spec(args: argparse.Namespace) -> int:
@@ -132,14 +185,39 @@ def _cmd_tf_config(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers the data-side sub-commands."""
 
-    p = sub.add_parser("ingest", help="raw Criteo TSV / MovieLens -> Parquet",
-                       description="Raw Criteo TSV files or the MovieLens "
-                       "ml-100k folder -> Parquet.")
-    p.add_argument("dataset", choices=("criteo", "movielens"),
-                   help="the raw format: criteo or movielens")
+    p = sub.add_parser(
+        "ingest", help="raw logs (Criteo, MovieLens, CSV, libFM, JSON "
+        "lines) -> Parquet",
+        description="Raw files -> Parquet, one file per input (MovieLens: "
+        "one table), streamed block by block; .gz/.bz2/.zst/.lz4 inputs are "
+        "read directly. A row that does not parse stops the run naming file "
+        "and line; no row is skipped.")
+    p.add_argument("dataset", choices=("criteo", "movielens", "csv", "libfm",
+                                       "jsonl"),
+                   help="the raw format: criteo (Kaggle TSV), movielens "
+                   "(ml-100k folder), csv (any delimited text), libfm "
+                   "(libFM/libSVM lines) or jsonl (one JSON object a line)")
     p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="Criteo TSV files, or the ml-100k folder")
+                   help="input files, or the ml-100k folder")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--delimiter", default=None,
+                   help="csv: one-character field separator; 'tab' or "
+                   "'\\t' for a tab (default: ,)")
+    p.add_argument("--header", action=argparse.BooleanOptionalAction,
+                   default=None, help="csv: line 1 holds the column names "
+                   "(default: --header)")
+    p.add_argument("--columns", default=None, metavar="A,B,...",
+                   help="csv: column names; replace the header line, or name "
+                   "the fields of a --no-header file (default: the header, "
+                   "or f0,f1,...)")
+    p.add_argument("--types", default=None, metavar="COL=TYPE,...",
+                   help="csv, jsonl: column types (int64, int32, float64, "
+                   "float32, string, bool, timestamp); csv columns not named "
+                   "are strings, jsonl ones keep their JSON type")
+    p.add_argument("--fields", default=None, metavar="F0,F1,...",
+                   help="libfm: names of fields 0, 1, ... (libFM field "
+                   "numbers, or feature positions in libSVM lines; default "
+                   "f0, f1, ...)")
     add_json_flag(p)
     p.set_defaults(run=_cmd_ingest)
 
@@ -161,6 +239,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=("tail", "hash"), default="tail",
                    help="eval rows: the last rows (tail: time-ordered logs) "
                    "or a stable hash of the row id")
+    p.add_argument("--order-by", default=None, metavar="COLUMN",
+                   help="tail split by this column: eval = the rows with the "
+                   "last values (ties: input order), e.g. a timestamp; the "
+                   "column may be outside the spec, must not be null")
+    p.add_argument("--eval-files", default=None, metavar="GLOB",
+                   help="eval = every row of the inputs whose file name "
+                   "matches GLOB, train = the others (instead of "
+                   "--eval-fraction)")
     p.add_argument("--block-rows", type=positive, default=256,
                    help="rows packed per TFRecord record")
     p.add_argument("--max-bad-fraction", type=fraction, default=0.001,
@@ -180,8 +266,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=("train", "eval"), default="train",
                    help="the split to audit")
     p.add_argument("--spec", default=None,
-                   help="spec file the data was converted with (default: "
-                   "the preset the manifest names)")
+                   help="preset or spec file the data was converted with "
+                   "(default: the spec saved beside the data; older data: "
+                   "the preset whose hash the manifest records)")
     add_json_flag(p)
     p.set_defaults(run=_cmd_audit)
 

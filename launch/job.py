@@ -24,9 +24,13 @@ from psrec.launch.job_config import JobConfig
 from psrec.launch.job_data import load_verified
 from psrec.launch.job_data import prepare_data
 from psrec.launch.local import LocalCluster
+from psrec.ps_cluster.best import BestRecord
 from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TFConfig
+from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.ps_cluster.train_loop import steps_for_epochs
+from psrec.ps_cluster.train_loop import steps_per_epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +56,17 @@ class JobSummary:
     micro_batches: int
     precision: str
     closures_per_worker: dict[int, int]
+    epochs: float = 0.0
+    steps_per_epoch: int = 0
+    best: BestRecord | None = None
+    exported_checkpoint: str | None = None
+    exported_auc: float | None = None
+    stopped_early_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["eval"] = dataclasses.asdict(self.eval) if self.eval else None
+        data["best"] = self.best.to_dict() if self.best else None
         return data
 
     @classmethod
@@ -65,6 +76,8 @@ class JobSummary:
         data = dict(data)
         if data.get("eval") is not None:
             data["eval"] = EvalResult(**data["eval"])
+        if data.get("best") is not None:
+            data["best"] = BestRecord.from_dict(data["best"])
         data["closures_per_worker"] = {
             int(k): v for k, v in data["closures_per_worker"].items()}
         return cls(**data)
@@ -82,13 +95,27 @@ class JobSummary:
             f"  steps {self.start_step} -> {self.step} (optimizer updates "
             f"executed: {self.executed_steps}), final train loss "
             f"{self.final_loss:.4f}, {self.examples_per_sec:,.0f} examples/s",
+            f"  {self.epochs:.2f} epochs ({self.steps_per_epoch} steps "
+            "each)",
             f"  batch {self.batch_size} x {self.micro_batches} "
             f"micro-batch(es), {self.precision}; total time "
-            f"{self.seconds:.1f} s on {cluster}",
+            f"{self.seconds:.1f} s on {cluster}"]
+        if self.stopped_early_at is not None:
+            lines.append(f"  stopped early at step {self.stopped_early_at}: "
+                         "no improvement of the eval "
+                         f"{self.best.metric if self.best else 'metric'} "
+                         "within --early-stop-patience evaluations")
+        lines += [
+            f"  best:        {self.best.summary() if self.best else None}",
             f"  data:        {self.manifest}",
             f"  checkpoint:  {self.checkpoint}",
-            f"  export:      {self.export}",
-            f"  tensorboard: {self.tensorboard}"]
+            f"  export:      {self.export}"]
+        if self.export is not None:
+            auc = ("unknown" if self.exported_auc is None
+                   else f"{self.exported_auc:.4f}")
+            lines[-1] += (f" (from checkpoint {self.exported_checkpoint}, "
+                          f"eval AUC {auc})")
+        lines.append(f"  tensorboard: {self.tensorboard}")
         return "\n".join(lines)
 
 
@@ -183,11 +210,25 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
                 config, build_ps_strategy(live, config.partition), manifest,
                 log)
         num_ps = live.num_ps
-    export_path = None
+    export_path, exported = None, None
     if config.export and result.checkpoint is not None:
         from psrec.launch.exporting import export_checkpoint
+        from psrec.ps_cluster.best import choose_checkpoint
+        # The best checkpoint when the run keeps and recorded one, else the
+        # latest.
+        which = "latest" if config.loop.keep_best == "none" else None
+        exported = choose_checkpoint(config.checkpoint_dir, which)
         export_path = str(export_checkpoint(config.checkpoint_dir,
-                                            workdir / "export"))
+                                            workdir / "export", which))
+        log(f"exported {exported.describe()} to {export_path}")
+    if exported is not None and exported.best is not None:
+        exported_auc = exported.best.auc
+    elif exported is not None and exported.path == result.checkpoint and (
+            result.eval is not None):
+        exported_auc = result.eval.auc
+    else:
+        exported_auc = None
+    per_epoch = epoch_steps(config, manifest)
     summary = JobSummary(
         strategy=config.strategy.kind,
         manifest=str(manifest.root / "manifest.json"),
@@ -201,14 +242,38 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         ps=num_ps,
         replicas=result.replicas, batch_size=config.input.batch_size,
         micro_batches=trainer.micro_batches, precision=trainer.precision,
-        closures_per_worker=result.closures_per_worker)
+        closures_per_worker=result.closures_per_worker,
+        epochs=result.step / per_epoch, steps_per_epoch=per_epoch,
+        best=result.best,
+        exported_checkpoint=exported.name if exported else None,
+        exported_auc=exported_auc, stopped_early_at=result.stopped_early_at)
     write_json_atomic(workdir / "summary.json", summary.to_dict())
     return summary
 
 
+def epoch_steps(config: JobConfig, manifest: Manifest) -> int:
+    """Steps of one epoch: the train split's rows over the rows of one
+    step, ``batch_size * grad_accum_steps`` -- under ``ps`` a step is one
+    worker's batch (the workers share the step count), under the replicated
+    strategies ``batch_size`` is the global batch."""
+    return steps_per_epoch(manifest.rows("train"), config.input.batch_size
+                           * config.strategy.grad_accum_steps)
+
+
+def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
+    """The job's loop with ``--epochs`` converted to steps and the default
+    evaluation interval (about 5 per run) made a step count."""
+    loop = config.loop
+    if config.epochs is not None:
+        loop = dataclasses.replace(loop, steps=steps_for_epochs(
+            config.epochs, epoch_steps(config, manifest)))
+    return loop.resolved()
+
+
 def _train(config: JobConfig, strategy, manifest: Manifest, log):
     """Builds the trainer, resumes, trains with progress, eval, checkpoints
-    and the stall watchdog. Returns ``(result, trainer)``."""
+    (the best one kept) and the stall watchdog. Returns ``(result,
+    trainer)``."""
     from psrec.launch.progress import ProgressReporter
     from psrec.ps_cluster.strategy import precision_policy
     from psrec.ps_cluster.trainer import Trainer
@@ -219,7 +284,13 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log):
                       precision=precision_policy(
                           config.strategy.mixed_precision),
                       checkpoint_dir=config.checkpoint_dir,
-                      keep_checkpoints=config.keep_checkpoints)
+                      keep_checkpoints=config.keep_checkpoints,
+                      positive_rate=_base_rate(manifest))
+    config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
+    if config.epochs is not None:
+        log(f"--epochs {config.epochs:g}: {config.loop.steps} steps of "
+            f"{config.input.batch_size * trainer.micro_batches} rows over "
+            f"{manifest.rows('train'):,} train rows")
     if trainer.chief:
         config.write(config.checkpoint_dir)
     with _translated_errors(manifest):
@@ -251,7 +322,8 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log):
                 eval_manifest=manifest,
                 on_progress=reporter.update if reporter else None,
                 on_boundary=reporter.boundary if reporter else None,
-                heartbeat=watchdog.beat if watchdog else None)
+                heartbeat=watchdog.beat if watchdog else None,
+                on_best=reporter.best if reporter else None)
     finally:
         if watchdog is not None:
             watchdog.stop()
@@ -259,6 +331,11 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log):
             reporter.close()
     if trainer.is_ps:
         log(f"closures finished per worker: {_per_worker(trainer)}")
+    if result.stopped_early_at is not None:
+        log(f"early stopping at step {result.stopped_early_at}: "
+            f"{config.loop.early_stop_patience} evaluation(s) without "
+            f"improvement of {config.loop.keep_best}; best: "
+            f"{result.best.summary() if result.best else None}")
     return result, trainer
 
 
@@ -311,3 +388,10 @@ def _write_restore_report(config: JobConfig, trainer, path: str) -> None:
     report = {"checkpoint": path, "step": int(trainer.progress.step.numpy()),
               "table_sha256": tables}
     write_json_atomic(Path(config.workdir) / "restore.json", report)
+
+
+def _base_rate(manifest: Manifest) -> float | None:
+    """The train split's positive rate, strictly inside (0, 1), if the
+    manifest records it (older manifests do not)."""
+    rate = manifest.positive_rate("train")
+    return rate if rate is not None and 0.0 < rate < 1.0 else None

@@ -22,6 +22,7 @@ from psrec.errors import check_choice
 from psrec.features.presets import criteo
 from psrec.features.spec import FeatureSpec
 from psrec.models.config import ModelConfig
+from psrec.models.config import check_model_spec
 from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig
 from psrec.ps_cluster.partitioning import PartitionConfig
@@ -118,7 +119,12 @@ class JobConfig:
       model: the architecture (default: the named configuration).
       optimizer: optimizers and learning rates.
       input: batch size and shuffling.
-      loop: steps, steps per call, eval/checkpoint intervals.
+      loop: steps, steps per call, eval/checkpoint intervals, the best
+        checkpoint's metric and early stopping. ``eval_every`` None (the
+        default) evaluates about 5 times per run.
+      epochs: passes over the train split to train, instead of
+        ``loop.steps``: converted to steps once the manifest is known (see
+        :func:`psrec.launch.job.resolve_loop`); None trains ``loop.steps``.
       strategy: how the job is distributed.
       partition: how tables are sharded across PS tasks (``ps`` only).
       data: a manifest (file or folder); None generates synthetic data.
@@ -143,8 +149,9 @@ class JobConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
     input: InputConfig = InputConfig(batch_size=1024)
     loop: LoopConfig = LoopConfig(steps=400, steps_per_closure=10,
-                                  log_every=50, eval_every=0,
+                                  log_every=50, eval_every=None,
                                   checkpoint_every=200)
+    epochs: float | None = None
     strategy: StrategyConfig = StrategyConfig()
     partition: PartitionConfig = PartitionConfig()
     data: Path | None = None
@@ -158,6 +165,7 @@ class JobConfig:
     stall_timeout: float | None = 900.0
 
     def __post_init__(self) -> None:
+        check_model_spec(self.spec, self.model, self.model_name)
         kind = self.strategy.kind
         _refuse(kind, "--partitioner/--table-shards",
                 self.partition != PartitionConfig(), ("ps",))
@@ -167,6 +175,11 @@ class JobConfig:
         check(self.stall_timeout is None or self.stall_timeout > 0,
               "--stall-timeout", self.stall_timeout,
               "must be > 0 (0 disables the watchdog)")
+        check(self.epochs is None or self.epochs > 0, "--epochs",
+              self.epochs, "must be > 0")
+        _refuse(kind, "--early-stop-patience",
+                self.loop.early_stop_patience > 0,
+                ("ps", "mirrored", "one-device"))
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -249,7 +262,7 @@ _DECODERS = {
     "model": _nested("model", ModelConfig),
     "optimizer": _nested("optimizer", OptimizerConfig),
     "input": _nested("input", InputConfig),
-    "loop": _nested("loop", LoopConfig),
+    "loop": _nested("loop", LoopConfig), "epochs": _same,
     "strategy": _nested("strategy", StrategyConfig),
     "partition": _nested("partition", PartitionConfig), "data": _path,
     "synthetic": _nested("synthetic", SyntheticData), "workers": int,

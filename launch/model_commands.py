@@ -20,18 +20,37 @@ from psrec.launch.cli_support import print_result
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from psrec.launch.exporting import export_checkpoint
-    path = export_checkpoint(args.checkpoint_dir, args.out)
-    print_result(args, {"saved_model": path}, str(path))
+    from psrec.launch.job_config import JobConfig
+    from psrec.ps_cluster.best import choose_checkpoint
+    JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
+    chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
+    path = export_checkpoint(args.checkpoint_dir, args.out, args.checkpoint)
+    print_result(args, {"saved_model": path, **_chosen_dict(chosen)},
+                 f"{path}: {chosen.describe()}")
     return EXIT_OK
+
+
+def _chosen_dict(chosen) -> dict:
+    best = chosen.best
+    return {"checkpoint": chosen.name, "step": chosen.step,
+            "eval_auc": best.auc if best else None,
+            "eval_logloss": best.logloss if best else None}
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from psrec.data.manifest import Manifest
     from psrec.launch.exporting import evaluate_checkpoint
-    result = evaluate_checkpoint(args.checkpoint_dir, Manifest.load(args.data),
-                                 split=args.split)
-    print_result(args, {"split": args.split, **result.to_dict()},
-                 result.summary())
+    from psrec.launch.job_config import JobConfig
+    from psrec.ps_cluster.best import choose_checkpoint
+    manifest = Manifest.load(args.data)
+    JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
+    chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
+    result = evaluate_checkpoint(args.checkpoint_dir, manifest,
+                                 split=args.split,
+                                 checkpoint=args.checkpoint)
+    print_result(args, {"split": args.split, "checkpoint": chosen.name,
+                        "step": chosen.step, **result.to_dict()},
+                 f"{chosen.name} (step {chosen.step}) {result.summary()}")
     return EXIT_OK
 
 
@@ -50,6 +69,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     os._exit(EXIT_OK)
 
 
+def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", default=None,
+                   help="latest, best or ckpt-N (default: best when the run "
+                   "recorded one in best.json, else latest)")
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers ``export``, ``eval`` and ``bench``."""
 
@@ -57,6 +82,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint_dir",
                    help="checkpoint folder of a run (with its job.json)")
     p.add_argument("--out", required=True, help="SavedModel folder to write")
+    _add_checkpoint_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_cmd_export)
 
@@ -67,6 +93,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="manifest of converted data (file or folder)")
     p.add_argument("--split", choices=("train", "eval"), default="eval",
                    help="the split to evaluate, every example once")
+    _add_checkpoint_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_cmd_eval)
 

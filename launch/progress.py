@@ -10,6 +10,7 @@ from typing import TextIO
 
 import tensorflow as tf
 
+from psrec.ps_cluster.best import BestRecord
 from psrec.ps_cluster.metrics import EvalResult
 
 
@@ -98,6 +99,12 @@ class ProgressReporter:
                     tf.summary.scalar("eval/logloss", result.logloss)
         if checkpoint is not None:
             self.stream.write(f"step {step}: checkpoint {checkpoint}\n")
+        self.stream.flush()
+
+    def best(self, record: BestRecord) -> None:
+        """A new best checkpoint was recorded (``--keep-best``)."""
+        self.stream.write(f"step {record.step}: new best {record.metric} "
+                          f"{record.value:.4f}, kept as {record.checkpoint}\n")
         self.stream.flush()
 
     def close(self) -> None:

@@ -22,8 +22,9 @@ from psrec.launch.cli_support import add_cluster_flags
 from psrec.launch.cli_support import add_count_flags
 from psrec.launch.cli_support import add_json_flag
 from psrec.launch.cli_support import add_model_flag
-from psrec.launch.cli_support import add_step_flags
 from psrec.launch.cli_support import print_result
+
+DEFAULT_STEPS = 400
 
 
 def _existing_cluster(args: argparse.Namespace):
@@ -52,7 +53,8 @@ def _job_config(args: argparse.Namespace):
     """The :class:`JobConfig` of ``psrec train``'s arguments; options that
     mean nothing under ``--strategy`` are refused (exit 2)."""
     from psrec.data.dataset import InputConfig
-    from psrec.features.presets import resolve_spec
+    from psrec.data.manifest import Manifest
+    from psrec.data.manifest import spec_for
     from psrec.launch.job_config import JobConfig
     from psrec.launch.job_config import StrategyConfig
     from psrec.launch.job_config import SyntheticData
@@ -69,23 +71,32 @@ def _job_config(args: argparse.Namespace):
                     f"--strategy {args.strategy} each worker reads its own "
                     "TF_CONFIG (see `psrec tf-config`), and without it psrec "
                     "starts --workers local workers.")
+    if args.steps is not None and args.epochs is not None:
+        raise UsageError(
+            f"give --steps ({args.steps}) or --epochs ({args.epochs:g}), not "
+            "both: --epochs N trains N passes over the train split.")
     overrides = {}
     if args.cross_low_rank:
         overrides["cross_low_rank"] = args.cross_low_rank
     if args.sync_batch_norm:
         overrides["batch_norm"] = "sync"
+    spec = spec_for(Manifest.load(args.data) if args.data else None,
+                    args.spec)
     return JobConfig(
-        workdir=Path(args.workdir), spec=resolve_spec(args.spec),
+        workdir=Path(args.workdir), spec=spec,
         model_name=args.model, model=model_config(args.model, **overrides),
         optimizer=OptimizerConfig(
             sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
             base_batch_size=args.base_batch_size,
             warmup_steps=args.warmup_steps),
         input=InputConfig(batch_size=args.batch_size, seed=args.seed),
-        loop=LoopConfig(steps=args.steps,
+        loop=LoopConfig(steps=args.steps or DEFAULT_STEPS,
                         steps_per_closure=args.steps_per_closure,
                         log_every=args.log_every, eval_every=args.eval_every,
-                        checkpoint_every=args.checkpoint_every),
+                        checkpoint_every=args.checkpoint_every,
+                        keep_best=args.keep_best,
+                        early_stop_patience=args.early_stop_patience),
+        epochs=args.epochs,
         strategy=StrategyConfig(
             kind=args.strategy, collective=args.collective,
             mixed_precision=args.mixed_precision,
@@ -117,6 +128,14 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _log(args: argparse.Namespace):
+    """Where the job's progress lines go: stdout, or stderr under --json
+    (stdout holds the one JSON object)."""
+    if not args.json:
+        return print
+    return lambda text: print(text, file=sys.stderr, flush=True)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     """One command for every strategy: ``ps`` supervises a local cluster (or
     coordinates an existing one), ``multi-worker-mirrored`` without
@@ -131,7 +150,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if kind == "ps":
         cluster = _existing_cluster(args)
         if cluster is not None:  # coordinate it; an orchestrator restarts us
-            print_result(args, run_job(config, cluster,
+            print_result(args, run_job(config, cluster, log=_log(args),
                                          data_verified=args.data_verified))
             return EXIT_OK
         # Local: check the data once, before any server starts, then
@@ -154,7 +173,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         data = run_local_workers(config, args.argv)
         print_result(args, JobSummary.from_dict(data))
         return EXIT_OK
-    summary = run_job(config, data_verified=args.data_verified)
+    summary = run_job(config, log=_log(args),
+                      data_verified=args.data_verified)
     if summary is not None:
         print_result(args, summary)
     if kind == "multi-worker-mirrored":
@@ -201,8 +221,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "one-device). Every other option means the same under "
                        "each strategy, or is refused where it cannot apply.")
     data = p.add_argument_group("data")
-    data.add_argument("--spec", default="criteo",
-                      help="preset (criteo, movielens) or spec file")
+    data.add_argument("--spec", default=None,
+                      help="preset (criteo, movielens) or spec file (default: "
+                      "with --data, the spec saved beside the data, which "
+                      "--spec may only repeat; without, criteo)")
     data.add_argument("--data", default=None,
                       help="manifest of converted data (default: generate the "
                       "embedded synthetic data)")
@@ -253,7 +275,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     optimizer.add_argument("--warmup-steps", type=non_negative, default=100,
                            help="linear learning-rate warmup from 0 over N "
                            "steps")
-    add_step_flags(optimizer, steps=400)
+    optimizer.add_argument("--steps", type=positive, default=None,
+                           help="training steps: the run ends at this "
+                           f"global step (default: {DEFAULT_STEPS}, unless "
+                           "--epochs is given)")
+    optimizer.add_argument("--steps-per-closure", type=positive, default=10,
+                           help="training steps per scheduled closure (K)")
+    optimizer.add_argument("--epochs", type=positive_float, default=None,
+                           help="train N passes over the train split "
+                           "(manifest rows / (--batch-size x "
+                           "--grad-accum-steps) steps each) instead of "
+                           "--steps")
     optimizer.add_argument("--grad-accum-steps", type=positive, default=1,
                            help="micro-batches of --batch-size whose "
                            "gradients are summed into one update (every "
@@ -311,7 +343,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                              help="steps between checkpoints; 0: only at the "
                              "end")
     reliability.add_argument("--keep-checkpoints", type=positive, default=3,
-                             help="recent checkpoints kept")
+                             help="recent checkpoints kept (the best one "
+                             "is kept besides them)")
+    reliability.add_argument("--keep-best", choices=("auc", "logloss", "none"),
+                             default="auc",
+                             help="keep the checkpoint with the best eval "
+                             "metric in checkpoints/best/ (recorded in "
+                             "checkpoints/best.json); the final export is "
+                             "that checkpoint")
+    reliability.add_argument("--early-stop-patience", type=non_negative,
+                             default=0,
+                             help="stop after N evaluations in a row without "
+                             "improvement of --keep-best's metric; 0: never")
 
     output = p.add_argument_group("output")
     add_json_flag(output)
@@ -320,8 +363,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "tensorboard/ and logs/")
     output.add_argument("--log-every", type=positive, default=50,
                         help="steps between progress lines")
-    output.add_argument("--eval-every", type=non_negative, default=0,
-                        help="steps between evaluations; 0: only at the end")
+    output.add_argument("--eval-every", type=non_negative, default=None,
+                        help="steps between evaluations, each also a "
+                        "checkpoint (default: about 5 per run, a multiple of "
+                        "--steps-per-closure); 0: only at the end")
     output.add_argument("--no-export", action="store_true",
                         help="do not export a SavedModel at the end")
     p.set_defaults(run=_cmd_train)

@@ -34,10 +34,14 @@ class MLP(tf_keras.layers.Layer):
       output_dtype: dtype policy of the final linear layer (``"float32"``
         keeps logits in float32 under a mixed-precision policy); None: the
         layer's own policy.
+      output_bias: when given, the final linear layer starts as this
+        constant: zero kernel, bias ``output_bias`` (a ranking model's
+        base-rate logit); None: the default initialisation.
     """
 
     def __init__(self, widths: Sequence[int], output_units: int | None = None,
                  batch_norm: str = "none", output_dtype: str | None = None,
+                 output_bias: float | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         check_choice("batch_norm", batch_norm, BATCH_NORM_KINDS)
@@ -45,12 +49,17 @@ class MLP(tf_keras.layers.Layer):
         self.output_units = output_units
         self.batch_norm = batch_norm
         self.output_dtype = output_dtype
+        self.output_bias = output_bias
         normalize = batch_norm != "none"
         self.hidden = [tf_keras.layers.Dense(
             w, activation=None if normalize else "relu") for w in self.widths]
         self.norms = ([batch_norm_layer(batch_norm) for _ in self.widths]
                       if normalize else [])
         extra = {"dtype": output_dtype} if output_dtype is not None else {}
+        if output_bias is not None:
+            extra["kernel_initializer"] = "zeros"
+            extra["bias_initializer"] = tf_keras.initializers.Constant(
+                float(output_bias))
         self.out = (tf_keras.layers.Dense(output_units, **extra)
                     if output_units is not None else None)
 
@@ -68,4 +77,6 @@ class MLP(tf_keras.layers.Layer):
             config["batch_norm"] = self.batch_norm
         if self.output_dtype is not None:
             config["output_dtype"] = self.output_dtype
+        if self.output_bias is not None:
+            config["output_bias"] = self.output_bias
         return config

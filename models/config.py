@@ -9,12 +9,20 @@ mapping.
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import TYPE_CHECKING
 
 from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_choice
 
+if TYPE_CHECKING:
+    from psrec.features.spec import FeatureSpec
+
 INTERACTIONS = ("dot", "cross", "fm", "concat")
+#: Interactions that combine field vectors with dot products: every field
+#: must have one width (tables of other widths are projected to it).
+COMMON_WIDTH_INTERACTIONS = ("dot", "fm")
 BATCH_NORMS = ("none", "batch", "sync")
 
 
@@ -100,3 +108,50 @@ def model_config(name: str, **overrides: object) -> ModelConfig:
         raise ModelConfigError(
             f"unknown model option(s) {unknown}; allowed: {sorted(fields)}.")
     return dataclasses.replace(MODEL_PRESETS[name], **overrides)
+
+
+def check_model_spec(spec: FeatureSpec, config: ModelConfig,
+                     name: str | None = None) -> None:
+    """Refuses a spec the model cannot be built on, before anything starts.
+
+    Pure Python (no TensorFlow). What every model supports: no dense
+    features (``dot`` and ``fm`` then interact the embeddings only), a
+    single categorical feature, multi-hot features, and tables of different
+    widths (``dot`` and ``fm`` project each narrower or wider table to the
+    widest table's ``dim`` with a learned linear map).
+
+    Args:
+      spec: the feature spec.
+      config: the architecture.
+      name: the model's name (``--model``), for the message.
+
+    Raises:
+      ModelConfigError: naming the model, the spec problem and the fix.
+    """
+    model = (f"`--model` = {name!r}" if name is not None
+             else f"`interaction` = {config.interaction!r}")
+    if not spec.categorical:
+        raise ModelConfigError(
+            f"{model} needs at least one categorical feature (embedding "
+            f"table); spec {spec.name!r} has only dense features "
+            f"{[f.name for f in spec.dense]}: add a categorical feature and "
+            "its table to the spec.")
+
+
+def initial_logit(positive_rate: float | None) -> float:
+    """The output bias that makes an untrained model predict the base rate:
+    ``log(p / (1 - p))``; 0 when ``positive_rate`` is None.
+
+    Raises:
+      ModelConfigError: unless 0 < ``positive_rate`` < 1.
+    """
+    if positive_rate is None:
+        return 0.0
+    ok = (isinstance(positive_rate, (int, float))
+          and not isinstance(positive_rate, bool)
+          and 0.0 < positive_rate < 1.0)
+    check(ok, "positive_rate", positive_rate,
+          "must be in (0, 1) (the training split's share of positives; "
+          "a split of one class cannot train a classifier)",
+          ModelConfigError)
+    return math.log(positive_rate / (1.0 - positive_rate))

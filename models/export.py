@@ -5,9 +5,12 @@ exactly as in the Parquet input:
 
 * dense features: ``float32 [batch]`` (NaN = missing -> the spec's default);
 * categorical features: ``string [batch]`` or ``int64 [batch]`` (the spec's
-  ``dtype``); the empty string is the "missing" value, as at conversion;
+  ``dtype``); ``""`` (strings) or ``-1`` (ints) is the "missing" value, the
+  value a null gets at conversion;
 * multi-hot features: ``[batch, n]`` of the same dtype, padded with ``""``
-  (strings) or ``-1`` (ints); the first ``max_length`` values are used.
+  (strings) or ``-1`` (ints) anywhere in a row; padding is dropped and the
+  first ``max_length`` remaining values are used -- exactly what conversion
+  does with null, ``""`` and ``-1`` list elements.
 
 and returns ``{"probability": [batch], "logit": [batch]}``. Hashing and
 vocabulary lookups run through ``features.transforms.CategoricalEncoder``
@@ -62,14 +65,10 @@ class ServingModule(tf.Module):
                 [tf.cast(raw[f.name], tf.float32) for f in spec.dense], axis=1)
         for feature in spec.categorical:
             values = raw[feature.name]
-            ids = self.encoder.encode(feature.name, values)
             if feature.multi_hot:
-                pad = "" if values.dtype == tf.string else -1
-                ids = tf.where(tf.equal(values, pad), tf.constant(-1, tf.int64),
-                               ids)
-                ids = ids[:, :feature.max_length]
-                missing = feature.max_length - tf.shape(ids)[1]
-                ids = tf.pad(ids, [[0, 0], [0, missing]], constant_values=-1)
+                ids = self.encoder.encode_lists(feature.name, values)
+            else:
+                ids = self.encoder.encode(feature.name, values)
             batch[feature.name] = ids
         return batch
 

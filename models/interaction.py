@@ -4,6 +4,10 @@ Each interaction takes the dense tower's output ``[B, d_dense]`` and the
 list of ``[B, d]`` embeddings and returns ``(features, extra_logit)``: the
 input of the top MLP and an optional ``[B]`` term added to the logit
 (the FM second-order term of DeepFM).
+
+A spec without dense features gives a zero-width dense input ``[B, 0]``:
+it is then no field of the ``dot`` and ``fm`` interactions, which interact
+the embeddings only.
 """
 
 from __future__ import annotations
@@ -16,18 +20,32 @@ import tf_keras
 from psrec.models.config import ModelConfig
 
 
+def _fields(dense: tf.Tensor, embeddings: list[tf.Tensor]
+            ) -> list[tf.Tensor]:
+    """The field vectors: the dense vector (unless zero-width) and the
+    embeddings."""
+    return embeddings if dense.shape[-1] == 0 else [dense] + embeddings
+
+
 class DotInteraction(tf_keras.layers.Layer):
     """DLRM: pairwise dot products of all field vectors (upper triangle),
-    concatenated with the dense vector. Dense and sparse widths must match."""
+    concatenated with the dense vector. Dense and sparse widths must match.
+
+    Without dense features the embeddings themselves take the dense
+    vector's place beside the pairs (the first-order signal the top MLP
+    gets from the bottom MLP otherwise; and the only input left with a
+    single categorical feature, which has no pair)."""
 
     def call(self, dense: tf.Tensor, embeddings: list[tf.Tensor]):
-        fields = tf.stack([dense] + embeddings, axis=1)  # [B, F, d]
-        num = len(embeddings) + 1
+        fields = _fields(dense, embeddings)
+        num = len(fields)
+        first_order = dense if dense.shape[-1] else tf.concat(embeddings, 1)
+        fields = tf.stack(fields, axis=1)  # [B, F, d]
         dots = tf.matmul(fields, fields, transpose_b=True)  # [B, F, F]
         rows, cols = np.triu_indices(num, k=1)
         flat = tf.reshape(dots, [-1, num * num])
         pairs = tf.gather(flat, rows * num + cols, axis=1)
-        return tf.concat([dense, pairs], axis=1), None
+        return tf.concat([first_order, pairs], axis=1), None
 
 
 class CrossInteraction(tf_keras.layers.Layer):
@@ -54,7 +72,7 @@ class FMInteraction(tf_keras.layers.Layer):
     field vectors is added to the logit."""
 
     def call(self, dense: tf.Tensor, embeddings: list[tf.Tensor]):
-        fields = tf.stack([dense] + embeddings, axis=1)  # [B, F, d]
+        fields = tf.stack(_fields(dense, embeddings), axis=1)  # [B, F, d]
         square_of_sum = tf.square(tf.reduce_sum(fields, axis=1))
         sum_of_square = tf.reduce_sum(tf.square(fields), axis=1)
         fm = 0.5 * tf.reduce_sum(square_of_sum - sum_of_square, axis=1)

@@ -24,7 +24,10 @@ from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import transform_dense
 from psrec.models.blocks import MLP
+from psrec.models.config import COMMON_WIDTH_INTERACTIONS
 from psrec.models.config import ModelConfig
+from psrec.models.config import check_model_spec
+from psrec.models.config import initial_logit
 from psrec.models.embedding import SparseArch
 from psrec.models.interaction import make_interaction
 
@@ -32,62 +35,91 @@ from psrec.models.interaction import make_interaction
 class RankingModel(tf_keras.Model):
     """A CTR ranking model built from a feature spec.
 
+    Every named model works on every spec with at least one categorical
+    feature (:func:`models.config.check_model_spec`): without dense
+    features there is no bottom MLP and ``dot``/``fm`` interact the
+    embeddings only; for ``dot``/``fm`` a table whose ``dim`` differs from
+    the widest table's is projected to that width by a learned linear map
+    (``project_<table>``, a dense variable).
+
     Args:
       spec: the feature spec (tables, dense and categorical features).
       config: the architecture.
+      positive_rate: the training split's share of positives. When given,
+        the untrained model predicts it: the output layer's bias starts at
+        ``log(p / (1 - p))`` and the kernels of the layers that add to the
+        logit (the top MLP's output layer, ``wide_dense``) at zero, like the
+        wide tables, so the initial logit is the bias (plus, for ``fm``,
+        the FM term of the random embeddings). None: default
+        initialisation, bias 0.
     """
 
     def __init__(self, spec: FeatureSpec, config: ModelConfig,
+                 positive_rate: float | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
+        check_model_spec(spec, config)
         self.spec = spec
         self.config = config
-        dims = {t.dim for t in spec.tables}
-        needs_common_width = config.interaction in ("dot", "fm")
-        if needs_common_width and len(dims) > 1:
-            raise ValueError(
-                f"interaction {config.interaction!r} needs every table to "
-                f"have the same `dim`; the spec has dims {sorted(dims)}. Use "
-                "the cross or concat interaction, or equal dims.")
-        projection = dims.pop() if needs_common_width else None
-        if needs_common_width and not spec.dense:
-            raise ValueError(
-                f"interaction {config.interaction!r} needs dense features.")
+        self.positive_rate = positive_rate
+        bias = (None if positive_rate is None
+                else initial_logit(positive_rate))
+        width = None
+        if config.interaction in COMMON_WIDTH_INTERACTIONS:
+            width = max(t.dim for t in spec.tables)
         self.sparse_arch = SparseArch(spec, wide=config.wide,
                                       name="sparse_arch")
+        self.projections = {
+            t.name: tf_keras.layers.Dense(width, use_bias=False,
+                                          name=f"project_{t.name}")
+            for t in spec.tables if width is not None and t.dim != width}
         # Under a mixed-precision policy the logit layers stay float32.
         logit_dtype = "float32" if _mixed_precision() else None
-        self.dense_arch = MLP(config.bottom_mlp, output_units=projection,
-                              batch_norm=config.batch_norm,
-                              name="dense_arch")
+        self.dense_arch = (MLP(config.bottom_mlp, output_units=width,
+                               batch_norm=config.batch_norm,
+                               name="dense_arch") if spec.dense else None)
         self.interaction_arch = make_interaction(config)
         self.over_arch = MLP(config.top_mlp, output_units=1,
                              batch_norm=config.batch_norm,
-                             output_dtype=logit_dtype, name="over_arch")
-        self.wide_dense = (tf_keras.layers.Dense(
-            1, name="wide_dense",
-            **({"dtype": logit_dtype} if logit_dtype else {}))
+                             output_dtype=logit_dtype, output_bias=bias,
+                             name="over_arch")
+        wide_options = {"dtype": logit_dtype} if logit_dtype else {}
+        if bias is not None:
+            wide_options["kernel_initializer"] = "zeros"
+        self.wide_dense = (tf_keras.layers.Dense(1, name="wide_dense",
+                                                 **wide_options)
                            if config.wide and spec.dense else None)
 
     def get_config(self) -> dict:
         return {"spec": self.spec.to_dict(),
-                "config": dataclasses.asdict(self.config)}
+                "config": dataclasses.asdict(self.config),
+                "positive_rate": self.positive_rate}
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None) -> RankingModel:
+        return cls(FeatureSpec.from_dict(config["spec"]),
+                   ModelConfig(**config["config"]),
+                   positive_rate=config.get("positive_rate"))
 
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
         embeddings, wide_logit = self.sparse_arch(batch)
-        if self.spec.dense:
+        embeddings = [
+            self.projections[f.table](e) if f.table in self.projections
+            else e for f, e in zip(self.spec.categorical, embeddings)]
+        if self.dense_arch is not None:
             dense = transform_dense(batch[DENSE_COLUMN], self.spec)
-        else:
-            dense = tf.zeros([tf.shape(embeddings[0])[0], 0])
-        dense_out = self.dense_arch(dense)
+            dense_out = self.dense_arch(dense)
+        else:  # no dense features: a zero-width dense vector
+            dense_out = tf.zeros([tf.shape(embeddings[0])[0], 0],
+                                 embeddings[0].dtype)
         if self.compute_dtype != "float32":  # mixed precision: one dtype in
             embeddings = [tf.cast(e, self.compute_dtype) for e in embeddings]
             dense_out = tf.cast(dense_out, self.compute_dtype)
         features, extra = self.interaction_arch(dense_out, embeddings)
         # Logits (and so the loss) are float32 whatever the policy; under
         # float32 these casts are no-ops.
-        logit = tf.cast(tf.reshape(self.over_arch(features), [-1]),
-                        tf.float32)
+        logit = tf.cast(tf.reshape(self.over_arch(features),
+                                   [-1]), tf.float32)
         if extra is not None:
             logit += tf.cast(extra, tf.float32)
         if wide_logit is not None:
@@ -124,10 +156,25 @@ def example_batch(spec: FeatureSpec, rows: int = 2) -> dict[str, tf.Tensor]:
     return batch
 
 
-def build_model(spec: FeatureSpec, config: ModelConfig) -> RankingModel:
+def build_model(spec: FeatureSpec, config: ModelConfig,
+                positive_rate: float | None = None) -> RankingModel:
     """Creates the model and all its variables (call under a strategy scope
-    so that tables are sharded across PS tasks)."""
-    model = RankingModel(spec, config, name="ranking")
+    so that tables are sharded across PS tasks).
+
+    Args:
+      spec: the feature spec.
+      config: the architecture.
+      positive_rate: the training split's share of positives, for the
+        output bias (see :class:`RankingModel`); None: bias 0.
+
+    Raises:
+      ModelConfigError: a spec the model cannot be built on, or a
+        ``positive_rate`` outside (0, 1).
+    """
+    check_model_spec(spec, config)
+    initial_logit(positive_rate)
+    model = RankingModel(spec, config, positive_rate=positive_rate,
+                         name="ranking")
     model(example_batch(spec), training=False)
     return model
 

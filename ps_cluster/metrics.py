@@ -1,28 +1,57 @@
-"""Streaming CTR metrics that merge across closures: counts, logloss and AUC
-from prediction histograms (exact up to the bin width)."""
+"""Streaming CTR metrics that merge across closures: counts, logloss,
+calibration and AUC from prediction histograms.
+
+AUC is computed from two histograms (positives, negatives) over
+``AUC_BINS`` bins uniform in the *logit*, on ``[-AUC_LOGIT_RANGE,
+AUC_LOGIT_RANGE]`` (logits outside are clipped into the end bins). The
+histograms are fixed-size sums, so batches, closures and shards merge by
+addition. Binning in probability space (the former 10,000 uniform bins)
+crowds every prediction of a 0.2%-positive CTR model into the first few
+dozen bins and was off by up to 0.0035; bins of 1/1024 logit keep the
+error far below 0.001 (tests/test_metrics.py measures it against an exact
+rank AUC).
+
+Error bound: the histogram AUC scores every (positive, negative) pair that
+shares a bin as a tie (1/2), so it differs from the exact rank AUC by at
+most half the fraction of pairs that share a bin without sharing a score
+(:func:`shared_bin_fraction`); in practice the in-bin orderings are near
+1/2 on average and the error is orders of magnitude below that bound.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import tensorflow as tf
 
-AUC_BINS = 10_000
+AUC_BINS = 65_536
+AUC_LOGIT_RANGE = 32.0  # sigmoid(-32) ~ 1.3e-14: nothing real lies beyond.
+AUC_BIN_WIDTH = 2 * AUC_LOGIT_RANGE / AUC_BINS  # 1/1024 logit.
+
+
+def auc_bins(logits: tf.Tensor) -> tf.Tensor:
+    """The histogram bin (int32 in ``[0, AUC_BINS)``) of each logit."""
+    logits = tf.cast(logits, tf.float32)
+    clipped = tf.clip_by_value(logits, -AUC_LOGIT_RANGE, AUC_LOGIT_RANGE)
+    scaled = (clipped + AUC_LOGIT_RANGE) * (1.0 / AUC_BIN_WIDTH)
+    return tf.clip_by_value(tf.cast(tf.floor(scaled), tf.int32), 0,
+                            AUC_BINS - 1)
 
 
 def batch_statistics(labels: tf.Tensor, logits: tf.Tensor,
                      ids: tf.Tensor) -> dict[str, tf.Tensor]:
     """Per-batch sums that add up across batches and closures."""
-    labels = tf.cast(labels, tf.float32)
-    probs = tf.sigmoid(logits)
-    bins = tf.clip_by_value(tf.cast(probs * AUC_BINS, tf.int32), 0,
-                            AUC_BINS - 1)
+    labels = tf.reshape(tf.cast(labels, tf.float32), [-1])
+    logits = tf.reshape(tf.cast(logits, tf.float32), [-1])
+    bins = auc_bins(logits)
     return {
         "count": tf.size(labels, out_type=tf.int64),
         "positives": tf.reduce_sum(labels),
         "logloss_sum": tf.reduce_sum(
             tf.nn.sigmoid_cross_entropy_with_logits(labels, logits)),
+        "prediction_sum": tf.reduce_sum(tf.sigmoid(logits)),
         "id_sum": tf.reduce_sum(ids),
         "pos_hist": tf.math.bincount(bins, weights=labels,
                                      minlength=AUC_BINS, maxlength=AUC_BINS),
@@ -32,14 +61,22 @@ def batch_statistics(labels: tf.Tensor, logits: tf.Tensor,
 
 
 def zero_statistics() -> dict[str, tf.Tensor]:
+    """The identity of :func:`add_statistics` (the ``reduce`` start)."""
     return {
         "count": tf.constant(0, tf.int64),
         "positives": tf.constant(0.0),
         "logloss_sum": tf.constant(0.0),
+        "prediction_sum": tf.constant(0.0),
         "id_sum": tf.constant(0, tf.int64),
         "pos_hist": tf.zeros([AUC_BINS]),
         "neg_hist": tf.zeros([AUC_BINS]),
     }
+
+
+def add_statistics(parts: list[dict[str, np.ndarray]]
+                   ) -> dict[str, np.ndarray]:
+    """Element-wise sum of the statistics of batches, closures or shards."""
+    return {k: sum(np.asarray(p[k]) for p in parts) for k in parts[0]}
 
 
 def auc_from_histograms(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -50,39 +87,72 @@ def auc_from_histograms(pos: np.ndarray, neg: np.ndarray) -> float:
     if total_pos == 0 or total_neg == 0:
         return float("nan")
     pos_below = np.cumsum(pos) - pos  # positives in lower bins
-    # A negative in bin b beats positives below it... count positives above.
+    # A negative in bin b loses to the positives above it, ties count 1/2.
     pos_above = total_pos - pos_below - pos
     wins = (neg * (pos_above + 0.5 * pos)).sum()
     return float(wins / (total_pos * total_neg))
 
 
+def shared_bin_fraction(pos: np.ndarray, neg: np.ndarray) -> float:
+    """Fraction of (positive, negative) pairs in the same bin: twice the
+    largest possible error of :func:`auc_from_histograms`."""
+    pos = np.asarray(pos, np.float64)
+    neg = np.asarray(neg, np.float64)
+    pairs = pos.sum() * neg.sum()
+    return float((pos * neg).sum() / pairs) if pairs else float("nan")
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
-    """Aggregated evaluation of one pass over the eval split."""
+    """Aggregated evaluation of one pass over the eval split.
+
+    ``mean_prediction`` is the mean predicted probability; ``calibration``
+    is ``mean_prediction`` / observed positive rate (1.0 when calibrated,
+    NaN without positives). Both default so that results written before
+    they existed still load; ``calibration`` is derived when not given.
+    """
 
     count: int
     positives: float
     logloss: float
     auc: float
     id_sum: int
+    mean_prediction: float = math.nan
+    calibration: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.calibration is None:
+            rate = self.positives / self.count if self.count else 0.0
+            value = (self.mean_prediction / rate if rate > 0
+                     else math.nan)
+            object.__setattr__(self, "calibration", float(value))
+
+    @property
+    def positive_rate(self) -> float:
+        return self.positives / max(1, self.count)
 
     def to_dict(self) -> dict[str, float | int]:
         """The result as JSON-able data (AUC is NaN when one class is
-        missing)."""
+        missing, calibration when there are no positives)."""
         return {**dataclasses.asdict(self),
-                "positive_rate": self.positives / max(1, self.count)}
+                "positive_rate": self.positive_rate}
 
     def summary(self) -> str:
         return (f"eval: {self.count} examples, AUC {self.auc:.4f}, logloss "
-                f"{self.logloss:.4f}, positive rate "
-                f"{self.positives / max(1, self.count):.4f}")
+                f"{self.logloss:.4f}, calibration {self.calibration:.2f}, "
+                f"positive rate {self.positive_rate:.4f}")
 
 
 def merge(parts: list[dict[str, np.ndarray]]) -> EvalResult:
-    total = {k: sum(np.asarray(p[k]) for p in parts) for k in parts[0]}
+    """The :class:`EvalResult` of the summed statistics of ``parts``."""
+    total = add_statistics(parts)
     count = int(total["count"])
+    positives = float(total["positives"])
+    prediction_sum = float(total["prediction_sum"])
     return EvalResult(
-        count=count, positives=float(total["positives"]),
+        count=count, positives=positives,
         logloss=float(total["logloss_sum"]) / max(1, count),
         auc=auc_from_histograms(total["pos_hist"], total["neg_hist"]),
-        id_sum=int(total["id_sum"]))
+        id_sum=int(total["id_sum"]),
+        mean_prediction=prediction_sum / count if count else math.nan,
+        calibration=prediction_sum / positives if positives else math.nan)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import time
 from typing import Callable
 
@@ -27,7 +28,9 @@ import tensorflow as tf
 
 from psrec.data.dataset import DatasetFn
 from psrec.data.dataset import make_eval_dataset
+from psrec.errors import check
 from psrec.errors import check_at_least
+from psrec.errors import check_choice
 from psrec.features.spec import ID_COLUMN
 from psrec.features.spec import FeatureSpec
 from psrec.ps_cluster.metrics import EvalResult
@@ -49,29 +52,74 @@ class LoopConfig:
       in_flight_per_worker: closures queued ahead per worker (PS) before
         the coordinator waits on the oldest one.
       log_every: steps between progress lines.
-      eval_every: steps between evaluations (0: only at the end).
+      eval_every: steps between evaluations (0: only at the end; None:
+        about :data:`AUTO_EVALS` evaluations per run, see :meth:`resolved`).
+        Every evaluation is also a checkpoint.
       checkpoint_every: steps between checkpoints (0: only at the end).
+      keep_best: the eval metric whose best checkpoint is kept (``auc``,
+        ``logloss``) or ``none``.
+      early_stop_patience: evaluations in a row without improvement of
+        ``keep_best`` that end the run (0: never).
     """
 
     steps: int = 1000
     steps_per_closure: int = 10
     in_flight_per_worker: int = 4
     log_every: int = 100
-    eval_every: int = 0
+    eval_every: int | None = 0
     checkpoint_every: int = 500
+    keep_best: str = "auc"
+    early_stop_patience: int = 0
 
     def __post_init__(self) -> None:
         check_at_least(self, 1, "steps", "steps_per_closure",
                        "in_flight_per_worker", "log_every")
-        check_at_least(self, 0, "eval_every", "checkpoint_every")
+        check_at_least(self, 0, "checkpoint_every", "early_stop_patience")
+        if self.eval_every is not None:
+            check_at_least(self, 0, "eval_every")
+        check_choice("--keep-best", self.keep_best,
+                     ("auc", "logloss", "none"))
+        check(not (self.early_stop_patience and self.keep_best == "none"),
+              "--early-stop-patience", self.early_stop_patience,
+              "needs a metric to watch: give --keep-best auc or logloss")
+
+    def resolved(self) -> LoopConfig:
+        """This configuration with ``eval_every`` None replaced by a step
+        count: about :data:`AUTO_EVALS` evaluations per run, a multiple of
+        ``steps_per_closure`` (0 = only at the end stays 0)."""
+        if self.eval_every is not None:
+            return self
+        k = self.steps_per_closure
+        every = max(k, math.ceil(self.steps / AUTO_EVALS / k) * k)
+        return dataclasses.replace(self, eval_every=every)
+
+    def is_eval_step(self, step: int) -> bool:
+        """An evaluation (and checkpoint) falls on ``step`` (before the
+        end; the end always evaluates)."""
+        every = self.resolved().eval_every
+        return bool(every) and step % every == 0
 
     def next_boundary(self, step: int) -> int:
         """The next step at which to join: eval, checkpoint or the end."""
         candidates = [self.steps]
-        for every in (self.eval_every, self.checkpoint_every):
+        for every in (self.resolved().eval_every, self.checkpoint_every):
             if every:
                 candidates.append((step // every + 1) * every)
         return min(c for c in candidates if c > step)
+
+
+AUTO_EVALS = 5
+
+
+def steps_per_epoch(train_rows: int, rows_per_step: int) -> int:
+    """Steps of one pass over ``train_rows``: ``ceil(rows / rows per
+    step)``, at least 1."""
+    return max(1, math.ceil(train_rows / max(1, rows_per_step)))
+
+
+def steps_for_epochs(epochs: float, per_epoch: int) -> int:
+    """The step count of ``epochs`` passes (rounded up, at least 1)."""
+    return max(1, math.ceil(epochs * per_epoch - 1e-9))
 
 
 class _Executor:

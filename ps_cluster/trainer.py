@@ -34,6 +34,8 @@ from psrec.models.optim import OptimizerConfig
 from psrec.models.optim import build_optimizers
 from psrec.models.ranking import RankingModel
 from psrec.models.ranking import build_model
+from psrec.ps_cluster.best import BestRecord
+from psrec.ps_cluster.best import BestTracker
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.checkpoint import Progress
 from psrec.ps_cluster.metrics import EvalResult
@@ -69,6 +71,8 @@ class TrainResult:
     closure_seconds: tuple[float, ...] = ()
     closures_per_worker: dict[int, int] = dataclasses.field(
         default_factory=dict)
+    best: BestRecord | None = None
+    stopped_early_at: int | None = None
 
     @property
     def examples_per_sec(self) -> float:
@@ -102,6 +106,8 @@ class Trainer:
       precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
       checkpoint_dir: where the chief writes checkpoints (None: none).
       keep_checkpoints: recent checkpoints kept.
+      positive_rate: the train split's share of positives: the model starts
+        predicting it (output bias at its logit); None starts at 0.5.
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, spec: FeatureSpec,
@@ -110,7 +116,8 @@ class Trainer:
                  input_config: InputConfig = InputConfig(), *,
                  micro_batches: int = 1, precision: str = "float32",
                  checkpoint_dir: str | Path | None = None,
-                 keep_checkpoints: int = 3) -> None:
+                 keep_checkpoints: int = 3,
+                 positive_rate: float | None = None) -> None:
         check(micro_batches >= 1, "--grad-accum-steps", micro_batches,
               "must be >= 1", StrategyError)
         check_choice("precision", precision, PRECISIONS, StrategyError)
@@ -132,7 +139,8 @@ class Trainer:
             tf.distribute.coordinator.ClusterCoordinator(strategy)
             if self.is_ps else None)
         with _policy(precision), strategy.scope():
-            self.model: RankingModel = build_model(spec, model_config)
+            self.model: RankingModel = build_model(spec, model_config,
+                                                   positive_rate)
             self.sparse_optimizer, self.dense_optimizer = build_optimizers(
                 optimizer_config, input_config.batch_size * micro_batches)
             self.loss_scale = (DynamicLossScale()
@@ -260,33 +268,61 @@ class Trainer:
                 self.coordinator, build, dataset_fn, self.num_workers, loop)
         return DirectExecutor(self.strategy, build, dataset_fn, loop)
 
+    def best_tracker(self, loop: LoopConfig) -> BestTracker | None:
+        """The chief's keeper of the best checkpoint (None: no checkpoints,
+        not the chief, or ``keep_best`` is ``none``)."""
+        if (self.keeper is None or not self.chief
+                or loop.keep_best == "none"):
+            return None
+        return BestTracker(self.checkpoint_dir, loop.keep_best,
+                           loop.early_stop_patience)
+
     def train(self, dataset_fn: DatasetFn, loop: LoopConfig,
               eval_manifest: Manifest | None = None,
               on_progress: Callable[[int, float, int], None] | None = None,
               on_boundary: Callable[[int, EvalResult | None, str | None],
                                     None] | None = None,
-              heartbeat: Callable[[], None] | None = None) -> TrainResult:
-        """Trains from the current progress step up to ``loop.steps``.
+              heartbeat: Callable[[], None] | None = None,
+              on_best: Callable[[BestRecord], None] | None = None
+              ) -> TrainResult:
+        """Trains from the current progress step up to ``loop.steps``, or
+        until early stopping ends it.
 
         Args:
           dataset_fn: training input (see :meth:`dataset_fn`).
-          loop: scheduling, evaluation and checkpoint intervals.
+          loop: scheduling, evaluation and checkpoint intervals, the metric
+            of the best checkpoint and the early-stopping patience.
           eval_manifest: evaluated at eval boundaries and at the end (by
-            the chief only, under a multi-worker strategy).
+            the chief only, under a multi-worker strategy); each eval
+            boundary is also a checkpoint, kept as the best when the eval
+            improved ``loop.keep_best``.
           on_progress: ``(step, mean loss, examples)`` per finished call.
           on_boundary: ``(step, eval result or None, checkpoint path or
             None)`` at each join boundary.
           heartbeat: called whenever work completes (closure, eval,
             checkpoint); feeds the stall watchdog.
+          on_best: ``(record)`` when a new best checkpoint is recorded.
         """
         beat = heartbeat or (lambda: None)
+        loop = loop.resolved()
+        check(not (loop.early_stop_patience and not self.is_ps
+                   and self.num_workers > 1), "--early-stop-patience",
+              loop.early_stop_patience, "is not supported with several "
+              "workers of a replicated strategy (only the chief evaluates)",
+              StrategyError)
         self.executor = executor = self._executor(dataset_fn, loop)
         start = int(self.progress.step.numpy())
         step, examples, last_loss = start, 0, float("nan")
         began = time.perf_counter()
         eval_result, path = None, None
-        has_eval = self.chief and eval_manifest is not None and bool(
+        # The same on every worker (each saves at eval boundaries); only
+        # the chief evaluates.
+        evals = eval_manifest is not None and bool(
             eval_manifest.files("eval"))
+        has_eval = self.chief and evals
+        tracker = self.best_tracker(loop) if has_eval else None
+        stopped = (start if tracker is not None and tracker.exhausted
+                   else None)
 
         def on_result(at: int, loss_sum: float, count: int) -> None:
             nonlocal examples, last_loss
@@ -299,22 +335,29 @@ class Trainer:
             if on_progress is not None:
                 on_progress(at, last_loss, count)
 
-        while step < loop.steps:
+        while step < loop.steps and stopped is None:
             step = executor.run(step, loop.next_boundary(step), on_result)
             eval_result = None
-            if has_eval and (step >= loop.steps or (
-                    loop.eval_every and step % loop.eval_every == 0)):
+            eval_due = evals and (step >= loop.steps
+                                  or loop.is_eval_step(step))
+            if has_eval and eval_due:
                 eval_result = self.evaluate(eval_manifest)
                 beat()
             saved = None
-            if step >= loop.steps or (loop.checkpoint_every and
-                                      step % loop.checkpoint_every == 0):
+            if step >= loop.steps or eval_due or (
+                    loop.checkpoint_every and
+                    step % loop.checkpoint_every == 0):
                 saved = self.save()
                 path = saved or path
                 beat()
             if on_boundary is not None:
                 on_boundary(step, eval_result, saved)
-        if start >= loop.steps and self.keeper is not None:  # already done
+            if tracker is not None and eval_result is not None and saved:
+                if tracker.update(step, eval_result, saved) and on_best:
+                    on_best(tracker.record)
+                if tracker.exhausted and step < loop.steps:
+                    stopped = step
+        if step == start and self.keeper is not None:  # already done
             path = self.keeper.latest
             if has_eval:
                 eval_result = self.evaluate(eval_manifest)
@@ -324,7 +367,9 @@ class Trainer:
             final_loss=last_loss, eval=eval_result, checkpoint=path,
             replicas=self.replicas,
             closure_seconds=tuple(executor.closure_seconds),
-            closures_per_worker=dict(executor.closures_per_pipeline))
+            closures_per_worker=dict(executor.closures_per_pipeline),
+            best=tracker.record if tracker is not None else None,
+            stopped_early_at=stopped)
 
     def describe_pending(self) -> str:
         """Work in flight and per-worker progress (for the watchdog)."""

@@ -75,7 +75,7 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
 
 @pytest.mark.parametrize("command, flag, default", [
     ("train", "--sparse-lr", "0.05"), ("train", "--stall-timeout", "900.0"),
-    ("train", "--seed", "0"), ("train", "--eval-every", "0"),
+    ("train", "--seed", "0"), ("train", "--keep-best", "auc"),
     ("train", "--model", "dcn"), ("bench", "--steps", "300"),
     ("advise", "--repeats", "5"), ("convert", "--eval-fraction", "0.0"),
     ("convert", "--split", "tail"), ("eval", "--split", "eval")])

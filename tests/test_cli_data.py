@@ -149,8 +149,22 @@ def test_audit_shards_with_too_few_shards_exits_2(converted_six, capsys):
     assert "--shards 12" in capsys.readouterr().err
 
 
-def test_audit_shards_needs_spec_for_non_preset(converted_six, capsys):
+def test_audit_shards_reads_the_spec_saved_with_the_data(converted_six,
+                                                         capsys):
     out, _ = converted_six
+    assert main(["audit-shards", str(out), "--pipelines", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "coverage: 2700/2700 = 100.00%" in text and "result: OK" in text
+
+
+def test_audit_shards_of_older_data_needs_spec_for_non_preset(converted_six,
+                                                              capsys):
+    """A manifest written before the spec travelled with the data."""
+    out, _ = converted_six
+    record = json.loads((out / MANIFEST_NAME).read_text())
+    del record["spec_file"]
+    (out / MANIFEST_NAME).write_text(json.dumps(record))
+    (out / "spec.yaml").unlink()
     assert main(["audit-shards", str(out), "--pipelines", "3"]) == 2
     assert "--spec" in capsys.readouterr().err
 

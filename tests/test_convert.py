@@ -29,6 +29,7 @@ from psrec.data.dataset import make_eval_dataset
 from psrec.data.input_checks import SchemaError
 from psrec.data.manifest import MANIFEST_NAME
 from psrec.data.manifest import Manifest
+from psrec.data.manifest import ManifestError
 from psrec.data.shard_writer import QUARANTINE_NAME
 from psrec.data.synthetic import synthetic_table
 from psrec.features import criteo
@@ -435,3 +436,127 @@ def test_reconversion_with_fewer_shards_removes_stale_shards(tmp_path):
         "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
     assert Manifest.load(out).to_dict() == report.manifest.to_dict()
     assert os.path.getsize(out / MANIFEST_NAME) > 0
+
+
+# -- what the manifest knows: positives; the no-eval warning ----------------------
+
+
+def test_manifest_counts_positives_per_split_of_written_rows(tmp_path):
+    """Thresholded labels (rating >= 4), tail split; a quarantined positive
+    row is not counted."""
+    spec = movielens()
+    table = synthetic_table(spec, 2000, seed=4)
+    rating = table.column("rating").to_numpy()
+    user = table.column("user_id").to_pylist()
+    bad = int(np.flatnonzero(rating[:1500] >= 4)[0])
+    user[bad] = None  # a required field: the row is quarantined
+    table = _replace(table, "user_id", pa.array(user, pa.int64()))
+    pq.write_table(table, tmp_path / "ml.parquet")
+    report = convert([tmp_path / "ml.parquet"], spec, tmp_path / "out",
+                     ConversionOptions(shards=2, eval_fraction=0.25,
+                                       block_rows=64, max_bad_fraction=0.01))
+    assert report.bad_rows == 1
+    positive = rating >= 4
+    positive[bad] = False
+    expected = {"train": int(positive[:1500].sum()),
+                "eval": int(positive[1500:].sum())}
+    manifest = Manifest.load(tmp_path / "out")
+    assert manifest.positives == expected == report.manifest.positives
+    assert 0 < expected["train"] < 1499 and 0 < expected["eval"] < 500
+    assert manifest.positive_rate("train") == expected["train"] / 1499
+    assert manifest.positive_rate("eval") == expected["eval"] / 500
+    got = _read_back(manifest, spec, splits=("eval",))
+    assert got["rating"].sum() == expected["eval"]
+
+
+def test_positives_of_a_hash_split_match_the_parquet_labels(tmp_path):
+    table = _small_criteo_table(3000, seed=5)
+    pq.write_table(table, tmp_path / "in.parquet")
+    spec = criteo(buckets=1000)
+    manifest = convert([tmp_path / "in.parquet"], spec, tmp_path / "out",
+                       ConversionOptions(shards=3, eval_fraction=0.3,
+                                         split_mode="hash")).manifest
+    label = table.column("label").to_numpy()
+    for split in ("train", "eval"):
+        ids = _read_back(manifest, spec, splits=(split,))[ID_COLUMN]
+        assert len(ids) == manifest.rows(split) > 0
+        assert manifest.positives[split] == int(label[ids].sum())
+        assert manifest.positive_rate(split) == pytest.approx(
+            label[ids].mean(), abs=1e-12)
+
+
+def test_manifest_without_positives_still_loads(tmp_path):
+    """A manifest written before positives were recorded: positives None."""
+    pq.write_table(_small_criteo_table(), tmp_path / "in.parquet")
+    spec = criteo(buckets=1000)
+    convert([tmp_path / "in.parquet"], spec, tmp_path / "out")
+    path = tmp_path / "out" / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    assert data["positives"]["eval"] == 0
+    del data["positives"]
+    path.write_text(json.dumps(data))
+    manifest = Manifest.load(tmp_path / "out")
+    assert manifest.positives is None
+    assert manifest.positive_rate("train") is None
+    assert manifest.rows("train") == 300
+    manifest.verify(spec.fingerprint())
+    with pytest.raises(ManifestError, match="'test' is not one of"):
+        manifest.positive_rate("test")
+
+
+def test_conversion_without_eval_rows_warns(tmp_path):
+    pq.write_table(_small_criteo_table(10), tmp_path / "in.parquet")
+    spec = criteo(buckets=1000)
+    report = convert([tmp_path / "in.parquet"], spec, tmp_path / "none")
+    [warning] = report.warnings
+    assert "no eval split" in warning and "--eval-fraction 0" in warning
+    assert report.to_dict()["warnings"] == [warning]
+    tiny = convert([tmp_path / "in.parquet"], spec, tmp_path / "tiny",
+                   ConversionOptions(eval_fraction=0.01))
+    assert tiny.rows_written["eval"] == 0
+    assert len(tiny.warnings) == 1
+    assert "--eval-fraction 0.01 of 10 rows" in tiny.warnings[0]
+    held_out = convert([tmp_path / "in.parquet"], spec, tmp_path / "held",
+                       ConversionOptions(eval_fraction=0.2))
+    assert held_out.rows_written["eval"] == 2 and held_out.warnings == ()
+
+
+def test_convert_command_prints_the_warning_on_stderr(tmp_path, capsys):
+    from psrec.launch.cli import main
+    pq.write_table(synthetic_table(movielens(), 200, seed=2),
+                   tmp_path / "ml.parquet")
+    args = ["convert", str(tmp_path / "ml.parquet"), "--spec", "movielens",
+            "--shards", "2"]
+    assert main(args + ["--out", str(tmp_path / "a")]) == 0
+    captured = capsys.readouterr()
+    [line] = captured.err.strip().splitlines()
+    assert line.startswith("warning: no eval split") and "--eval-fraction" \
+        in line
+    assert "warning" not in captured.out
+    assert main(args + ["--out", str(tmp_path / "b"), "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["warnings"] == [line.removeprefix("warning: ")]
+    assert captured.err.strip() == line
+    assert main(args + ["--out", str(tmp_path / "c"), "--eval-fraction",
+                        "0.2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "eval" in captured.out
+
+
+@pytest.mark.parametrize("name, command", [
+    ("clicks.csv.gz", "`psrec ingest csv`"),
+    ("train.libsvm", "`psrec ingest libfm`"),
+    ("events.jsonl", "`psrec ingest jsonl`"),
+    ("dump.bin", "`psrec ingest csv|libfm|jsonl|criteo|movielens`"),
+])
+def test_non_parquet_input_names_the_file_and_the_ingest_to_run(
+        tmp_path, name, command):
+    path = tmp_path / name
+    path.write_bytes(b"a,b\n1,2\n")
+    from psrec.errors import ConfigError
+    with pytest.raises(ConfigError) as caught:
+        convert([path], criteo(buckets=10, dim=4), tmp_path / "out")
+    message = str(caught.value)
+    assert str(path) in message and "is not a Parquet file" in message
+    assert f"run {command} on it first" in message

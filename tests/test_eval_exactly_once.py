@@ -104,7 +104,8 @@ def test_worker_killed_during_eval_counts_each_eval_example_once(
         assert result["positives"] == truth["positives"]
         # And the metrics equal a fault-free evaluation of the same weights
         # (the final checkpoint is saved after the final evaluation).
-        offline = evaluate_checkpoint(workdir / "checkpoints", manifest)
+        offline = evaluate_checkpoint(workdir / "checkpoints", manifest,
+                                      checkpoint="latest")
         assert offline.count == result["count"]
         assert offline.id_sum == result["id_sum"]
         assert 0.55 < result["auc"] < 1.0  # it learned; no NaN

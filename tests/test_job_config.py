@@ -39,7 +39,9 @@ def _mirrored_job(tmp_path: Path) -> JobConfig:
         input=InputConfig(batch_size=96, shuffle_records=8, cycle_length=2,
                           seed=11),
         loop=LoopConfig(steps=77, steps_per_closure=7, in_flight_per_worker=2,
-                        log_every=5, eval_every=11, checkpoint_every=22),
+                        log_every=5, eval_every=11, checkpoint_every=22,
+                        keep_best="logloss", early_stop_patience=3),
+        epochs=2.5,
         strategy=StrategyConfig(kind="mirrored", collective="nccl",
                                 mixed_precision=True, grad_accum_steps=3,
                                 memory_fraction=0.25, cpu_replicas=2,
@@ -146,6 +148,8 @@ def test_strategy_config_refuses_options_of_other_strategies(kind, options,
      "--partitioner/--table-shards"),
     ("mirrored", {"ps": 2}, "--ps"),
     ("one-device", {"workers": 3}, "--workers"),
+    ("multi-worker-mirrored", {"loop": LoopConfig(early_stop_patience=2)},
+     "--early-stop-patience"),
 ])
 def test_job_config_refuses_options_of_other_strategies(kind, fields, flag):
     with pytest.raises(ConfigError) as error:

@@ -117,10 +117,13 @@ def test_train_end_to_end(first_run, workdir):
     _summary_value(output, rf"steps 0 -> {STEPS} \(optimizer updates "
                            r"executed: (\d+)\)")
     checkpoints = workdir / "checkpoints"
-    for step in (CHECKPOINT_EVERY, STEPS):
-        assert (checkpoints / f"ckpt-{step}.index").is_file()
+    assert (checkpoints / f"ckpt-{STEPS}.index").is_file()
     assert tf.train.latest_checkpoint(str(checkpoints)).endswith(
         f"ckpt-{STEPS}")
+    # Default flags: about 5 evaluations, each a checkpoint; the best one
+    # is kept beside the rotated ones and is the one exported.
+    best = json.loads((checkpoints / "best.json").read_text())
+    assert (checkpoints / (best["checkpoint"] + ".index")).is_file()
     assert (checkpoints / "job.json").is_file()
     assert (workdir / "export" / "saved_model.pb").is_file()
     assert {"train/loss", "eval/auc"} <= _event_tags(workdir / "tensorboard")
@@ -128,6 +131,8 @@ def test_train_end_to_end(first_run, workdir):
     assert summary["step"] == STEPS
     assert summary["eval"]["count"] == EVAL_ROWS
     assert summary["eval"]["auc"] == pytest.approx(auc, abs=1e-4)
+    assert summary["exported_checkpoint"] == best["checkpoint"]
+    assert summary["best"]["value"] >= summary["eval"]["auc"]
 
 
 def _eval_auc(labels: np.ndarray, logits: np.ndarray) -> float:

@@ -103,13 +103,20 @@ def test_bad_model_options_name_the_argument_and_value():
         ModelConfig(top_mlp=(0,))
 
 
-def test_dot_interaction_rejects_tables_of_different_widths():
+@pytest.mark.parametrize("name", ["dlrm", "deepfm"])
+def test_dot_and_fm_project_tables_of_other_widths_to_the_widest(name):
     import dataclasses
     spec = movielens(dim=4)
     tables = (dataclasses.replace(spec.tables[0], dim=8),) + spec.tables[1:]
-    with pytest.raises(ValueError, match=r"same `dim`.*\[4, 8\]"):
-        RankingModel(dataclasses.replace(spec, tables=tables),
-                     model_config("dlrm"))
+    model = build_model(dataclasses.replace(spec, tables=tables),
+                        model_config(name))
+    # The 8-wide table is used as is; every 4-wide table maps to 8 columns.
+    assert sorted(model.projections) == ["genre", "item", "user_attr"]
+    assert {tuple(p.kernel.shape) for p in model.projections.values()} == {
+        (4, 8)}
+    assert model.dense_arch.out.units == 8
+    logits = model(example_batch(model.spec, rows=3))
+    assert logits.shape == (3,)
 
 
 def test_learning_rate_scales_with_batch_and_warms_up_linearly():
