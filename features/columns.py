@@ -9,6 +9,7 @@ import dataclasses
 import math
 from pathlib import Path
 from typing import Any
+from typing import Sequence
 
 from psrec.errors import ConfigError
 
@@ -18,39 +19,94 @@ CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 
 class SpecError(ConfigError):
-    """A feature spec is malformed; the message names the key and the value."""
+    """A feature spec is malformed; the message names the key and the value.
+
+    ``problems`` lists every problem found (one sentence each); the message
+    is the single problem, or all of them numbered one per line.
+    """
+
+    def __init__(self, message: str,
+                 problems: Sequence[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
+
+    @classmethod
+    def of(cls, problems: Sequence[str], prefix: str = "") -> SpecError:
+        """One error listing ``problems``, each message starting with
+        ``prefix`` (e.g. the spec file's path)."""
+        problems = list(problems)
+        if len(problems) == 1:
+            return cls(prefix + problems[0], problems)
+        lines = [f"{prefix}{len(problems)} problems in the spec:"]
+        lines += [f"({i}) {text}" for i, text in enumerate(problems, 1)]
+        return cls("\n".join(lines), problems)
 
 
-def _check_choice(where: str, key: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise SpecError(f"{where}: `{key}` = {value!r} is not allowed; use one "
-                        f"of {', '.join(map(repr, allowed))}.")
+def raise_problems(problems: Sequence[str], prefix: str = "") -> None:
+    """Raises one :class:`SpecError` listing ``problems``, if any."""
+    if problems:
+        raise SpecError.of(problems, prefix)
 
 
-def _check_int(where: str, key: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(
-            f"{where}: `{key}` = {value!r} must be "
+# The checks below return the list of problems they find (empty: none), so
+# a part reports all of its mistakes at once.
+
+def _check_choice(where: str, key: str, value: Any,
+                  allowed: tuple) -> list[str]:
+    if value in allowed:
+        return []
+    return [f"{where}: `{key}` = {value!r} is not allowed; use one of "
+            f"{', '.join(map(repr, allowed))}."]
+
+
+def _check_int(where: str, key: str, value: Any,
+               minimum: int = 1) -> list[str]:
+    if (not isinstance(value, bool) and isinstance(value, int)
+            and value >= minimum):
+        return []
+    return [f"{where}: `{key}` = {value!r} must be "
             + ("a positive integer." if minimum == 1 else
-               f"an integer >= {minimum}."))
+               f"an integer >= {minimum}.")]
 
 
 def _check_number(where: str, key: str, value: Any, *,
-                  positive: bool = False, optional: bool = False) -> None:
+                  positive: bool = False, optional: bool = False) -> list[str]:
     """A finite number (> 0 if ``positive``; None allowed if ``optional``)."""
     if value is None and optional:
-        return
+        return []
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or (positive and value <= 0)):
         want = "> 0" if positive else "a finite number"
-        raise SpecError(f"{where}: `{key}` = {value!r} must be {want}"
-                        + (" or null." if optional else "."))
+        return [f"{where}: `{key}` = {value!r} must be {want}"
+                + (" or null." if optional else ".")]
+    return []
 
 
-def _check_name(where: str, value: Any) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise SpecError(
-            f"{where}: `name` = {value!r} must be a non-empty string.")
+def _check_name(where: str, value: Any) -> list[str]:
+    if isinstance(value, str) and value.strip():
+        return []
+    return [f"{where}: `name` = {value!r} must be a non-empty string."]
+
+
+def _standardize_problems(feature: DenseFeature, where: str) -> list[str]:
+    """``standardize`` needs both statistics; other transforms take none."""
+    given = [key for key in ("mean", "std")
+             if getattr(feature, key) is not None]
+    if feature.transform == "standardize":
+        missing = [f"`{key}`" for key in ("mean", "std") if key not in given]
+        if missing:
+            return [f"{where}: `transform` = 'standardize' needs "
+                    f"{' and '.join(missing)} (the column's statistics, "
+                    "std > 0); give them or use transform 'none' or "
+                    "'log1p'."]
+    elif given and feature.transform in DENSE_TRANSFORMS:
+        values = ", ".join(f"{key}={getattr(feature, key)!r}"
+                           for key in given)
+        return [f"{where}: {values} would be ignored: `mean`/`std` apply "
+                f"only to transform 'standardize', not "
+                f"{feature.transform!r}; remove them or use transform "
+                "'standardize'."]
+    return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +118,9 @@ class DenseFeature:
         transform: ``none``; ``log1p`` (``log(1 + max(x, 0))``: Criteo's
             counts have a few negatives, which are clipped to 0); or
             ``standardize`` (``(x - mean) / std`` with the stored statistics).
-        mean, std: the statistics of ``standardize`` (``std`` > 0).
+        mean, std: the statistics of ``standardize``, required by it (``std``
+            > 0) and refused with any other transform (they would be
+            ignored).
         default: value used where the input is missing (null in Parquet, NaN
             at serving time).
         required: when true, a null is a bad row (quarantined) instead of
@@ -71,18 +129,22 @@ class DenseFeature:
 
     name: str
     transform: str = "none"
-    mean: float = 0.0
-    std: float = 1.0
+    mean: float | None = None
+    std: float | None = None
     default: float = 0.0
     required: bool = False
 
     def __post_init__(self) -> None:
         where = f"dense feature {self.name!r}"
-        _check_name(where, self.name)
-        _check_choice(where, "transform", self.transform, DENSE_TRANSFORMS)
-        for key in ("mean", "std", "default"):
-            _check_number(where, key, getattr(self, key))
-        _check_number(where, "std", self.std, positive=True)
+        raise_problems(
+            _check_name(where, self.name)
+            + _check_choice(where, "transform", self.transform,
+                            DENSE_TRANSFORMS)
+            + _check_number(where, "mean", self.mean, optional=True)
+            + _check_number(where, "std", self.std, positive=True,
+                            optional=True)
+            + _check_number(where, "default", self.default)
+            + _standardize_problems(self, where))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +168,14 @@ class TableConfig:
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
-        _check_name(where, self.name)
-        _check_int(where, "rows", self.rows)
-        _check_int(where, "dim", self.dim)
-        _check_choice(where, "initializer", self.initializer, INITIALIZERS)
-        _check_number(where, "scale", self.scale, positive=True, optional=True)
+        raise_problems(
+            _check_name(where, self.name)
+            + _check_int(where, "rows", self.rows)
+            + _check_int(where, "dim", self.dim)
+            + _check_choice(where, "initializer", self.initializer,
+                            INITIALIZERS)
+            + _check_number(where, "scale", self.scale, positive=True,
+                            optional=True))
 
     @property
     def bytes(self) -> int:
@@ -157,18 +222,27 @@ class CategoricalFeature:
 
     def __post_init__(self) -> None:
         where = f"categorical feature {self.name!r}"
-        _check_name(where, self.name)
-        _check_choice(where, "dtype", self.dtype, CATEGORICAL_DTYPES)
-        _check_choice(where, "combiner", self.combiner, COMBINERS)
-        _check_int(where, "max_length", self.max_length)
+        problems = (_check_name(where, self.name)
+                    + _check_choice(where, "dtype", self.dtype,
+                                    CATEGORICAL_DTYPES)
+                    + _check_choice(where, "combiner", self.combiner,
+                                    COMBINERS)
+                    + _check_int(where, "max_length", self.max_length))
         if (self.hash_buckets is None) == (self.vocabulary_file is None):
-            raise SpecError(
+            problems.append(
                 f"{where}: give exactly one of `hash_buckets` and "
                 f"`vocabulary_file` (got hash_buckets={self.hash_buckets!r}, "
                 f"vocabulary_file={self.vocabulary_file!r}).")
         if self.hash_buckets is not None:
-            _check_int(where, "hash_buckets", self.hash_buckets)
-        _check_int(where, "row_offset", self.row_offset, minimum=0)
+            problems += _check_int(where, "hash_buckets", self.hash_buckets)
+        if self.vocabulary_file is not None and (
+                not isinstance(self.vocabulary_file, str)
+                or not self.vocabulary_file.strip()):
+            problems.append(
+                f"{where}: `vocabulary_file` = {self.vocabulary_file!r} must "
+                "be a path (a non-empty string).")
+        problems += _check_int(where, "row_offset", self.row_offset, minimum=0)
+        raise_problems(problems)
 
     @property
     def multi_hot(self) -> bool:
@@ -212,5 +286,6 @@ class LabelConfig:
     threshold: float | None = None
 
     def __post_init__(self) -> None:
-        _check_name("label", self.name)
-        _check_number("label", "threshold", self.threshold, optional=True)
+        raise_problems(_check_name("label", self.name)
+                       + _check_number("label", "threshold", self.threshold,
+                                       optional=True))

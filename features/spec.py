@@ -17,7 +17,8 @@ Its parts are in ``features.columns``. A spec file (YAML or JSON) looks like::
            combiner: mean}
 
 Unknown keys and bad values raise :class:`SpecError` naming the key, the
-value and what is allowed.
+value and what is allowed; all the problems of a spec are reported at
+once (numbered, and as the error's ``problems`` list).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import AbstractSet as Set
 from typing import Any
 from typing import Mapping
+from typing import Sequence
 
 import yaml
 
@@ -36,11 +39,14 @@ from psrec.features.columns import DenseFeature
 from psrec.features.columns import LabelConfig
 from psrec.features.columns import SpecError
 from psrec.features.columns import TableConfig
+from psrec.features.columns import raise_problems
 
 # Reserved names of the record columns psrec adds itself.
 ID_COLUMN = "psrec__id"
 DENSE_COLUMN = "psrec__dense"
 RESERVED_NAMES = (ID_COLUMN, DENSE_COLUMN)
+# A dense feature's statistics and the neutral values of an unset one.
+_STATISTICS = {"mean": 0.0, "std": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,45 +70,8 @@ class FeatureSpec:
     def __post_init__(self) -> None:
         for key in ("dense", "categorical", "tables"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
-        if not self.categorical and not self.dense:
-            raise SpecError(
-                "spec: give at least one dense or categorical feature.")
-        seen: set[str] = set()
-        for column in self.columns:
-            if column in RESERVED_NAMES:
-                raise SpecError(f"spec: column {column!r} is reserved by "
-                                "psrec; rename the column.")
-            if column in seen:
-                raise SpecError(
-                    f"spec: column {column!r} is used twice; each input "
-                    "column may be one feature (share a table to share "
-                    "embeddings instead).")
-            seen.add(column)
-        tables = {}
-        for table in self.tables:
-            if table.name in tables:
-                raise SpecError(f"spec: table {table.name!r} is defined twice.")
-            tables[table.name] = table
-        for feature in self.categorical:
-            table = tables.get(feature.table)
-            if table is None:
-                raise SpecError(
-                    f"categorical feature {feature.name!r}: `table` = "
-                    f"{feature.table!r} is not defined; defined tables: "
-                    f"{sorted(tables) or 'none'}.")
-            if feature.hash_buckets is not None:
-                end = feature.row_offset + feature.hash_buckets
-                if end > table.rows:
-                    raise SpecError(
-                        f"categorical feature {feature.name!r}: row_offset "
-                        f"{feature.row_offset} + hash_buckets "
-                        f"{feature.hash_buckets} = {end} exceeds table "
-                        f"{table.name!r} rows = {table.rows}; enlarge the "
-                        "table or lower the buckets.")
-        unused = sorted(set(tables) - {f.table for f in self.categorical})
-        if unused:
-            raise SpecError(f"spec: tables {unused} are not used by any "
-                            "categorical feature; remove them.")
+        raise_problems(_cross_problems(self.label, self.dense,
+                                       self.categorical, self.tables))
 
     # -- derived views -----------------------------------------------------
 
@@ -125,30 +94,50 @@ class FeatureSpec:
     def check_vocabularies(self) -> None:
         """Checks vocabulary-backed features fit their tables (reads the
         files)."""
+        problems = []
         for feature in self.categorical:
             if feature.vocabulary_file is None:
                 continue
             table = self.table(feature.table)
-            end = feature.row_offset + feature.num_ids
+            try:
+                end = feature.row_offset + feature.num_ids
+            except SpecError as error:
+                problems += error.problems
+                continue
             if end > table.rows:
-                raise SpecError(
+                problems.append(
                     f"categorical feature {feature.name!r}: row_offset "
                     f"{feature.row_offset} + vocabulary size + 1 = {end} "
-                    f"exceeds table {table.name!r} rows = {table.rows}.")
+                    f"exceeds table {table.name!r} rows = {table.rows}; "
+                    "enlarge the table or lower the row offset.")
+        raise_problems(problems)
 
     # -- serialisation -------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data :meth:`from_dict` inverts; a dense feature's unset
+        ``mean``/``std`` (any transform but ``standardize``) are left out."""
         asdict = dataclasses.asdict
+        dense = [{key: value for key, value in asdict(f).items()
+                  if value is not None or key not in _STATISTICS}
+                 for f in self.dense]
         return {"name": self.name, "label": asdict(self.label),
                 "tables": [asdict(t) for t in self.tables],
-                "dense": [asdict(f) for f in self.dense],
+                "dense": dense,
                 "categorical": [asdict(f) for f in self.categorical]}
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON form (plus vocabulary contents)."""
-        digest = hashlib.sha256(
-            json.dumps(self.to_dict(), sort_keys=True).encode())
+        """sha256 of the canonical JSON form (plus vocabulary contents).
+
+        The canonical form writes an unset ``mean``/``std`` as the neutral
+        0.0/1.0 that specs held before statistics became optional, so those
+        specs (all but ``standardize`` ones) keep their fingerprint.
+        """
+        data = self.to_dict()
+        for feature in data["dense"]:
+            for key, neutral in _STATISTICS.items():
+                feature.setdefault(key, neutral)
+        digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
         for feature in self.categorical:
             if feature.vocabulary_file is not None:
                 digest.update("\n".join(feature.vocabulary()).encode())
@@ -158,31 +147,36 @@ class FeatureSpec:
     def from_dict(cls, data: Mapping[str, Any],
                   base_dir: str | Path | None = None) -> FeatureSpec:
         """Builds a spec from plain data, rejecting unknown keys; relative
-        vocabulary paths resolve against ``base_dir``."""
+        vocabulary paths resolve against ``base_dir``.
+
+        Raises:
+          SpecError: listing every problem found (``.problems``), in the
+            parts and in how they fit together, not only the first.
+        """
         if not isinstance(data, Mapping):
             raise SpecError("spec: expected a mapping at the top level, got "
                             f"{type(data).__name__}.")
-        _reject_unknown("spec", data, ("name", "label", "tables", "dense",
-                                       "categorical"))
+        problems = _unknown_keys("spec", data, ("name", "label", "tables",
+                                                "dense", "categorical"))
         if "name" not in data:
-            raise SpecError("spec: missing key `name`.")
-        categorical = []
-        for item in _list_of(data, "categorical"):
-            feature = _build(CategoricalFeature, item, "categorical feature")
-            vocabulary = feature.vocabulary_file
-            if vocabulary and base_dir is not None and not Path(
-                    vocabulary).is_absolute():
-                feature = dataclasses.replace(
-                    feature, vocabulary_file=str(Path(base_dir) / vocabulary))
-            categorical.append(feature)
-        return cls(
-            name=data["name"],
-            label=_build(LabelConfig, data.get("label", {}), "label"),
-            dense=tuple(_build(DenseFeature, item, "dense feature")
-                        for item in _list_of(data, "dense")),
-            categorical=tuple(categorical),
-            tables=tuple(_build(TableConfig, item, "table")
-                         for item in _list_of(data, "tables")))
+            problems.append("spec: missing key `name`; give the dataset a "
+                            "short name.")
+        label = _build(LabelConfig, data.get("label", {}), "label", problems)
+        dense, broken_dense = _build_list(DenseFeature, data, "dense",
+                                          problems)
+        categorical, broken_categorical = _build_list(
+            CategoricalFeature, data, "categorical", problems)
+        tables, broken_tables = _build_list(TableConfig, data, "tables",
+                                            problems)
+        categorical = [_resolve_vocabulary(f, base_dir) for f in categorical]
+        problems += _cross_problems(
+            label, dense, categorical, tables,
+            broken_features=len(broken_dense) + len(broken_categorical),
+            broken_tables={item.get("name") for item in broken_tables},
+            broken_refs={item.get("table") for item in broken_categorical})
+        raise_problems(problems)
+        return cls(name=data["name"], label=label, dense=tuple(dense),
+                   categorical=tuple(categorical), tables=tuple(tables))
 
     def save(self, path: str | Path) -> Path:
         """Writes the spec as YAML (``.yaml``/``.yml``) or JSON (anything
@@ -212,37 +206,142 @@ class FeatureSpec:
         try:
             return cls.from_dict(data, base_dir=path.parent)
         except SpecError as error:
-            raise SpecError(f"{path}: {error}") from None
+            raise SpecError.of(error.problems, f"{path}: ") from None
 
 
-def _reject_unknown(where: str, data: Mapping[str, Any],
-                    allowed: tuple[str, ...]) -> None:
-    for key in data:
-        if key not in allowed:
-            raise SpecError(f"{where}: unknown key {key!r}; allowed keys: "
-                            f"{', '.join(allowed)}.")
+def _cross_problems(label: LabelConfig | None,
+                    dense: Sequence[DenseFeature],
+                    categorical: Sequence[CategoricalFeature],
+                    tables: Sequence[TableConfig], *,
+                    broken_features: int = 0,
+                    broken_tables: Set[Any] = frozenset(),
+                    broken_refs: Set[Any] = frozenset()) -> list[str]:
+    """The problems of how the parts fit together. ``broken_*`` describe
+    parts that failed their own checks (counted features, table names and
+    the tables broken features name), so they cause no second report."""
+    problems = []
+    if not categorical and not dense and not broken_features:
+        problems.append(
+            "spec: give at least one dense or categorical feature.")
+    columns = ([label.name] if label is not None else []) + [
+        f.name for f in (*dense, *categorical)]
+    for column in dict.fromkeys(columns):
+        if column in RESERVED_NAMES:
+            problems.append(f"spec: column {column!r} is reserved by psrec; "
+                            "rename the column.")
+        if columns.count(column) > 1:
+            problems.append(
+                f"spec: column {column!r} is used twice; each input column "
+                "may be one feature (share a table to share embeddings "
+                "instead).")
+    defined: dict[str, TableConfig] = {}
+    for table in tables:
+        if table.name in defined:
+            problems.append(f"spec: table {table.name!r} is defined twice; "
+                            "give each table a distinct name.")
+        defined.setdefault(table.name, table)
+    for feature in categorical:
+        table = defined.get(feature.table)
+        if table is None:
+            if feature.table not in broken_tables:
+                problems.append(
+                    f"categorical feature {feature.name!r}: `table` = "
+                    f"{feature.table!r} is not defined; defined tables: "
+                    f"{sorted(defined) or 'none'}.")
+            continue
+        if feature.hash_buckets is not None:
+            end = feature.row_offset + feature.hash_buckets
+            if end > table.rows:
+                problems.append(
+                    f"categorical feature {feature.name!r}: row_offset "
+                    f"{feature.row_offset} + hash_buckets "
+                    f"{feature.hash_buckets} = {end} exceeds table "
+                    f"{table.name!r} rows = {table.rows}; enlarge the "
+                    "table or lower the buckets.")
+    used = {f.table for f in categorical} | set(broken_refs)
+    unused = sorted(set(defined) - used)
+    if unused:
+        problems.append(f"spec: tables {unused} are not used by any "
+                        "categorical feature; remove them.")
+    return problems
 
 
-def _list_of(data: Mapping[str, Any], key: str) -> list[Any]:
+def _unknown_keys(where: str, data: Mapping[str, Any],
+                  allowed: tuple[str, ...]) -> list[str]:
+    return [f"{where}: unknown key {key!r}; allowed keys: "
+            f"{', '.join(allowed)}." for key in data if key not in allowed]
+
+
+def _list_of(data: Mapping[str, Any], key: str,
+             problems: list[str]) -> list[Any]:
     value = data.get(key, [])
     if not isinstance(value, list):
-        raise SpecError(
+        problems.append(
             f"spec: `{key}` must be a list, got {type(value).__name__}.")
+        return []
     return value
 
 
-def _build(cls: type, item: Any, where: str) -> Any:
+def _build_list(cls: type, data: Mapping[str, Any], key: str,
+                problems: list[str]) -> tuple[list[Any], list[Mapping]]:
+    """The parts listed under ``key`` that build, and the mappings that do
+    not (their problems are added to ``problems``)."""
+    where = {"dense": "dense feature", "categorical": "categorical feature",
+             "tables": "table"}[key]
+    built, broken = [], []
+    for item in _list_of(data, key, problems):
+        part = _build(cls, item, where, problems)
+        if part is not None:
+            built.append(part)
+        elif isinstance(item, Mapping):
+            broken.append(item)
+    return built, broken
+
+
+def _build(cls: type, item: Any, where: str, problems: list[str]) -> Any:
+    """``cls(**item)``, or None after adding its problems to ``problems``."""
     if not isinstance(item, Mapping):
-        raise SpecError(f"{where}: expected a mapping, got {item!r}.")
+        problems.append(f"{where}: expected a mapping, got {item!r}.")
+        return None
     fields = dataclasses.fields(cls)
+    names = tuple(f.name for f in fields)
     label = f"{where} {item.get('name', '?')!r}"
-    _reject_unknown(label, item, tuple(f.name for f in fields))
-    for field in fields:
-        if (field.default is dataclasses.MISSING
-                and field.default_factory is dataclasses.MISSING
-                and field.name not in item):
-            raise SpecError(f"{label}: missing required key `{field.name}`.")
-    try:
-        return cls(**item)
-    except TypeError as error:
-        raise SpecError(f"{label}: {error}") from None
+    found = _unknown_keys(label, item, names)
+    found += [f"{label}: missing required key `{f.name}`." for f in fields
+              if f.default is dataclasses.MISSING
+              and f.default_factory is dataclasses.MISSING
+              and f.name not in item]
+    if cls is DenseFeature:
+        item = _without_legacy_statistics(item)
+    part = None
+    if not any("missing required key" in text for text in found):
+        try:
+            part = cls(**{k: v for k, v in item.items() if k in names})
+        except SpecError as error:
+            found += error.problems
+        except TypeError as error:
+            found.append(f"{label}: {error}")
+    problems += found
+    return None if found else part
+
+
+def _without_legacy_statistics(item: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Drops ``mean: 0.0, std: 1.0`` from a non-``standardize`` dense
+    feature: the neutral values every spec saved before statistics became
+    optional holds (e.g. the ``spec.yaml`` beside converted data)."""
+    if (item.get("transform", "none") != "standardize"
+            and all(key in item and not isinstance(item[key], bool)
+                    and item[key] == neutral
+                    for key, neutral in _STATISTICS.items())):
+        return {k: v for k, v in item.items() if k not in _STATISTICS}
+    return item
+
+
+def _resolve_vocabulary(feature: CategoricalFeature,
+                        base_dir: str | Path | None) -> CategoricalFeature:
+    vocabulary = feature.vocabulary_file
+    if vocabulary and base_dir is not None and not Path(
+            vocabulary).is_absolute():
+        return dataclasses.replace(
+            feature, vocabulary_file=str(Path(base_dir) / vocabulary))
+    return feature

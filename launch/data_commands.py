@@ -4,6 +4,7 @@ convert, audit-shards, spec, synth and tf-config."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -134,7 +135,39 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILURE
 
 
+_INFER_FLAGS = ("label", "label_threshold", "max_buckets", "vocab_max",
+                "exclude")
+
+
+def _cmd_spec_infer(args: argparse.Namespace) -> int:
+    from psrec.data.infer import infer_spec
+    if not args.inputs:
+        raise UsageError("spec infer: give the Parquet files or folders to "
+                         "read (psrec spec infer PARQUET... --label COL --out "
+                         "spec.yaml)")
+    for flag in ("label", "out"):
+        if getattr(args, flag) is None:
+            raise UsageError(f"spec infer: --{flag} is required")
+    report = infer_spec(
+        _existing_files(args.inputs, "input Parquet"), args.label, args.out,
+        label_threshold=args.label_threshold,
+        max_buckets=2 ** 20 if args.max_buckets is None else args.max_buckets,
+        vocab_max=1000 if args.vocab_max is None else args.vocab_max,
+        exclude=_names(args.exclude, "--exclude") if args.exclude else (),
+        command=shlex.join(["psrec", *getattr(args, "argv", ())]))
+    print_result(args, report)
+    return EXIT_OK
+
+
 def _cmd_spec(args: argparse.Namespace) -> int:
+    if args.spec == "infer":
+        return _cmd_spec_infer(args)
+    given = [f"--{f.replace('_', '-')}" for f in _INFER_FLAGS
+             if getattr(args, f) is not None]
+    if args.inputs or given:
+        raise UsageError(
+            f"spec {args.spec}: {' '.join(args.inputs + given)} apply only "
+            "to `psrec spec infer`")
     spec = resolve_spec(args.spec)
     if args.out:
         path = spec.save(args.out)
@@ -272,10 +305,34 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_json_flag(p)
     p.set_defaults(run=_cmd_audit)
 
-    p = sub.add_parser("spec", help="print or save a feature spec")
-    p.add_argument("spec", help="preset name (criteo, movielens) or spec file")
+    p = sub.add_parser(
+        "spec", help="print or save a feature spec, or infer one from Parquet",
+        description="psrec spec NAME [--out F]: print or save a preset or "
+        "spec file. psrec spec infer PARQUET... --label COL --out spec.yaml: "
+        "write a commented spec (and vocab/*.txt beside it) from one pass of "
+        "statistics over the Parquet files (give them before the flags).")
+    p.add_argument("spec", help="preset name (criteo, movielens), spec file, "
+                   "or `infer`")
+    p.add_argument("inputs", nargs="*", metavar="PARQUET",
+                   help="infer: Parquet files, or folders of them")
     p.add_argument("--out", default=None,
-                   help=".yaml or .json file to write (default: print YAML)")
+                   help=".yaml or .json file to write (default: print YAML); "
+                   "infer: the .yaml spec to write (required)")
+    g = p.add_argument_group("infer")
+    g.add_argument("--label", default=None, metavar="COL",
+                   help="the label column (0/1, or see --label-threshold); "
+                   "required")
+    g.add_argument("--label-threshold", type=float, default=None,
+                   metavar="T", help="label = value >= T (for a label that "
+                   "is not 0/1, e.g. a rating)")
+    g.add_argument("--max-buckets", type=positive, default=None,
+                   help="most hash buckets per feature (default 2**20)")
+    g.add_argument("--vocab-max", type=integer, default=None,
+                   help="string columns with at most this many distinct "
+                   "values get a vocabulary file (default 1000; 0: hash "
+                   "all)")
+    g.add_argument("--exclude", default=None, metavar="COL,...",
+                   help="columns to leave out")
     add_json_flag(p)
     p.set_defaults(run=_cmd_spec)
 

@@ -1,0 +1,216 @@
+"""``psrec spec infer``: a spec inferred from Parquet statistics, written as
+commented YAML, that loads and converts the same files without bad rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from psrec.data.convert import convert
+from psrec.data.criteo import ingest_criteo
+from psrec.data.infer import infer_spec
+from psrec.data.infer_stats import DistinctCounter
+from psrec.errors import ConfigError
+from psrec.features.presets import resolve_spec
+from psrec.launch.cli import main
+from tests._shared import CRITEO_SAMPLE
+from tests._shared import shared_data
+
+ROWS = 3000
+TAGS = ("a", "b", "c", "d", "e", "f")
+
+
+def _table(seed: int = 1) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 6, ROWS)
+    spend = rng.pareto(1.0, ROWS) * 10
+    return pa.table({
+        "click": pa.array(rng.integers(0, 2, ROWS), pa.int64()),
+        "spend": pa.array(np.where(rng.random(ROWS) < 0.1, None, spend),
+                          pa.float64()),
+        "score": pa.array(rng.normal(5.0, 2.0, ROWS)),
+        "country": pa.array([("de", "fr", "us", "jp")[i]
+                             for i in rng.integers(0, 4, ROWS)]),
+        "query": pa.array([f"q{i}" for i in rng.integers(0, 1500, ROWS)]),
+        "user_id": pa.array(np.arange(ROWS), pa.int64()),
+        "version": pa.array(["v1"] * ROWS),
+        "tags": pa.array([list(rng.choice(TAGS, k)) for k in lengths],
+                         pa.list_(pa.string())),
+        "rating": pa.array(rng.integers(1, 6, ROWS), pa.int64()),
+    })
+
+
+@pytest.fixture
+def parquet(tmp_path: Path) -> tuple[list[str], pa.Table]:
+    table = _table()
+    paths = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    pq.write_table(table.slice(0, 2000), paths[0])
+    pq.write_table(table.slice(2000), paths[1])
+    return paths, table
+
+
+def _by_name(features) -> dict:
+    return {f.name: f for f in features}
+
+
+def test_infer_decides_each_column(parquet, tmp_path):
+    paths, table = parquet
+    out = tmp_path / "spec" / "inferred.yaml"
+    report = infer_spec(paths, "click", out, exclude=["rating"])
+    spec = resolve_spec(str(out))
+    assert spec.label.name == "click" and spec.label.threshold is None
+    dense = _by_name(spec.dense)
+    assert set(dense) == {"spend", "score"}
+    assert dense["spend"].transform == "log1p"
+    score = table.column("score").to_numpy()
+    assert dense["score"].transform == "standardize"
+    assert dense["score"].mean == pytest.approx(score.mean(), rel=1e-5)
+    assert dense["score"].std == pytest.approx(score.std(), rel=1e-5)
+    categorical = _by_name(spec.categorical)
+    assert set(categorical) == {"country", "query", "tags"}
+    assert categorical["country"].vocabulary() == ["de", "fr", "jp", "us"]
+    assert (out.parent / "vocab" / "country.txt").is_file()
+    assert categorical["tags"].vocabulary() == list(TAGS)
+    lengths = [len(v) for v in table.column("tags").to_pylist()]
+    assert categorical["tags"].max_length == math.ceil(
+        np.quantile(lengths, 0.95))
+    distinct = len(set(table.column("query").to_pylist()))
+    assert categorical["query"].hash_buckets == 1 << math.ceil(
+        math.log2(2 * distinct))
+    # One shared table, features laid out one after the other.
+    offset = 0
+    for feature in spec.categorical:
+        assert feature.table == "categorical"
+        assert feature.row_offset == offset
+        offset += feature.num_ids
+    assert [t.rows for t in spec.tables] == [offset]
+    assert set(report.skipped) == {"user_id", "version", "rating"}
+    assert "id-like" in report.skipped["user_id"]
+    assert "constant" in report.skipped["version"]
+    text = out.read_text()
+    assert text.startswith("# Feature spec inferred by psrec from 3000 rows")
+    assert "# Left out:\n#   user_id: id-like" in text
+    assert f"# string, {distinct} distinct, 0.0% null" in text
+    assert "heavy-tailed" in text and "95th percentile length" in text
+
+
+def test_inferred_spec_converts_without_bad_rows(parquet, tmp_path, capsys):
+    paths, _ = parquet
+    out = tmp_path / "inferred.yaml"
+    assert main(["spec", "infer", *paths, "--label", "click", "--out",
+                 str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["file"] == str(out) and result["rows"] == ROWS
+    assert result["vocabularies"] == ["vocab/country.txt", "vocab/tags.txt"]
+    # The command is recorded in the header; the label is 0/1.
+    assert f"# Command: psrec spec infer {paths[0]}" in out.read_text()
+    report = convert(paths, resolve_spec(str(out)), tmp_path / "shards")
+    assert report.bad_rows == 0
+    assert report.rows_written["train"] == ROWS
+
+
+def test_label_other_than_01_needs_a_threshold(parquet, tmp_path, capsys):
+    paths, _ = parquet
+    out = tmp_path / "s.yaml"
+    assert main(["spec", "infer", *paths, "--label", "rating", "--out",
+                 str(out)]) == 2
+    assert "--label-threshold" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["spec", "infer", *paths, "--label", "rating",
+                 "--label-threshold", "4", "--out", str(out)]) == 0
+    spec = resolve_spec(str(out))
+    assert spec.label.name == "rating" and spec.label.threshold == 4
+    # click (0/1 ints, 2 distinct) becomes a small categorical code.
+    assert _by_name(spec.categorical)["click"].dtype == "int64"
+    assert convert(paths, spec, tmp_path / "shards").bad_rows == 0
+
+
+def test_flags_cap_buckets_skip_vocabularies_and_exclude(parquet, tmp_path):
+    paths, _ = parquet
+    out = tmp_path / "s.yaml"
+    report = infer_spec(paths, "click", out, max_buckets=256, vocab_max=0,
+                        exclude=["score", "rating"])
+    spec = resolve_spec(str(out))
+    categorical = _by_name(spec.categorical)
+    assert categorical["query"].hash_buckets == 256
+    assert categorical["country"].hash_buckets == 8
+    assert report.vocabularies == [] and not (tmp_path / "vocab").exists()
+    assert "score" not in _by_name(spec.dense)
+    assert report.skipped["score"] == "--exclude"
+    assert "capped by --max-buckets" in out.read_text()
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"label": "nope"}, "is not a column"),
+    ({"label": "country"}, "must name an integer"),
+    ({"label": "click", "exclude": ["ghost"]}, "names no column"),
+    ({"label": "click", "out_name": "s.json"}, "must be a .yaml"),
+])
+def test_bad_arguments_are_config_errors(parquet, tmp_path, kwargs, needle):
+    paths, _ = parquet
+    out = tmp_path / kwargs.pop("out_name", "s.yaml")
+    with pytest.raises(ConfigError, match=needle):
+        infer_spec(paths, out=out, **kwargs)
+
+
+def test_distinct_count_falls_back_to_an_estimate():
+    counter = DistinctCounter(cap=1000)
+    values = [f"v{i}" for i in range(50_000)]
+    for start in range(0, len(values), 5000):
+        counter.add(values[start:start + 5000] + values[:100])
+    assert not counter.is_exact
+    assert counter.count == pytest.approx(50_000, rel=0.1)
+    exact = DistinctCounter(cap=1000)
+    exact.add(values[:900] + values[:900])
+    assert exact.is_exact and exact.count == 900
+
+
+def test_estimated_distinct_count_is_noted(parquet, tmp_path):
+    paths, _ = parquet
+    out = tmp_path / "s.yaml"
+    infer_spec(paths, "click", out, exact_cap=100)
+    text = out.read_text()
+    assert "(estimated) distinct" in text
+    # Estimated counts cannot feed a vocabulary: country (4 values) still
+    # does, query (> cap) is hashed.
+    categorical = _by_name(resolve_spec(str(out)).categorical)
+    assert categorical["country"].vocabulary_file is not None
+    assert categorical["query"].hash_buckets is not None
+
+
+def test_spec_preset_still_works_and_rejects_infer_arguments(tmp_path,
+                                                              capsys):
+    out = tmp_path / "criteo.yaml"
+    assert main(["spec", "criteo", "--out", str(out)]) == 0
+    assert resolve_spec(str(out)).name == "criteo"
+    capsys.readouterr()
+    assert main(["spec", "criteo", "--label", "x"]) == 2
+    assert "spec infer" in capsys.readouterr().err
+    assert main(["spec", "infer", "--label", "click", "--out",
+                 str(tmp_path / "s.yaml")]) == 2
+    assert "Parquet" in capsys.readouterr().err
+
+
+def test_criteo_sample_infers_and_converts(tmp_path):
+    ingested = ingest_criteo([shared_data(CRITEO_SAMPLE)], tmp_path / "pq")
+    files = sorted(str(p) for p in (tmp_path / "pq").glob("*.parquet"))
+    assert files, ingested
+    out = tmp_path / "criteo-inferred.yaml"
+    report = infer_spec(files, "label", out)
+    spec = resolve_spec(str(out))
+    columns = pq.read_schema(files[0]).names
+    decided = (set(report.dense) | set(report.categorical)
+               | set(report.skipped))
+    assert decided == set(columns) - {"label"}
+    assert {f.name for f in spec.dense} >= {"I5", "I6"}
+    assert any(f.transform == "log1p" for f in spec.dense)
+    assert {f.name for f in spec.categorical} >= {"C1", "C6", "C9"}
+    result = convert(files, spec, tmp_path / "shards")
+    assert result.bad_rows == 0
+    assert result.rows_written["train"] == ingested.rows
