@@ -16,8 +16,7 @@ from psrec.data.files import atomic_output
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
 from psrec.data.ingest import check_sources
-from psrec.data.ingest import output_stem
-from psrec.data.ingest import prepare_out_dir
+from psrec.data.ingest import write_each
 
 CRITEO_LABEL_COLUMN = "label"
 CRITEO_INTEGER_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, 14))
@@ -163,14 +162,9 @@ def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
         raise IngestError(
             f"Criteo inputs mix labelled files {labelled_files} with "
             f"unlabelled files {unlabelled}; ingest them in separate calls.")
-    out = prepare_out_dir(out_dir)
-    files, total_rows, total_positives = [], 0, 0
-    for src, labelled in zip(sources, layouts):
-        dst = out / f"{output_stem(src)}.parquet"
-        rows, positives = _ingest_criteo_file(src, dst, labelled,
-                                              block_size_bytes)
-        files.append(str(dst))
-        total_rows += rows
-        total_positives += positives or 0
-    return IngestReport(files=tuple(files), rows=total_rows,
-                        positives=total_positives if layouts[0] else None)
+    files, rows, positives = write_each(
+        out_dir, list(zip(sources, layouts)),
+        lambda src, dst, labelled: _ingest_criteo_file(
+            src, dst, labelled, block_size_bytes))
+    return IngestReport(files=files, rows=rows,
+                        positives=positives if layouts[0] else None)

@@ -195,3 +195,20 @@ class ProgressMeter:
             self.progress(
                 f"ingest {self.path.name}: {self.rows:,} rows, "
                 f"{done / 2**20:,.1f} of {self.total / 2**20:,.1f} MiB read")
+
+
+def write_each(out_dir: str | Path, plans: Sequence[tuple],
+               write: Callable[..., tuple[int, int | None]]
+               ) -> tuple[tuple[str, ...], int, int]:
+    """One Parquet file per input: ``write(src, dst, *rest)`` for each plan
+    ``(src, *rest)``, ``dst`` = ``out_dir/<input stem>.parquet``. Returns
+    the files, the rows and the positives (None counts as 0)."""
+    out = prepare_out_dir(out_dir)
+    files, rows, positives = [], 0, 0
+    for src, *rest in plans:
+        dst = out / f"{output_stem(src)}.parquet"
+        n, pos = write(src, dst, *rest)
+        files.append(str(dst))
+        rows += n
+        positives += pos or 0
+    return tuple(files), rows, positives

@@ -31,9 +31,9 @@ from psrec.data.ingest import ProgressFn
 from psrec.data.ingest import ProgressMeter
 from psrec.data.ingest import check_sources
 from psrec.data.ingest import open_input
-from psrec.data.ingest import output_stem
-from psrec.data.ingest import prepare_out_dir
+from psrec.data.ingest import write_each
 from psrec.data.tabular import COLUMN_TYPES
+from psrec.data.tabular import check_column_types
 from psrec.errors import check
 
 
@@ -167,9 +167,7 @@ def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
         first block lacks, or a list of objects.
     """
     column_types = dict(column_types or {})
-    for column, name in column_types.items():
-        check(name in COLUMN_TYPES, f"types[{column}]", name,
-              f"must be one of {', '.join(COLUMN_TYPES)}", error=IngestError)
+    check_column_types(column_types)
     check(block_size_bytes > 0, "block_size_bytes", block_size_bytes,
           "must be positive", error=IngestError)
     sources = check_sources(paths, "JSON-lines file")
@@ -180,10 +178,6 @@ def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
             raise IngestError(f"Input file {str(src)!r} is empty; check the "
                               "file or remove it from the inputs.")
         plans.append((src, _schema(src, types, block_size_bytes)))
-    out = prepare_out_dir(out_dir)
-    files, rows = [], 0
-    for src, schema in plans:
-        dst = out / f"{output_stem(src)}.parquet"
-        rows += _ingest_file(src, dst, schema, block_size_bytes, progress)
-        files.append(str(dst))
-    return IngestReport(files=tuple(files), rows=rows, positives=None)
+    files, rows, _ = write_each(out_dir, plans, lambda src, dst, schema: (
+        _ingest_file(src, dst, schema, block_size_bytes, progress), None))
+    return IngestReport(files=files, rows=rows, positives=None)

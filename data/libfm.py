@@ -49,8 +49,7 @@ from psrec.data.ingest import ProgressMeter
 from psrec.data.ingest import check_sources
 from psrec.data.ingest import first_line
 from psrec.data.ingest import open_input
-from psrec.data.ingest import output_stem
-from psrec.data.ingest import prepare_out_dir
+from psrec.data.ingest import write_each
 
 LABEL_COLUMN = "label"
 _ONE = pa.array(["1", "+1", "1.0", "+1.0"])
@@ -303,12 +302,7 @@ def ingest_libfm(paths: Sequence[str | Path], out_dir: str | Path, *,
     sources = check_sources(paths, "libFM file")
     for src in sources:
         first_line(src)  # refuses an empty input before anything is written
-    out = prepare_out_dir(out_dir)
-    files, rows, positives = [], 0, 0
-    for src in sources:
-        dst = out / f"{output_stem(src)}.parquet"
-        n, pos = _ingest_file(src, dst, names, block_size_bytes, progress)
-        files.append(str(dst))
-        rows += n
-        positives += pos
-    return IngestReport(files=tuple(files), rows=rows, positives=positives)
+    files, rows, positives = write_each(
+        out_dir, [(src,) for src in sources], lambda src, dst: _ingest_file(
+            src, dst, names, block_size_bytes, progress))
+    return IngestReport(files=files, rows=rows, positives=positives)

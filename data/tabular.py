@@ -26,8 +26,7 @@ from psrec.data.ingest import check_sources
 from psrec.data.ingest import find_line
 from psrec.data.ingest import first_line
 from psrec.data.ingest import open_input
-from psrec.data.ingest import output_stem
-from psrec.data.ingest import prepare_out_dir
+from psrec.data.ingest import write_each
 from psrec.errors import check
 
 # The value types a column may be given (``--types COL=TYPE``).
@@ -39,14 +38,19 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
 _FORBIDDEN_DELIMITERS = ("\n", "\r", '"')
 
 
+def check_column_types(column_types: Mapping[str, str]) -> None:
+    """Each ``{column: type}`` names one of :data:`COLUMN_TYPES`."""
+    for column, name in column_types.items():
+        check(name in COLUMN_TYPES, f"types[{column}]", name,
+              f"must be one of {', '.join(COLUMN_TYPES)}", error=IngestError)
+
+
 def _check_options(delimiter: str, column_types: Mapping[str, str],
                    block_size_bytes: int) -> None:
     check(len(delimiter) == 1 and delimiter not in _FORBIDDEN_DELIMITERS,
           "delimiter", delimiter, "must be one character other than a "
           "newline or '\"' (a tab is '\\t')", error=IngestError)
-    for column, name in column_types.items():
-        check(name in COLUMN_TYPES, f"types[{column}]", name,
-              f"must be one of {', '.join(COLUMN_TYPES)}", error=IngestError)
+    check_column_types(column_types)
     check(block_size_bytes > 0, "block_size_bytes", block_size_bytes,
           "must be positive", error=IngestError)
 
@@ -238,11 +242,7 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
                 f"--types names column(s) {unknown} that {str(src)!r} lacks "
                 f"(its columns: {', '.join(names)}); fix the names.")
         plans.append((src, names))
-    out = prepare_out_dir(out_dir)
-    files, total = [], 0
-    for src, names in plans:
-        dst = out / f"{output_stem(src)}.parquet"
-        total += _ingest_file(src, dst, names, types, progress,
-                              progress_every_rows, **read)
-        files.append(str(dst))
-    return IngestReport(files=tuple(files), rows=total, positives=None)
+    files, total, _ = write_each(out_dir, plans, lambda src, dst, names: (
+        _ingest_file(src, dst, names, types, progress, progress_every_rows,
+                     **read), None))
+    return IngestReport(files=files, rows=total, positives=None)
