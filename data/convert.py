@@ -34,12 +34,16 @@ from psrec.data.input_checks import categorical_values
 from psrec.data.input_checks import check_schema
 from psrec.data.input_checks import float_values
 from psrec.data.input_checks import row_reasons
+from psrec.data.input_checks import serving_values
 from psrec.data.manifest import MANIFEST_NAME
 from psrec.data.manifest import SPEC_FILE_NAME
 from psrec.data.manifest import SPLITS
 from psrec.data.manifest import Manifest
 from psrec.data.parquet_inputs import parquet_files
 from psrec.data.parquet_inputs import read_metadata
+from psrec.data.sampling import check_neg_sample_rate
+from psrec.data.sampling import kept_rows
+from psrec.data.sampling import sampling_summary
 from psrec.data.shard_writer import QUARANTINE_NAME
 from psrec.data.shard_writer import SHARD_NAME_RE
 from psrec.data.shard_writer import Quarantine
@@ -57,6 +61,9 @@ from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import MISSING_INT
 from psrec.features.transforms import MISSING_TOKEN
 from psrec.features.transforms import CategoricalEncoder
+from psrec.features.transforms import derive_all
+from psrec.progress import SILENT
+from psrec.progress import Progress
 
 
 class BadDataError(DataError):
@@ -81,6 +88,7 @@ class ConversionOptions:
       block_rows: rows packed per record.
       max_bad_fraction: above this share of bad rows the conversion fails.
       batch_rows: Parquet rows read per batch.
+      neg_sample_rate: share of train negatives kept (``data.sampling``).
     """
 
     shards: int = 4
@@ -92,8 +100,10 @@ class ConversionOptions:
     batch_rows: int = 65_536
     order_by: str | None = None
     eval_files: str | None = None
+    neg_sample_rate: float = 1.0
 
     def __post_init__(self) -> None:
+        check_neg_sample_rate(self.neg_sample_rate)
         for key in ("shards", "block_rows", "batch_rows"):
             value = getattr(self, key)
             check(isinstance(value, int) and value >= 1, key, value,
@@ -163,6 +173,7 @@ class ConversionReport:
         ]
         lines += [f"  {count} x {reason}"
                   for reason, count in sorted(self.bad_reasons.items())]
+        lines += sampling_summary(self.manifest)
         for path, extras in self.extra_columns.items():
             lines.append(f"ignored extra columns in {path}: {', '.join(extras)}")
         for name, count in self.truncated_lists.items():
@@ -198,6 +209,19 @@ def _encode_categorical(column: pa.Array, feature: CategoricalFeature,
     return encoder.encode_lists(feature.name, ragged).numpy(), truncated
 
 
+def _derived_values(batch: pa.RecordBatch,
+                    spec: FeatureSpec) -> dict[str, tf.Tensor]:
+    """The spec's derived columns of a batch, from the raw values in their
+    serving form (the ops the serving function runs)."""
+    if not spec.derived:
+        return {}
+    raw = {name: tf.constant(serving_values(batch.column(name), dtype, name),
+                             tf.as_dtype(dtype))
+           for name, (dtype, _) in spec.raw_inputs.items()
+           if any(name in d.sources for d in spec.derived)}
+    return derive_all(spec.derived, raw)
+
+
 def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
                  encoder: CategoricalEncoder,
                  truncated: collections.Counter) -> dict[str, np.ndarray]:
@@ -209,9 +233,14 @@ def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
         columns[DENSE_COLUMN] = np.stack(
             [float_values(batch.column(f.name), f.default)
              for f in spec.dense], axis=1).astype("<f4")
+    derived = _derived_values(batch, spec)
     for feature in spec.categorical:
-        ids, cut = _encode_categorical(batch.column(feature.name), feature,
-                                       encoder)
+        if feature.name in derived:
+            ids, cut = encoder.encode(feature.name,
+                                      derived[feature.name]).numpy(), 0
+        else:
+            ids, cut = _encode_categorical(batch.column(feature.name),
+                                           feature, encoder)
         columns[feature.name] = ids.astype("<i8")
         if cut:
             truncated[feature.name] += cut
@@ -250,8 +279,8 @@ def _save_spec(spec: FeatureSpec, out_dir: Path) -> str:
 
 def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
             out_dir: str | Path,
-            options: ConversionOptions = ConversionOptions()
-            ) -> ConversionReport:
+            options: ConversionOptions = ConversionOptions(), *,
+            progress: Progress = SILENT) -> ConversionReport:
     """Converts Parquet files to sharded block TFRecords plus a manifest.
 
     Args:
@@ -261,6 +290,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
       spec: the feature spec.
       out_dir: output folder (created).
       options: see :class:`ConversionOptions`.
+      progress: told the input rows as they are read (one pass).
 
     Returns:
       A report; ``report.manifest`` is the written manifest.
@@ -305,6 +335,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     truncated: collections.Counter = collections.Counter()
     positives = dict.fromkeys(SPLITS, 0)
     next_id = 0
+    task = progress.task("convert", total_rows, "rows")
     try:
         for path in paths:
             row_in_file = 0
@@ -325,15 +356,19 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                 columns[ID_COLUMN] = ids
                 to_eval = split.is_eval(ids)
                 label = columns[spec.label.name]
-                positives["train"] += np.count_nonzero(label[~to_eval])
+                to_train = ~to_eval & kept_rows(ids, label,
+                                                options.neg_sample_rate)
+                positives["train"] += np.count_nonzero(label[to_train])
                 positives["eval"] += np.count_nonzero(label[to_eval])
-                writers["train"].add({k: v[~to_eval]
+                writers["train"].add({k: v[to_train]
                                       for k, v in columns.items()})
                 if "eval" in writers:
                     writers["eval"].add({k: v[to_eval]
                                          for k, v in columns.items()})
                 next_id += len(reasons)
                 row_in_file += len(reasons)
+                task.advance(len(reasons))
+        task.close()
         for writer in writers.values():
             writer.close()
         bad_rows = quarantine.count
@@ -352,6 +387,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         shards.setdefault("eval", ())
         quarantine_path = quarantine.close()
     except BaseException:
+        task.close()
         for writer in writers.values():
             writer.discard()
         quarantine.discard()
@@ -368,7 +404,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         quarantine=QUARANTINE_NAME if quarantine_path else None,
         sources=tuple(sources),
         positives={k: int(v) for k, v in positives.items()},
-        spec_file=_save_spec(spec, out))
+        spec_file=_save_spec(spec, out),
+        neg_sample_rate=float(options.neg_sample_rate))
     manifest.write()
     rows_written = {k: sum(s.rows for s in v) for k, v in shards.items()}
     return ConversionReport(

@@ -15,8 +15,14 @@ import pyarrow.parquet as pq
 from psrec.data.files import atomic_output
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
+from psrec.data.ingest import ReadMeter
 from psrec.data.ingest import check_sources
+from psrec.data.ingest import input_task
+from psrec.data.ingest import open_input
 from psrec.data.ingest import write_each
+from psrec.progress import SILENT
+from psrec.progress import Progress
+from psrec.progress import Task
 
 CRITEO_LABEL_COLUMN = "label"
 CRITEO_INTEGER_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, 14))
@@ -82,7 +88,8 @@ def _describe_csv_error(err: Exception, column_names: Sequence[str],
 
 
 def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
-                        block_size_bytes: int) -> tuple[int, int | None]:
+                        block_size_bytes: int,
+                        task: Task) -> tuple[int, int | None]:
     """Streams one Criteo TSV into one Parquet file; returns ``(rows,
     positives)`` (``positives`` None when unlabelled)."""
     schema = criteo_schema(labelled=labelled)
@@ -96,10 +103,11 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
         return "error"
 
     rows = positives = 0
-    with atomic_output(dst) as tmp_path:
+    with atomic_output(dst) as tmp_path, open_input(src) as (raw, stream):
+        meter = ReadMeter(task, src, raw)
         try:
             reader = pa_csv.open_csv(
-                src,
+                stream,
                 read_options=pa_csv.ReadOptions(
                     column_names=column_names, block_size=block_size_bytes),
                 parse_options=pa_csv.ParseOptions(
@@ -112,9 +120,11 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
                 for batch in reader:
                     writer.write_batch(batch)
                     rows += batch.num_rows
+                    meter.add(batch.num_rows)
                     if labelled:
                         total = pc.sum(batch.column(CRITEO_LABEL_COLUMN))
                         positives += total.as_py() or 0
+            meter.finish()
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
             reason = _describe_csv_error(err, column_names, bad_rows)
             where = (f"after its first {rows:,} data rows, which parsed fine"
@@ -126,7 +136,8 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
 
 
 def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
-                  block_size_bytes: int = 64 << 20) -> IngestReport:
+                  block_size_bytes: int = 64 << 20,
+                  progress: Progress = SILENT) -> IngestReport:
     """Converts raw Kaggle Criteo TSV files to Parquet, one file per input.
 
     Each input is streamed (never held whole in memory) and written batch by
@@ -142,6 +153,7 @@ def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
         same names are replaced.
       block_size_bytes: Bytes of text parsed per block; bounds the memory
         used and sets the size of the record batches written.
+      progress: told the bytes of the inputs (as stored) as they are read.
 
     Returns:
       An :class:`IngestReport`; ``positives`` is the sum of the label column,
@@ -162,9 +174,10 @@ def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
         raise IngestError(
             f"Criteo inputs mix labelled files {labelled_files} with "
             f"unlabelled files {unlabelled}; ingest them in separate calls.")
-    files, rows, positives = write_each(
-        out_dir, list(zip(sources, layouts)),
-        lambda src, dst, labelled: _ingest_criteo_file(
-            src, dst, labelled, block_size_bytes))
+    with input_task(progress, sources) as task:
+        files, rows, positives = write_each(
+            out_dir, list(zip(sources, layouts)),
+            lambda src, dst, labelled: _ingest_criteo_file(
+                src, dst, labelled, block_size_bytes, task))
     return IngestReport(files=files, rows=rows,
                         positives=positives if layouts[0] else None)

@@ -49,6 +49,8 @@ from psrec.features.columns import LabelConfig
 from psrec.features.columns import TableConfig
 from psrec.features.spec import RESERVED_NAMES
 from psrec.features.spec import FeatureSpec
+from psrec.progress import SILENT
+from psrec.progress import Progress
 
 TABLE_NAME = "categorical"
 CODE_MAX_DISTINCT = 16
@@ -179,9 +181,11 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
                label_threshold: float | None = None,
                max_buckets: int = 2 ** 20, vocab_max: int = 1000,
                exclude: Sequence[str] = (), command: str | None = None,
-               exact_cap: int = EXACT_DISTINCT_CAP) -> InferReport:
+               exact_cap: int = EXACT_DISTINCT_CAP,
+               progress: Progress = SILENT) -> InferReport:
     """Infers a spec from Parquet ``inputs`` and writes it to ``out`` (YAML,
-    vocabularies under ``<out folder>/vocab``)."""
+    vocabularies under ``<out folder>/vocab``); ``progress`` is told the
+    rows read by the one pass of statistics."""
     out = Path(out)
     check(out.suffix in (".yaml", ".yml"), "--out", str(out),
           "must be a .yaml or .yml file (the spec is written as commented "
@@ -189,7 +193,8 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
     check(max_buckets >= 2, "--max-buckets", max_buckets, "must be >= 2")
     check(vocab_max >= 0, "--vocab-max", vocab_max, "must be >= 0")
     files = parquet_files([str(p) for p in inputs])
-    schema, stats = collect_stats(files, exact_cap=exact_cap)
+    schema, stats = collect_stats(files, exact_cap=exact_cap,
+                                  progress=progress)
     check(label in schema.names, "--label", label,
           f"is not a column; columns: {', '.join(schema.names)}")
     unknown = [name for name in exclude if name not in schema.names]
@@ -312,9 +317,10 @@ def _entry(item: dict[str, Any], note: str) -> str:
                 "hash_buckets": None, "initializer": "uniform",
                 "scale": None, "default": 0.0, "mean": None, "std": None,
                 "dtype": "string", "threshold": None}
-    keep = {k: v for k, v in item.items()
-            if k in ("name", "table", "row_offset", "transform")
-            or defaults.get(k, object()) != v}
+    keep = {k: v for k, v in item.items()  # row ranges and table rows
+            if k in ("name", "table", "transform")  # are laid out on load
+            or (k not in ("row_offset", "rows")
+                and defaults.get(k, object()) != v)}
     body = yaml.safe_dump([keep], sort_keys=False, default_flow_style=False)
     return f"  # {note}\n" + "".join(f"  {line}\n"
                                      for line in body.splitlines())
@@ -332,8 +338,10 @@ def _render(spec: FeatureSpec, header: list[str], label_note: str,
     parts.append(yaml.safe_dump({"label": label}, sort_keys=False,
                                 default_flow_style=False))
     tables_note = ("one table shared by all categorical features, each in "
-                   "its own rows (row_offset); rows = their sum; dim = "
-                   "min(64, 6 x distinct ** 0.25) of the largest feature")
+                   "its own rows (laid out automatically: edit buckets "
+                   "freely; `share: OTHER` shares a feature's rows); rows = "
+                   "their sum; dim = min(64, 6 x distinct ** 0.25) of the "
+                   "largest feature")
     for key, notes in (("tables", [tables_note] * len(data["tables"])),
                        ("dense", dense_notes),
                        ("categorical", categorical_notes)):

@@ -25,6 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from psrec.errors import DataError
+from psrec.progress import SILENT
+from psrec.progress import Progress
 
 EXACT_DISTINCT_CAP = 1_000_000
 SKETCH_K = 4096
@@ -193,11 +195,13 @@ def _check_same_schema(path: str, schema: pa.Schema,
 
 
 def collect_stats(files: Sequence[str], columns: Sequence[str] | None = None,
-                  *, exact_cap: int = EXACT_DISTINCT_CAP, seed: int = 0
+                  *, exact_cap: int = EXACT_DISTINCT_CAP, seed: int = 0,
+                  progress: Progress = SILENT
                   ) -> tuple[pa.Schema, dict[str, ColumnStats]]:
     """One pass over ``files`` (all of one schema); ``columns``: the columns
-    to describe (default all). Returns the first file's schema and the
-    statistics by column name."""
+    to describe (default all); ``progress`` is told the rows read (their
+    total from the Parquet metadata). Returns the first file's schema and
+    the statistics by column name."""
     if not files:
         raise DataError("no Parquet files to infer a spec from.")
     rng = np.random.default_rng(seed)
@@ -207,11 +211,14 @@ def collect_stats(files: Sequence[str], columns: Sequence[str] | None = None,
                                str(schema.field(name).type),
                                DistinctCounter(exact_cap))
              for name in names}
-    for path in files:
-        parquet = pq.ParquetFile(path)
-        _check_same_schema(path, parquet.schema_arrow, files[0], schema)
-        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS,
-                                          columns=names):
-            for name in names:
-                stats[name].add_batch(batch.column(name), rng)
+    total = sum(pq.read_metadata(path).num_rows for path in files)
+    with progress.task("spec infer: statistics", total, "rows") as task:
+        for path in files:
+            parquet = pq.ParquetFile(path)
+            _check_same_schema(path, parquet.schema_arrow, files[0], schema)
+            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS,
+                                              columns=names):
+                for name in names:
+                    stats[name].add_batch(batch.column(name), rng)
+                task.advance(batch.num_rows)
     return schema, stats

@@ -9,7 +9,8 @@ renamed into place when complete). No TensorFlow, and no Python loop per
 row. The datasets: ``data.criteo`` (Kaggle Criteo TSV), ``data.movielens``
 (MovieLens 100k), and the generic readers ``data.tabular`` (any delimited
 text), ``data.libfm`` (libFM/libSVM lines) and ``data.jsonl`` (JSON lines),
-whose helpers are below.
+whose helpers are below; they report the bytes of their inputs read (as
+stored) to a ``psrec.progress.Progress`` (:func:`input_task`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from psrec.errors import ConfigError
+from psrec.progress import Progress
+from psrec.progress import Task
 
 
 class IngestError(ConfigError):
@@ -88,8 +91,6 @@ def require_file(path: Path, what: str) -> None:
 # Compression recognised by the input's last suffix; dropped from output names.
 COMPRESSION_BY_SUFFIX = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd",
                          ".lz4": "lz4"}
-# A thin progress sink: the CLI passes a printer to stderr.
-ProgressFn = Callable[[str], None]
 
 
 def compression_of(path: Path) -> str | None:
@@ -127,7 +128,8 @@ def check_sources(paths: Sequence[str | Path], what: str) -> list[Path]:
 def open_input(path: Path) -> Iterator[tuple[pa.NativeFile, pa.NativeFile]]:
     """Yields ``(raw, stream)``: the file as stored and the byte stream to
     parse, decompressed on the fly when the suffix says so. ``raw.tell()``
-    is how far into the stored file the reader has got (for progress)."""
+    is how far into the stored file the reader has got (for progress, see
+    :class:`ReadMeter`)."""
     with pa.OSFile(str(path), "rb") as raw:
         codec = compression_of(path)
         if codec is None:
@@ -172,29 +174,36 @@ def find_line(path: Path, text: str, chunk: int = 8 << 20) -> int | None:
             tail = buf[len(buf) - keep:]
 
 
-class ProgressMeter:
-    """Calls ``progress`` with one line each time another ``every_bytes``
-    of a file (as stored) or ``every_rows`` rows have been read."""
+def input_task(progress: Progress, sources: Sequence[Path]) -> Task:
+    """One progress pass over ``sources``: their bytes as stored."""
+    n = len(sources)
+    return progress.task(f"ingest {n} file{'s' if n != 1 else ''}",
+                         sum(src.stat().st_size for src in sources), "bytes")
 
-    def __init__(self, progress: ProgressFn | None, path: Path,
-                 raw: pa.NativeFile, *, every_bytes: int = 64 << 20,
-                 every_rows: int = 1_000_000) -> None:
-        self.progress, self.path, self.raw = progress, path, raw
-        self.every_bytes, self.every_rows = every_bytes, every_rows
-        self.total = path.stat().st_size
-        self.rows = self._rows_said = self._bytes_said = 0
+
+class ReadMeter:
+    """Counts the rows parsed from one input and advances ``task`` by the
+    bytes of the file (as stored) read so far, ``raw.tell()``."""
+
+    def __init__(self, task: Task, path: Path, raw: pa.NativeFile) -> None:
+        self.task, self.raw = task, raw
+        self.size = path.stat().st_size
+        self.rows = self._read = 0
+
+    def _to(self, read: int) -> None:
+        read = min(read, self.size)
+        if read > self._read:
+            self.task.advance(read - self._read)
+            self._read = read
 
     def add(self, rows: int) -> None:
+        """Another ``rows`` rows were parsed."""
         self.rows += rows
-        if self.progress is None:
-            return
-        done = self.raw.tell()
-        if (done - self._bytes_said >= self.every_bytes
-                or self.rows - self._rows_said >= self.every_rows):
-            self._rows_said, self._bytes_said = self.rows, done
-            self.progress(
-                f"ingest {self.path.name}: {self.rows:,} rows, "
-                f"{done / 2**20:,.1f} of {self.total / 2**20:,.1f} MiB read")
+        self._to(self.raw.tell())
+
+    def finish(self) -> None:
+        """The whole file was read (the reader reached its end)."""
+        self._to(self.size)
 
 
 def write_each(out_dir: str | Path, plans: Sequence[tuple],

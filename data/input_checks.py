@@ -4,6 +4,8 @@ it is quarantined)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -11,6 +13,9 @@ import pyarrow.compute as pc
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.features.columns import CategoricalFeature
+from psrec.features.derived import EPOCH_MS
+from psrec.features.derived import DerivedFeature
+from psrec.features.derived import parse_pattern
 from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import MISSING_INT
 from psrec.features.transforms import MISSING_TOKEN
@@ -31,16 +36,18 @@ def _type_ok(arrow_type: pa.DataType, kind: str) -> bool:
     if kind == "string":
         return pa.types.is_string(arrow_type) or pa.types.is_large_string(
             arrow_type)
-    if kind == "int64":
-        return pa.types.is_integer(arrow_type)
+    if kind == "int64":  # a timestamp column reads as epoch seconds
+        return pa.types.is_integer(arrow_type) or pa.types.is_timestamp(
+            arrow_type)
     raise AssertionError(kind)
 
 
 def _expected_kinds(spec: FeatureSpec) -> dict[str, tuple[str, bool]]:
-    """column -> (value kind, is a list)."""
+    """column -> (value kind, is a list): the label and the raw inputs
+    (a derived feature's sources, not the derived column)."""
     kinds = {spec.label.name: ("label", False)}
-    kinds.update({f.name: ("number", False) for f in spec.dense})
-    kinds.update({f.name: (f.dtype, f.multi_hot) for f in spec.categorical})
+    kinds.update({name: ("number" if dtype == "float32" else dtype, is_list)
+                  for name, (dtype, is_list) in spec.raw_inputs.items()})
     return kinds
 
 
@@ -100,17 +107,30 @@ def float_values(column: pa.Array, fill: float) -> np.ndarray:
 def categorical_values(column: pa.Array, feature: CategoricalFeature) -> np.ndarray:
     """Values as the serving function takes them: strings with null -> the
     missing token ``""``, or int64 with null -> ``MISSING_INT`` (-1)."""
+    return serving_values(column, feature.dtype, feature.name)
+
+
+def serving_values(column: pa.Array, dtype: str, name: str) -> np.ndarray:
+    """A raw column as the serving function takes it (``dtype`` of
+    ``FeatureSpec.raw_inputs``): strings with null -> ``""``; int64 with null
+    -> ``MISSING_INT`` (-1; a timestamp column as epoch seconds); float32
+    with null -> NaN."""
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
-    if feature.dtype != "int64":
+    if dtype == "string":
         return pc.fill_null(column, MISSING_TOKEN).to_numpy(
             zero_copy_only=False)
+    if dtype == "float32":
+        return np.asarray(pc.cast(column, pa.float32()).to_numpy(
+            zero_copy_only=False), np.float32)  # null -> NaN
     try:
+        if pa.types.is_timestamp(column.type):
+            column = pc.cast(column, pa.timestamp("s"), safe=False)
         column = pc.cast(column, pa.int64())
     except pa.ArrowInvalid as error:
         raise DataError(
-            f"categorical feature {feature.name!r}: {error}; an int64 "
-            "feature takes values that fit int64 (as serving does).") from None
+            f"column {name!r}: {error}; an int64 input takes values that "
+            "fit int64 (as serving does).") from None
     return np.asarray(pc.fill_null(column, MISSING_INT).to_numpy(
         zero_copy_only=False), np.int64)
 
@@ -143,4 +163,27 @@ def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
         if feature.required:
             flag(_null_mask(batch.column(feature.name)),
                  f"null in required field {feature.name!r}")
+    for feature in spec.derived:
+        if feature.pattern not in (None, EPOCH_MS):
+            _flag_unmatched(batch, spec, feature, flag)
     return reasons
+
+
+def _flag_unmatched(batch: pa.RecordBatch, spec: FeatureSpec,
+                    feature: DerivedFeature, flag: Callable) -> None:
+    """A time that does not match its pattern is a bad row at conversion
+    (at serving it is the missing value)."""
+    source = feature.sources[0]
+    if source not in spec.raw_inputs:
+        return  # an earlier derived column
+    dtype = spec.raw_inputs[source][0]
+    strings = pc.cast(pc.fill_null(pa.array(serving_values(
+        batch.column(source), dtype, source)), MISSING_TOKEN
+        if dtype == "string" else MISSING_INT), pa.string())
+    regex, _, _ = parse_pattern(feature.pattern)
+    missing = pc.equal(strings, "" if dtype == "string" else "-1")
+    matched = pc.or_(pc.match_substring_regex(strings, f"^(?:{regex})$"),
+                     missing)
+    bad = ~np.asarray(matched.to_numpy(zero_copy_only=False), bool)
+    flag(bad, f"{source!r} does not match pattern {feature.pattern!r} of "
+         f"derived feature {feature.name!r}")

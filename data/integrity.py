@@ -17,37 +17,51 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from psrec.data.manifest import SPLITS
 from psrec.data.manifest import Manifest
 from psrec.data.manifest import ManifestError
+from psrec.data.manifest import ShardInfo
 from psrec.data.records import corruption_named
 from psrec.data.repair import ScanResult
 from psrec.data.repair import scan_records
 from psrec.errors import ConfigError
 from psrec.features.spec import ID_COLUMN
+from psrec.progress import SILENT
+from psrec.progress import Progress
+from psrec.progress import Task
 
 
 class SplitOverlapError(ConfigError):
     """Eval examples also appear in the train split."""
 
 
-def _ids(files: list[str]) -> np.ndarray:
+def _ids(files: list[str], task: Task) -> np.ndarray:
     if not files:
         return np.zeros([0], np.int64)
     features = {ID_COLUMN: tf.io.FixedLenFeature([], tf.string)}
     dataset = tf.data.TFRecordDataset(files).batch(256).map(
         lambda r: tf.io.decode_raw(tf.strings.reduce_join(
             tf.io.parse_example(r, features)[ID_COLUMN]), tf.int64))
+    parts = []
     with corruption_named(files):
-        parts = [ids.numpy() for ids in dataset]
+        for ids in dataset:
+            parts.append(ids.numpy())
+            task.advance(len(parts[-1]))
     return np.concatenate(parts) if parts else np.zeros([0], np.int64)
 
 
-def check_disjoint_splits(manifest: Manifest) -> int:
-    """Raises if any id is in both splits; returns the eval row count."""
-    eval_ids = _ids(manifest.files("eval"))
-    if not len(eval_ids):
-        return 0
-    train_ids = _ids(manifest.files("train"))
+def check_disjoint_splits(manifest: Manifest, *,
+                          progress: Progress = SILENT) -> int:
+    """Raises if any id is in both splits; returns the eval row count.
+    ``progress`` is told the ids read (total: the rows of both splits)."""
+    evals = manifest.rows("eval")  # none: only the eval files are read
+    total = evals + manifest.rows("train") if evals else 0
+    with progress.task("checking that train and eval share no example", total,
+                       "rows") as task:
+        eval_ids = _ids(manifest.files("eval"), task)
+        if not len(eval_ids):
+            return 0
+        train_ids = _ids(manifest.files("train"), task)
     both = np.intersect1d(train_ids, eval_ids)
     if len(both):
         raise SplitOverlapError(
@@ -78,8 +92,29 @@ class RepairReport:
         return "\n".join(lines)
 
 
+def _mismatches(manifest: Manifest, checksums: bool, progress: Progress
+                ) -> list[tuple[str, ShardInfo, str]]:
+    """``manifest.mismatches``, one shard at a time so that ``progress`` is
+    told the bytes checked (with ``checksums``: read and hashed)."""
+    if not checksums:
+        return manifest.mismatches(checksums=False)
+    shards = [(split, shard) for split in SPLITS
+              for shard in manifest.shards.get(split, ())]
+    found = []
+    with progress.task(f"checking the sha256 of {len(shards)} shards",
+                       sum(shard.bytes for _, shard in shards),
+                       "bytes") as task:
+        for split, shard in shards:
+            one = dataclasses.replace(manifest, shards={
+                name: (shard,) if name == split else () for name in SPLITS})
+            found += one.mismatches(checksums=True)
+            task.advance(shard.bytes)
+    return found
+
+
 def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
-                            max_records: int, *, checksums: bool = True
+                            max_records: int, *, checksums: bool = True,
+                            progress: Progress = SILENT
                             ) -> tuple[Manifest, RepairReport | None]:
     """Returns a manifest safe to train on, or raises naming the file.
 
@@ -88,8 +123,9 @@ def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
       out_dir: where repaired copies are written.
       max_records: corrupted records that may be skipped in total.
       checksums: compare sha256 (otherwise only presence and size).
+      progress: told the bytes checked by the sha256 pass.
     """
-    problems = manifest.mismatches(checksums=checksums)
+    problems = _mismatches(manifest, checksums, progress)
     if not problems:
         return manifest, None
     if max_records <= 0:

@@ -27,14 +27,17 @@ import pyarrow.parquet as pq
 from psrec.data.files import atomic_output
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
-from psrec.data.ingest import ProgressFn
-from psrec.data.ingest import ProgressMeter
+from psrec.data.ingest import ReadMeter
 from psrec.data.ingest import check_sources
+from psrec.data.ingest import input_task
 from psrec.data.ingest import open_input
 from psrec.data.ingest import write_each
 from psrec.data.tabular import COLUMN_TYPES
 from psrec.data.tabular import check_column_types
 from psrec.errors import check
+from psrec.progress import SILENT
+from psrec.progress import Progress
+from psrec.progress import Task
 
 
 def _fix_nulls(field: pa.Field) -> pa.Field:
@@ -115,9 +118,9 @@ def _describe(err: Exception, src: Path, schema: pa.Schema, rows: int) -> str:
 
 
 def _ingest_file(src: Path, dst: Path, schema: pa.Schema,
-                 block_size_bytes: int, progress: ProgressFn | None) -> int:
+                 block_size_bytes: int, task: Task) -> int:
     with atomic_output(dst) as tmp_path, open_input(src) as (raw, stream):
-        meter = ProgressMeter(progress, src, raw)
+        meter = ReadMeter(task, src, raw)
         writer = None
         try:
             reader = pa_json.open_json(
@@ -132,6 +135,7 @@ def _ingest_file(src: Path, dst: Path, schema: pa.Schema,
                     writer = pq.ParquetWriter(tmp_path, table.schema)
                 writer.write_table(table)
                 meter.add(batch.num_rows)
+            meter.finish()
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
             raise IngestError(_describe(err, src, schema, meter.rows)) from err
         finally:
@@ -145,7 +149,7 @@ def _ingest_file(src: Path, dst: Path, schema: pa.Schema,
 def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
                  column_types: Mapping[str, str] | None = None,
                  block_size_bytes: int = 16 << 20,
-                 progress: ProgressFn | None = None) -> IngestReport:
+                 progress: Progress = SILENT) -> IngestReport:
     """Converts JSON-lines files to Parquet, one file per input
     (``out_dir/<input stem>.parquet``; the rules are in the module doc).
 
@@ -156,7 +160,7 @@ def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
         ``data.tabular.COLUMN_TYPES``) overriding the first block's.
       block_size_bytes: Text parsed per block (bounds memory; a line must
         fit in one block).
-      progress: Called with a progress line now and then.
+      progress: Told the bytes of the inputs (as stored) as they are read.
 
     Returns:
       An :class:`IngestReport` (``positives`` None: no label is known).
@@ -178,6 +182,7 @@ def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
             raise IngestError(f"Input file {str(src)!r} is empty; check the "
                               "file or remove it from the inputs.")
         plans.append((src, _schema(src, types, block_size_bytes)))
-    files, rows, _ = write_each(out_dir, plans, lambda src, dst, schema: (
-        _ingest_file(src, dst, schema, block_size_bytes, progress), None))
+    with input_task(progress, sources) as task:
+        files, rows, _ = write_each(out_dir, plans, lambda src, dst, schema: (
+            _ingest_file(src, dst, schema, block_size_bytes, task), None))
     return IngestReport(files=files, rows=rows, positives=None)

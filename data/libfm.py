@@ -44,12 +44,15 @@ import pyarrow.parquet as pq
 from psrec.data.files import atomic_output
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
-from psrec.data.ingest import ProgressFn
-from psrec.data.ingest import ProgressMeter
+from psrec.data.ingest import ReadMeter
 from psrec.data.ingest import check_sources
 from psrec.data.ingest import first_line
+from psrec.data.ingest import input_task
 from psrec.data.ingest import open_input
 from psrec.data.ingest import write_each
+from psrec.progress import SILENT
+from psrec.progress import Progress
+from psrec.progress import Task
 
 LABEL_COLUMN = "label"
 _ONE = pa.array(["1", "+1", "1.0", "+1.0"])
@@ -211,15 +214,14 @@ def _read_lines(stream: pa.NativeFile, block_size_bytes: int):
 
 
 def _ingest_file(src: Path, dst: Path, names: list[str] | None,
-                 block_size_bytes: int, progress: ProgressFn | None
-                 ) -> tuple[int, int]:
+                 block_size_bytes: int, task: Task) -> tuple[int, int]:
     """Streams one libFM/libSVM file into one Parquet file; returns ``(rows,
     positives)``."""
     st = _FileState(src, None if names is None else list(names))
     positives = 0
     with atomic_output(dst) as tmp, open_input(src) as (raw, stream):
         work = tmp.with_name(f"{tmp.name}-all")
-        meter = ProgressMeter(progress, src, raw)
+        meter = ReadMeter(task, src, raw)
         try:
             writer = None
             try:
@@ -231,6 +233,7 @@ def _ingest_file(src: Path, dst: Path, names: list[str] | None,
                     positives += int(pc.sum(batch.column(0)).as_py() or 0)
                     st.lines_before += batch.num_rows
                     meter.add(batch.num_rows)
+                meter.finish()
             except (pa.ArrowInvalid, UnicodeDecodeError) as err:
                 raise IngestError(
                     f"Cannot read {str(src)!r} after line "
@@ -277,7 +280,7 @@ def _check_fields(fields: Sequence[str] | None) -> list[str] | None:
 def ingest_libfm(paths: Sequence[str | Path], out_dir: str | Path, *,
                  fields: Sequence[str] | None = None,
                  block_size_bytes: int = 16 << 20,
-                 progress: ProgressFn | None = None) -> IngestReport:
+                 progress: Progress = SILENT) -> IngestReport:
     """Converts libFM/libSVM files to Parquet, one file per input
     (``out_dir/<input stem>.parquet``; the format is in the module doc).
 
@@ -286,7 +289,7 @@ def ingest_libfm(paths: Sequence[str | Path], out_dir: str | Path, *,
       out_dir: Output folder; created if missing.
       fields: Names of fields 0, 1, ...; default ``f0``, ``f1``, ...
       block_size_bytes: Text parsed per block (bounds memory).
-      progress: Called with a progress line now and then.
+      progress: Told the bytes of the inputs (as stored) as they are read.
 
     Returns:
       An :class:`IngestReport`; ``positives`` counts labels 1.
@@ -302,7 +305,9 @@ def ingest_libfm(paths: Sequence[str | Path], out_dir: str | Path, *,
     sources = check_sources(paths, "libFM file")
     for src in sources:
         first_line(src)  # refuses an empty input before anything is written
-    files, rows, positives = write_each(
-        out_dir, [(src,) for src in sources], lambda src, dst: _ingest_file(
-            src, dst, names, block_size_bytes, progress))
+    with input_task(progress, sources) as task:
+        files, rows, positives = write_each(
+            out_dir, [(src,) for src in sources],
+            lambda src, dst: _ingest_file(src, dst, names, block_size_bytes,
+                                          task))
     return IngestReport(files=files, rows=rows, positives=positives)

@@ -4,8 +4,10 @@ It is written last, under a temporary name and renamed, so its presence
 means every shard it lists was complete. It records the spec (hash, and
 the file beside it that holds the spec: ``spec.yaml``), rows, bytes and
 sha256 of every shard, the split, the count of positive labels per split,
-the bad-row count and the sources. :func:`spec_for` picks the spec a job
-reads the data with: the data's own, unless overridden.
+the bad-row count, the sources and the negative sampling of the train
+split (``neg_sample_rate``, 1.0 when none; the negatives it dropped).
+:func:`spec_for` picks the spec a job reads the data with: the data's own,
+unless overridden.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class Manifest:
         manifest written before psrec recorded it.
       spec_file: the spec's file (relative to ``root``); None for a
         manifest written before psrec saved the spec beside the data.
+      neg_sample_rate: share of train negatives kept at conversion (1.0:
+        all, and for manifests written before psrec sampled); a model
+        trained on the data corrects its logits by ``log(rate)``.
     """
 
     root: Path
@@ -76,6 +81,7 @@ class Manifest:
     sources: tuple[dict[str, Any], ...]
     positives: dict[str, int] | None = None
     spec_file: str | None = None
+    neg_sample_rate: float = 1.0
 
     def files(self, split: str = "train") -> list[str]:
         """Absolute paths of a split's shards, in order."""
@@ -95,6 +101,15 @@ class Manifest:
             return None
         return self.positives[split] / rows
 
+    @property
+    def negatives_dropped(self) -> int:
+        """Train negatives the sampling dropped: the rows read that are in
+        no split and not quarantined (0 without sampling)."""
+        if self.neg_sample_rate >= 1.0:
+            return 0
+        read = sum(int(source["rows"]) for source in self.sources)
+        return read - self.bad_rows - self.rows("train") - self.rows("eval")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
@@ -109,6 +124,8 @@ class Manifest:
             "quarantine": self.quarantine,
             "sources": list(self.sources),
             "positives": self.positives,
+            "neg_sample_rate": self.neg_sample_rate,
+            "negatives_dropped": self.negatives_dropped,
         }
 
     def write(self) -> Path:
@@ -143,6 +160,7 @@ class Manifest:
                 sources=tuple(data["sources"]),
                 positives=_positives(data.get("positives")),
                 spec_file=data.get("spec_file"),
+                neg_sample_rate=_rate(data.get("neg_sample_rate", 1.0)),
             )
         except (KeyError, TypeError, json.JSONDecodeError) as error:
             raise ManifestError(f"{path} is malformed: {error!r}") from None
@@ -308,6 +326,14 @@ def _positives(data: Any) -> dict[str, int] | None:
     if data is None:
         return None
     return {split: int(data[split]) for split in SPLITS}
+
+
+def _rate(value: Any) -> float:
+    """The recorded ``neg_sample_rate``, a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            not 0.0 < value <= 1.0):
+        raise TypeError(f"neg_sample_rate {value!r} is not in (0, 1]")
+    return float(value)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

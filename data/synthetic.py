@@ -15,6 +15,7 @@ spec, so it is the embedded default data of ``psrec train`` and the demo.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from psrec.data.files import atomic_output
 from psrec.errors import check
 from psrec.features.columns import CategoricalFeature
 from psrec.features.columns import DenseFeature
+from psrec.features.derived import EPOCH_MS
 from psrec.features.spec import FeatureSpec
 
 _CHUNK_ROWS = 50_000
@@ -103,6 +105,43 @@ def _dense_values(feature: DenseFeature, rng: np.random.Generator,
     return raw, raw - 0.5
 
 
+def _format_times(seconds: np.ndarray, pattern: str) -> list[str]:
+    """Epoch seconds written in a fixed-width time pattern (UTC)."""
+    stamps = seconds.astype("datetime64[s]").astype(datetime.datetime)
+    codes = (("YYYY", "%Y"), ("YY", "%y"), ("MM", "%m"), ("DD", "%d"),
+             ("HH", "%H"), ("mm", "%M"), ("ss", "%S"))
+    text = pattern.replace("%", "%%")
+    for token, code in codes:
+        text = text.replace(token, code)
+    return [stamp.strftime(text) for stamp in stamps]
+
+
+def _derived_sources(spec: FeatureSpec, rng: np.random.Generator,
+                     rows: int) -> dict[str, pa.Array]:
+    """Raw source columns of derived features that are no feature
+    themselves: times in 2024 (UTC) and log-normal numbers."""
+    columns = {}
+    for name, (dtype, _) in spec.raw_inputs.items():
+        users = [d for d in spec.derived if name in d.sources]
+        if not users:
+            continue
+        feature = users[0]
+        if feature.kind == "bucketize":
+            columns[name] = pa.array(rng.lognormal(1.0, 1.5, rows))
+            continue
+        seconds = rng.integers(1_704_067_200, 1_735_689_600, rows)
+        if feature.pattern is None:
+            values = pa.array(seconds)
+        elif feature.pattern == EPOCH_MS:
+            values = pa.array(seconds * 1000)
+        else:
+            values = pa.array(_format_times(seconds, feature.pattern))
+            if dtype == "int64":
+                values = values.cast(pa.int64())
+        columns[name] = values
+    return columns
+
+
 def _chunk(spec: FeatureSpec, truth: _Truth, seed: int, index: int,
            rows: int) -> pa.Table:
     rng = np.random.default_rng([seed, index])
@@ -115,7 +154,10 @@ def _chunk(spec: FeatureSpec, truth: _Truth, seed: int, index: int,
         values = raw.astype(np.int64) if feature.transform == "log1p" else raw
         columns[feature.name] = pa.array(values, mask=missing)
     first_weights = None
+    columns.update(_derived_sources(spec, rng, rows))
     for feature in spec.categorical:
+        if feature.name in spec.derived_names():
+            continue  # computed from its sources at conversion
         card = truth.cardinality[feature.name]
         weights = truth.weights[feature.name]
         if feature.multi_hot:

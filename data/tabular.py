@@ -20,14 +20,17 @@ import pyarrow.parquet as pq
 from psrec.data.files import atomic_output
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
-from psrec.data.ingest import ProgressFn
-from psrec.data.ingest import ProgressMeter
+from psrec.data.ingest import ReadMeter
 from psrec.data.ingest import check_sources
 from psrec.data.ingest import find_line
 from psrec.data.ingest import first_line
+from psrec.data.ingest import input_task
 from psrec.data.ingest import open_input
 from psrec.data.ingest import write_each
 from psrec.errors import check
+from psrec.progress import SILENT
+from psrec.progress import Progress
+from psrec.progress import Task
 
 # The value types a column may be given (``--types COL=TYPE``).
 COLUMN_TYPES: dict[str, pa.DataType] = {
@@ -164,8 +167,7 @@ def _describe(err: Exception, src: Path, names: list[str],
 
 
 def _ingest_file(src: Path, dst: Path, names: list[str],
-                 types: dict[str, pa.DataType], progress: ProgressFn | None,
-                 every_rows: int, **read) -> int:
+                 types: dict[str, pa.DataType], task: Task, **read) -> int:
     """Streams one delimited file into one Parquet file; returns its rows."""
     schema = pa.schema([(n, types.get(n, pa.string())) for n in names])
     full_types = {n: schema.field(n).type for n in names}
@@ -177,7 +179,7 @@ def _ingest_file(src: Path, dst: Path, names: list[str],
         return "error"
 
     with atomic_output(dst) as tmp_path, open_input(src) as (raw, stream):
-        meter = ProgressMeter(progress, src, raw, every_rows=every_rows)
+        meter = ReadMeter(task, src, raw)
         try:
             reader = pa_csv.open_csv(stream, **_options(
                 names, full_types, invalid_row_handler=on_invalid_row, **read))
@@ -185,6 +187,7 @@ def _ingest_file(src: Path, dst: Path, names: list[str],
                 for batch in reader:
                     writer.write_batch(batch)
                     meter.add(batch.num_rows)
+            meter.finish()
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
             raise IngestError(_describe(err, src, names, full_types, bad_rows,
                                         meter.rows, **read)) from err
@@ -196,8 +199,7 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
                columns: Sequence[str] | None = None,
                column_types: Mapping[str, str] | None = None,
                block_size_bytes: int = 16 << 20,
-               progress: ProgressFn | None = None,
-               progress_every_rows: int = 1_000_000) -> IngestReport:
+               progress: Progress = SILENT) -> IngestReport:
     """Converts delimited text files to Parquet, one file per input.
 
     Each input (optionally ``.gz``/``.bz2``/``.zst``/``.lz4``, decompressed
@@ -216,8 +218,8 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
         :data:`COLUMN_TYPES`; untyped columns are strings.
       block_size_bytes: Text parsed per block (bounds memory; one Parquet
         row group per block).
-      progress: Called with a line each time another 64 MiB of the input
-        (as stored) or ``progress_every_rows`` rows have been read.
+      progress: Told the bytes of the inputs (as stored) as they are read
+        (one pass over all inputs).
 
     Returns:
       An :class:`IngestReport` (``positives`` None: no label is known).
@@ -242,7 +244,7 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
                 f"--types names column(s) {unknown} that {str(src)!r} lacks "
                 f"(its columns: {', '.join(names)}); fix the names.")
         plans.append((src, names))
-    files, total, _ = write_each(out_dir, plans, lambda src, dst, names: (
-        _ingest_file(src, dst, names, types, progress, progress_every_rows,
-                     **read), None))
+    with input_task(progress, sources) as task:
+        files, total, _ = write_each(out_dir, plans, lambda src, dst, names: (
+            _ingest_file(src, dst, names, types, task, **read), None))
     return IngestReport(files=files, rows=total, positives=None)

@@ -9,6 +9,7 @@ from psrec.features.columns import DenseFeature
 from psrec.features.columns import LabelConfig
 from psrec.features.columns import SpecError
 from psrec.features.columns import TableConfig
+from psrec.features.derived import DerivedFeature
 from psrec.features.presets import PRESETS
 from psrec.features.presets import criteo
 from psrec.features.presets import movielens
@@ -19,6 +20,7 @@ __all__ = [
     "PRESETS",
     "CategoricalFeature",
     "DenseFeature",
+    "DerivedFeature",
     "FeatureSpec",
     "LabelConfig",
     "SpecError",

@@ -153,7 +153,9 @@ class TableConfig:
 
     Attributes:
         name: table name (also the variable name).
-        rows: number of rows (ids ``0..rows-1``).
+        rows: number of rows (ids ``0..rows-1``); None (left out of a spec
+            file): the end of the last feature range in it
+            (``features.layout``).
         dim: embedding width.
         initializer: ``uniform`` (``U(-scale, scale)``), ``truncated_normal``
             (stddev ``scale``) or ``zeros``.
@@ -161,7 +163,7 @@ class TableConfig:
     """
 
     name: str
-    rows: int
+    rows: int | None = dataclasses.field(default=None, kw_only=True)
     dim: int
     initializer: str = "uniform"
     scale: float | None = None
@@ -170,7 +172,8 @@ class TableConfig:
         where = f"table {self.name!r}"
         raise_problems(
             _check_name(where, self.name)
-            + _check_int(where, "rows", self.rows)
+            + ([] if self.rows is None else _check_int(where, "rows",
+                                                       self.rows))
             + _check_int(where, "dim", self.dim)
             + _check_choice(where, "initializer", self.initializer,
                             INITIALIZERS)
@@ -179,8 +182,9 @@ class TableConfig:
 
     @property
     def bytes(self) -> int:
-        """Size of the float32 table in bytes."""
-        return self.rows * self.dim * 4
+        """Size of the float32 table in bytes (a table of a spec always has
+        its ``rows``)."""
+        return (self.rows or 0) * self.dim * 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,8 +204,13 @@ class CategoricalFeature:
             are hashed through their decimal string form.
         hash_buckets: number of hash buckets (exclusive with vocabulary_file).
         vocabulary_file: path of a vocabulary, one value per line.
-        row_offset: first table row used by this feature; features sharing a
-            table with equal offsets share rows (same value, same embedding).
+        row_offset: first table row used by this feature; None (the usual):
+            laid out automatically after the table's other ranges
+            (``features.layout``). Ranges of one table must not overlap
+            unless one feature shares the other's.
+        share: name of another categorical feature whose rows this one
+            uses (same value, same embedding); ``table``, ``hash_buckets``
+            and ``vocabulary_file`` are inherited from it when left out.
         max_length: 1 for a single value; > 1 for a multi-hot list column,
             of which the first ``max_length`` non-padding values are kept
             (null, ``""`` and ``-1`` elements are padding).
@@ -211,14 +220,15 @@ class CategoricalFeature:
     """
 
     name: str
-    table: str
+    table: str | None = None
     dtype: str = "string"
     hash_buckets: int | None = None
     vocabulary_file: str | None = None
-    row_offset: int = 0
+    row_offset: int | None = None
     max_length: int = 1
     combiner: str = "mean"
     required: bool = False
+    share: str | None = None
 
     def __post_init__(self) -> None:
         where = f"categorical feature {self.name!r}"
@@ -228,7 +238,19 @@ class CategoricalFeature:
                     + _check_choice(where, "combiner", self.combiner,
                                     COMBINERS)
                     + _check_int(where, "max_length", self.max_length))
-        if (self.hash_buckets is None) == (self.vocabulary_file is None):
+        if self.share is not None:
+            if not isinstance(self.share, str) or not self.share.strip():
+                problems.append(f"{where}: `share` = {self.share!r} must be "
+                                "the name of another categorical feature.")
+            elif self.share == self.name:
+                problems.append(f"{where}: `share` names the feature itself; "
+                                "name the feature whose rows it uses.")
+        elif self.table is None:
+            problems.append(f"{where}: missing required key `table` (or "
+                            "`share` another feature's rows).")
+        both_unset = self.hash_buckets is None and self.vocabulary_file is None
+        if (self.hash_buckets is None) == (self.vocabulary_file is None) and (
+                not both_unset or self.share is None):
             problems.append(
                 f"{where}: give exactly one of `hash_buckets` and "
                 f"`vocabulary_file` (got hash_buckets={self.hash_buckets!r}, "
@@ -241,7 +263,9 @@ class CategoricalFeature:
             problems.append(
                 f"{where}: `vocabulary_file` = {self.vocabulary_file!r} must "
                 "be a path (a non-empty string).")
-        problems += _check_int(where, "row_offset", self.row_offset, minimum=0)
+        if self.row_offset is not None:
+            problems += _check_int(where, "row_offset", self.row_offset,
+                                   minimum=0)
         raise_problems(problems)
 
     @property
@@ -268,6 +292,10 @@ class CategoricalFeature:
         """Number of distinct ids this feature can produce."""
         if self.hash_buckets is not None:
             return self.hash_buckets
+        if self.vocabulary_file is None:
+            raise SpecError(f"categorical feature {self.name!r} takes its "
+                            f"ids from {self.share!r} (`share`); resolve the "
+                            "spec's layout first.")
         return len(self.vocabulary()) + 1
 
 

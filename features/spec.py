@@ -40,6 +40,10 @@ from psrec.features.columns import LabelConfig
 from psrec.features.columns import SpecError
 from psrec.features.columns import TableConfig
 from psrec.features.columns import raise_problems
+from psrec.features.derived import DerivedFeature
+from psrec.features.derived import derived_problems
+from psrec.features.derived import raw_inputs
+from psrec.features.layout import layout_problems
 
 # Reserved names of the record columns psrec adds itself.
 ID_COLUMN = "psrec__id"
@@ -59,6 +63,11 @@ class FeatureSpec:
         dense: numeric columns, in model input order.
         categorical: categorical columns, in model input order.
         tables: embedding tables referenced by the categorical features.
+        derived: columns computed from raw columns (``features.derived``),
+            each used by the categorical feature of its name.
+
+    Row offsets and table sizes left out are laid out on construction
+    (``features.layout``), so a spec's parts always hold them.
     """
 
     name: str
@@ -66,12 +75,19 @@ class FeatureSpec:
     dense: tuple[DenseFeature, ...]
     categorical: tuple[CategoricalFeature, ...]
     tables: tuple[TableConfig, ...]
+    derived: tuple[DerivedFeature, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in ("dense", "categorical", "tables"):
+        for key in ("dense", "categorical", "tables", "derived"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
-        raise_problems(_cross_problems(self.label, self.dense,
-                                       self.categorical, self.tables))
+        categorical, tables, problems = layout_problems(self.categorical,
+                                                        self.tables)
+        object.__setattr__(self, "categorical", tuple(categorical))
+        object.__setattr__(self, "tables", tuple(tables))
+        raise_problems(problems + _cross_problems(
+            self.label, self.dense, self.categorical, self.tables)
+            + derived_problems(self.label.name, self.dense, self.categorical,
+                               self.derived))
 
     # -- derived views -----------------------------------------------------
 
@@ -83,9 +99,18 @@ class FeatureSpec:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """Input columns this spec reads, label first."""
-        return ((self.label.name,) + tuple(f.name for f in self.dense)
-                + tuple(f.name for f in self.categorical))
+        """Input columns this spec reads, label first (a derived feature's
+        raw sources, not the derived column)."""
+        return (self.label.name,) + tuple(self.raw_inputs)
+
+    @property
+    def raw_inputs(self) -> dict[str, tuple[str, bool]]:
+        """``{column: (serving dtype, is a list)}`` of the raw inputs
+        besides the label: what the serving function takes."""
+        return raw_inputs(self.dense, self.categorical, self.derived)
+
+    def derived_names(self) -> frozenset[str]:
+        return frozenset(d.name for d in self.derived)
 
     @property
     def table_bytes(self) -> int:
@@ -116,15 +141,25 @@ class FeatureSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data :meth:`from_dict` inverts; a dense feature's unset
-        ``mean``/``std`` (any transform but ``standardize``) are left out."""
+        ``mean``/``std`` (any transform but ``standardize``), an unset
+        ``share`` and an empty ``derived`` are left out (specs written
+        before they existed keep their form and fingerprint)."""
         asdict = dataclasses.asdict
         dense = [{key: value for key, value in asdict(f).items()
                   if value is not None or key not in _STATISTICS}
                  for f in self.dense]
-        return {"name": self.name, "label": asdict(self.label),
+        categorical = [{key: value for key, value in asdict(f).items()
+                        if value is not None or key != "share"}
+                       for f in self.categorical]
+        data = {"name": self.name, "label": asdict(self.label),
                 "tables": [asdict(t) for t in self.tables],
-                "dense": dense,
-                "categorical": [asdict(f) for f in self.categorical]}
+                "dense": dense, "categorical": categorical}
+        if self.derived:
+            data["derived"] = [
+                {key: list(value) if isinstance(value, tuple) else value
+                 for key, value in asdict(f).items() if value is not None}
+                for f in self.derived]
+        return data
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON form (plus vocabulary contents).
@@ -156,8 +191,8 @@ class FeatureSpec:
         if not isinstance(data, Mapping):
             raise SpecError("spec: expected a mapping at the top level, got "
                             f"{type(data).__name__}.")
-        problems = _unknown_keys("spec", data, ("name", "label", "tables",
-                                                "dense", "categorical"))
+        problems = _unknown_keys("spec", data, (
+            "name", "label", "tables", "dense", "categorical", "derived"))
         if "name" not in data:
             problems.append("spec: missing key `name`; give the dataset a "
                             "short name.")
@@ -168,7 +203,13 @@ class FeatureSpec:
             CategoricalFeature, data, "categorical", problems)
         tables, broken_tables = _build_list(TableConfig, data, "tables",
                                             problems)
+        derived, _ = _build_list(DerivedFeature, data, "derived", problems)
         categorical = [_resolve_vocabulary(f, base_dir) for f in categorical]
+        categorical, tables, found = layout_problems(categorical, tables)
+        problems += found
+        if label is not None:
+            problems += derived_problems(label.name, dense, categorical,
+                                         derived)
         problems += _cross_problems(
             label, dense, categorical, tables,
             broken_features=len(broken_dense) + len(broken_categorical),
@@ -176,7 +217,8 @@ class FeatureSpec:
             broken_refs={item.get("table") for item in broken_categorical})
         raise_problems(problems)
         return cls(name=data["name"], label=label, dense=tuple(dense),
-                   categorical=tuple(categorical), tables=tuple(tables))
+                   categorical=tuple(categorical), tables=tuple(tables),
+                   derived=tuple(derived))
 
     def save(self, path: str | Path) -> Path:
         """Writes the spec as YAML (``.yaml``/``.yml``) or JSON (anything
@@ -243,21 +285,12 @@ def _cross_problems(label: LabelConfig | None,
     for feature in categorical:
         table = defined.get(feature.table)
         if table is None:
-            if feature.table not in broken_tables:
+            if feature.table not in broken_tables and feature.table is not None:
                 problems.append(
                     f"categorical feature {feature.name!r}: `table` = "
                     f"{feature.table!r} is not defined; defined tables: "
                     f"{sorted(defined) or 'none'}.")
             continue
-        if feature.hash_buckets is not None:
-            end = feature.row_offset + feature.hash_buckets
-            if end > table.rows:
-                problems.append(
-                    f"categorical feature {feature.name!r}: row_offset "
-                    f"{feature.row_offset} + hash_buckets "
-                    f"{feature.hash_buckets} = {end} exceeds table "
-                    f"{table.name!r} rows = {table.rows}; enlarge the "
-                    "table or lower the buckets.")
     used = {f.table for f in categorical} | set(broken_refs)
     unused = sorted(set(defined) - used)
     if unused:
@@ -287,7 +320,7 @@ def _build_list(cls: type, data: Mapping[str, Any], key: str,
     """The parts listed under ``key`` that build, and the mappings that do
     not (their problems are added to ``problems``)."""
     where = {"dense": "dense feature", "categorical": "categorical feature",
-             "tables": "table"}[key]
+             "tables": "table", "derived": "derived feature"}[key]
     built, broken = [], []
     for item in _list_of(data, key, problems):
         part = _build(cls, item, where, problems)

@@ -11,16 +11,26 @@ serving so that the three can never disagree.
   missing token ``""``; in a multi-hot list a null, ``""`` (string lists) or
   ``-1`` (int lists) element is padding: it is dropped, and the list's
   remaining values move up (only they count towards ``max_length``).
+* :func:`derive_all` computes the spec's derived columns (time parts,
+  buckets, crosses) from raw values.
 * :func:`transform_dense` applies the spec's dense transforms to a
   ``[batch, num_dense]`` matrix of raw values (NaN = missing).
 """
 
 from __future__ import annotations
 
+from typing import Mapping
+from typing import Sequence
+
 import numpy as np
 import tensorflow as tf
 
 from psrec.features.columns import CategoricalFeature
+from psrec.features.derived import CROSS_SEPARATOR
+from psrec.features.derived import EPOCH_MS
+from psrec.features.derived import TIME_KINDS
+from psrec.features.derived import DerivedFeature
+from psrec.features.derived import parse_pattern
 from psrec.features.spec import FeatureSpec
 
 MISSING_TOKEN = ""  # how a missing categorical value is hashed
@@ -133,3 +143,75 @@ def transform_dense(raw: tf.Tensor, spec: FeatureSpec) -> tf.Tensor:
     logged = tf.math.log1p(tf.maximum(filled, 0.0))
     x = tf.where(constants["log1p"], logged, filled)
     return (x - constants["mean"]) / constants["std"]
+
+
+# -- derived features (features.derived) ---------------------------------
+
+
+def _days_from_civil(y: tf.Tensor, m: tf.Tensor, d: tf.Tensor) -> tf.Tensor:
+    """Days since 1970-01-01 of a proleptic Gregorian date (int64 ops)."""
+    y = y - tf.cast(m <= 2, tf.int64)
+    era = tf.math.floordiv(y, 400)
+    yoe = y - era * 400
+    shift = tf.where(m > 2, tf.constant(-3, tf.int64), tf.constant(9, tf.int64))
+    doy = (153 * (m + shift) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def _time_parts(feature: DerivedFeature, values: tf.Tensor
+                ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(hour, day_of_week, valid) of raw time values."""
+    if feature.pattern in (None, EPOCH_MS):
+        seconds = tf.cast(values, tf.int64)
+        valid = tf.not_equal(seconds, -1)
+        if feature.pattern == EPOCH_MS:
+            seconds = tf.math.floordiv(seconds, 1000)
+        days = tf.math.floordiv(seconds, 86400)
+        hour = tf.math.floordiv(tf.math.floormod(seconds, 86400), 3600)
+        return hour, tf.math.floormod(days + 3, 7), valid
+    regex, fields, placeholder = parse_pattern(feature.pattern)
+    strings = as_strings(values)
+    valid = tf.strings.regex_full_match(strings, regex)
+    safe = tf.where(valid, strings, placeholder)
+
+    def field(token: str, default: int) -> tf.Tensor:
+        if token not in fields:
+            return tf.fill(tf.shape(safe), tf.constant(default, tf.int64))
+        start, width = fields[token]
+        return tf.strings.to_number(tf.strings.substr(safe, start, width),
+                                    out_type=tf.int64)
+
+    year = (field("YYYY", 2000) if "YYYY" in fields
+            else 2000 + field("YY", 0))
+    days = _days_from_civil(year, field("MM", 1), field("DD", 1))
+    return field("HH", 0), tf.math.floormod(days + 3, 7), valid
+
+
+def derive(feature: DerivedFeature, inputs: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The derived string values ``[batch]`` of raw ``inputs`` (one tensor
+    per source, in the serving form: NaN / -1 / "" for missing)."""
+    if feature.kind in TIME_KINDS:
+        hour, weekday, valid = _time_parts(feature, inputs[0])
+        value = hour if feature.kind == "hour_of_day" else weekday
+        return tf.where(valid, tf.strings.as_string(value), MISSING_TOKEN)
+    if feature.kind == "bucketize":
+        x = tf.cast(inputs[0], tf.float32)
+        index = tf.raw_ops.Bucketize(
+            input=x, boundaries=[float(b) for b in feature.boundaries])
+        return tf.where(tf.math.is_nan(x), MISSING_TOKEN,
+                        tf.strings.as_string(index))
+    return tf.strings.join([as_strings(v) for v in inputs],
+                           separator=CROSS_SEPARATOR)
+
+
+def derive_all(derived: Sequence[DerivedFeature],
+               raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Every derived column, in spec order (a source may be an earlier
+    derived column), from ``raw`` input tensors."""
+    values: dict[str, tf.Tensor] = {}
+    for feature in derived:
+        inputs = [values[s] if s in values else raw[s]
+                  for s in feature.sources]
+        values[feature.name] = derive(feature, inputs)
+    return values

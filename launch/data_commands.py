@@ -15,12 +15,15 @@ from psrec.features.presets import resolve_spec
 from psrec.launch.argtypes import fraction
 from psrec.launch.argtypes import integer
 from psrec.launch.argtypes import positive
+from psrec.launch.argtypes import positive_fraction
 from psrec.launch.argtypes import proper_fraction
 from psrec.launch.cli_support import RenamedFlag
 from psrec.launch.cli_support import UsageError
 from psrec.launch.cli_support import add_json_flag
 from psrec.launch.cli_support import print_json
 from psrec.launch.cli_support import print_result
+from psrec.launch.progress_bar import add_progress_flag
+from psrec.launch.progress_bar import progress_for
 
 
 def _existing_files(paths: Sequence[str], what: str) -> list[str]:
@@ -33,10 +36,6 @@ def _existing_files(paths: Sequence[str], what: str) -> list[str]:
 _FORMAT_FLAGS = {"delimiter": ("csv",), "header": ("csv",),
                  "columns": ("csv",), "types": ("csv", "jsonl"),
                  "fields": ("libfm",)}
-
-
-def _progress_to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _names(text: str, flag: str) -> list[str]:
@@ -74,15 +73,15 @@ def _ingest_generic(args: argparse.Namespace) -> object:
             header=args.header is not False,
             columns=_names(args.columns, "--columns") if args.columns
             else None, column_types=_types(args.types),
-            progress=_progress_to_stderr)
+            progress=progress_for(args))
     if args.dataset == "libfm":
         from psrec.data.libfm import ingest_libfm
         return ingest_libfm(
-            inputs, args.out, progress=_progress_to_stderr,
+            inputs, args.out, progress=progress_for(args),
             fields=_names(args.fields, "--fields") if args.fields else None)
     from psrec.data.jsonl import ingest_jsonl
     return ingest_jsonl(inputs, args.out, column_types=_types(args.types),
-                        progress=_progress_to_stderr)
+                        progress=progress_for(args))
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
@@ -96,7 +95,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         report = _ingest_generic(args)
     elif args.dataset == "criteo":
         report = ingest_criteo(_existing_files(args.inputs, "input TSV"),
-                               args.out)
+                               args.out, progress=progress_for(args))
     else:
         if len(args.inputs) != 1:
             raise UsageError(
@@ -115,9 +114,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         shards=args.shards, eval_fraction=args.eval_fraction,
         split_mode=args.split, eval_shards=args.eval_shards,
         block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
-        order_by=args.order_by, eval_files=args.eval_files)
+        order_by=args.order_by, eval_files=args.eval_files,
+        neg_sample_rate=args.neg_sample_rate)
     report = convert(_existing_files(args.inputs, "input Parquet"),
-                     resolve_spec(args.spec), args.out, options)
+                     resolve_spec(args.spec), args.out, options,
+                     progress=progress_for(args))
     print_result(args, report)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -154,7 +155,8 @@ def _cmd_spec_infer(args: argparse.Namespace) -> int:
         max_buckets=2 ** 20 if args.max_buckets is None else args.max_buckets,
         vocab_max=1000 if args.vocab_max is None else args.vocab_max,
         exclude=_names(args.exclude, "--exclude") if args.exclude else (),
-        command=shlex.join(["psrec", *getattr(args, "argv", ())]))
+        command=shlex.join(["psrec", *getattr(args, "argv", ())]),
+        progress=progress_for(args))
     print_result(args, report)
     return EXIT_OK
 
@@ -230,6 +232,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="the raw format: criteo (Kaggle TSV), movielens "
                    "(ml-100k folder), csv (any delimited text), libfm "
                    "(libFM/libSVM lines) or jsonl (one JSON object a line)")
+    add_progress_flag(p)
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="input files, or the ml-100k folder")
     p.add_argument("--out", required=True, help="output folder")
@@ -285,6 +288,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-bad-fraction", type=fraction, default=0.001,
                    help="fail above this share of bad rows (they go to "
                    "quarantine.parquet)")
+    add_progress_flag(p)
+    p.add_argument("--neg-sample-rate", type=positive_fraction, default=1.0,
+                   metavar="R",
+                   help="keep every positive and this share of the train "
+                   "negatives (stable hash of the row id; the eval split is "
+                   "not sampled); training, eval and the export correct the "
+                   "logits by log(R) (default 1: keep all)")
     add_json_flag(p)
     p.set_defaults(run=_cmd_convert)
 
@@ -333,6 +343,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "all)")
     g.add_argument("--exclude", default=None, metavar="COL,...",
                    help="columns to leave out")
+    add_progress_flag(g)
     add_json_flag(p)
     p.set_defaults(run=_cmd_spec)
 

@@ -2,7 +2,12 @@
 cluster: the model is rebuilt with plain variables from ``job.json`` and
 restored (verified by value) from the chosen checkpoint: ``latest``,
 ``best`` (``best.json``, see :mod:`psrec.ps_cluster.best`) or ``ckpt-N``;
-by default the best when the run recorded one, else the latest."""
+by default the best when the run recorded one, else the latest.
+
+A run trained on negatives kept at rate ``R`` (``psrec convert
+--neg-sample-rate``) is evaluated and exported with ``log(R)`` added to its
+logits (see :func:`~psrec.launch.job_data.training_neg_sample_rate`); the
+export records ``R`` in ``psrec_export.json`` beside ``saved_model.pb``."""
 
 from __future__ import annotations
 
@@ -12,14 +17,19 @@ import numpy as np
 import tensorflow as tf
 
 from psrec.data.dataset import make_eval_dataset
+from psrec.data.files import write_json_atomic
 from psrec.data.manifest import Manifest
 from psrec.data.records import corruption_named
+from psrec.data.sampling import logit_shift
 from psrec.errors import ConfigError
 from psrec.features.spec import ID_COLUMN
 from psrec.launch.job_config import JobConfig
+from psrec.launch.job_data import training_neg_sample_rate
 from psrec.models.export import export_saved_model
 from psrec.models.ranking import RankingModel
 from psrec.models.ranking import build_model
+from psrec.progress import SILENT
+from psrec.progress import Progress
 from psrec.ps_cluster.best import choose_checkpoint
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.metrics import EvalResult
@@ -61,19 +71,48 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
     Args:
       checkpoint: ``latest``, ``best`` or ``ckpt-N``; None: the best when
         the run recorded one, else the latest.
+
+    The serving logit and probability are corrected by ``log(R)`` for the
+    training data's ``neg_sample_rate`` R, which ``psrec_export.json``
+    records with the checkpoint.
     """
-    model, record, _ = restore_plain_model(
+    model, record, path = restore_plain_model(
         checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
-    return export_saved_model(model, record.spec, out_dir)
+    rate = training_neg_sample_rate(checkpoint_dir)
+    out = export_saved_model(model, record.spec, out_dir,
+                             logit_shift=logit_shift(rate))
+    write_json_atomic(out / EXPORT_INFO, {
+        "checkpoint": path, "spec_hash": record.spec.fingerprint(),
+        "neg_sample_rate": rate, "logit_shift": logit_shift(rate)})
+    return out
+
+
+EXPORT_INFO = "psrec_export.json"
+
+
+def sampling_note(rate: float) -> str:
+    """What the CLI says about the logit correction ("" without one)."""
+    if rate >= 1.0:
+        return ""
+    return (f"; logits corrected by log({rate:g}) = {logit_shift(rate):.4f} "
+            "(train negatives kept at --neg-sample-rate "
+            f"{rate:g})")
 
 
 def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                         split: str = "eval", batch_size: int = 4096,
-                        checkpoint: str | None = None) -> EvalResult:
-    """AUC/logloss of a checkpoint on a split (every example once).
+                        checkpoint: str | None = None,
+                        neg_sample_rate: float | None = None, *,
+                        progress: Progress = SILENT) -> EvalResult:
+    """AUC/logloss/calibration of a checkpoint on a split (every example
+    once), on logits corrected by ``log(neg_sample_rate)``.
 
     Args:
       checkpoint: as in :func:`export_checkpoint`.
+      neg_sample_rate: the share of negatives the model's training data
+        kept; None: the run's (:func:`training_neg_sample_rate`; not the
+        rate of ``manifest``, whose eval split is never sampled).
+      progress: told the rows evaluated (total: the split's rows).
 
     Raises:
       ConfigError: the manifest has no rows in ``split`` (exit 2).
@@ -90,9 +129,15 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
     dataset = make_eval_dataset(files, record.spec, batch_size,
                                 manifest.block_rows)
     label = record.spec.label.name
+    shift = logit_shift(training_neg_sample_rate(checkpoint_dir)
+                        if neg_sample_rate is None else neg_sample_rate)
     step = tf.function(lambda batch: batch_statistics(
-        batch[label], model(batch), batch[ID_COLUMN]))
-    with corruption_named(files):
-        parts = [{k: np.asarray(v) for k, v in step(batch).items()}
-                 for batch in dataset]
+        batch[label], tf.cast(model(batch), tf.float32) + shift,
+        batch[ID_COLUMN]))
+    parts = []
+    with corruption_named(files), progress.task(
+            f"eval ({split} split)", manifest.rows(split), "rows") as task:
+        for batch in dataset:
+            parts.append({k: np.asarray(v) for k, v in step(batch).items()})
+            task.advance(int(tf.shape(batch[label])[0]))
     return merge(parts)

@@ -23,6 +23,7 @@ from psrec.data.manifest import Manifest
 from psrec.launch.job_config import JobConfig
 from psrec.launch.job_data import load_verified
 from psrec.launch.job_data import prepare_data
+from psrec.launch.job_data import record_sampling
 from psrec.launch.local import LocalCluster
 from psrec.ps_cluster.best import BestRecord
 from psrec.ps_cluster.metrics import EvalResult
@@ -86,7 +87,8 @@ class JobSummary:
         lines = [f"psrec train summary ({self.strategy}):"]
         if self.eval is not None:
             lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
-                         f"{self.eval.logloss:.4f}  on {self.eval.count} "
+                         f"{self.eval.logloss:.4f}  calibration "
+                         f"{self.eval.calibration:.2f}  on {self.eval.count} "
                          "eval examples")
         cluster = (f"{self.workers} workers + {self.ps} PS"
                    if self.strategy == "ps" else
@@ -285,7 +287,8 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log):
                           config.strategy.mixed_precision),
                       checkpoint_dir=config.checkpoint_dir,
                       keep_checkpoints=config.keep_checkpoints,
-                      positive_rate=_base_rate(manifest))
+                      positive_rate=_base_rate(manifest),
+                      neg_sample_rate=manifest.neg_sample_rate)
     config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
     if config.epochs is not None:
         log(f"--epochs {config.epochs:g}: {config.loop.steps} steps of "
@@ -293,6 +296,7 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log):
             f"{manifest.rows('train'):,} train rows")
     if trainer.chief:
         config.write(config.checkpoint_dir)
+        record_sampling(config.checkpoint_dir, manifest, log)
     with _translated_errors(manifest):
         restored = trainer.restore()
     if restored:

@@ -12,6 +12,8 @@ from psrec.data.files import write_json_atomic
 from psrec.data.manifest import Manifest
 from psrec.data.manifest import ManifestError
 from psrec.launch.job_config import JobConfig
+from psrec.launch.progress_bar import ProgressBar
+from psrec.progress import Progress
 
 
 def input_pipelines(config: JobConfig) -> int:
@@ -21,7 +23,8 @@ def input_pipelines(config: JobConfig) -> int:
     return 1
 
 
-def prepare_data(config: JobConfig, log=print) -> Manifest:
+def prepare_data(config: JobConfig, log=print, *,
+                 progress: Progress | None = None) -> Manifest:
     """Returns a manifest that is safe to train on; nothing here needs a
     server, so bad data is refused before any role starts.
 
@@ -30,8 +33,10 @@ def prepare_data(config: JobConfig, log=print) -> Manifest:
     instead of regenerating). Then checks: the spec hash, every shard
     (presence, size, sha256; corrupted shards repaired within
     ``max_corrupt_records``), that train and eval splits share no example,
-    and that there are enough train shards for the workers.
+    and that there are enough train shards for the workers. ``progress``
+    shows each pass over the data; None: bars on stderr.
     """
+    progress = ProgressBar() if progress is None else progress
     from psrec.data.integrity import check_disjoint_splits
     from psrec.data.integrity import repair_corrupted_shards
     if config.data is not None:
@@ -42,15 +47,16 @@ def prepare_data(config: JobConfig, log=print) -> Manifest:
             manifest = Manifest.load(root / "tfrecord")
             manifest.check_spec(config.spec.fingerprint())
         except ManifestError:
-            manifest = _generate(config, root, log)
+            manifest = _generate(config, root, log, progress)
     manifest.check_spec(config.spec.fingerprint())
     manifest, repair = repair_corrupted_shards(
         manifest, Path(config.workdir) / "repaired",
-        config.max_corrupt_records, checksums=config.verify_checksums)
+        config.max_corrupt_records, checksums=config.verify_checksums,
+        progress=progress)
     if repair is not None:
         log(repair.summary())
     if config.verify_checksums:  # both read every byte of the data
-        check_disjoint_splits(manifest)
+        check_disjoint_splits(manifest, progress=progress)
     pipelines = input_pipelines(config)
     if len(manifest.files("train")) < pipelines:
         raise NotEnoughShardsError(
@@ -104,7 +110,8 @@ def load_verified(config: JobConfig) -> Manifest:
     return Manifest.load(root).with_files(record["replaced"])
 
 
-def _generate(config: JobConfig, root: Path, log) -> Manifest:
+def _generate(config: JobConfig, root: Path, log, progress: Progress
+              ) -> Manifest:
     from psrec.data.convert import ConversionOptions
     from psrec.data.convert import convert
     from psrec.data.synthetic import write_synthetic_parquet
@@ -116,6 +123,42 @@ def _generate(config: JobConfig, root: Path, log) -> Manifest:
                                     seed=synthetic.seed)
     report = convert(files, config.spec, root / "tfrecord", ConversionOptions(
         shards=max(synthetic.shards, input_pipelines(config)),
-        eval_fraction=synthetic.eval_fraction))
+        eval_fraction=synthetic.eval_fraction), progress=progress)
     log(report.summary())
     return report.manifest
+
+
+SAMPLING_FILE = "sampling.json"
+
+
+def record_sampling(checkpoint_dir: str | Path, manifest: Manifest,
+                    log=print) -> Path:
+    """Notes beside the checkpoints the negative sampling of the training
+    data (``sampling.json``), which evaluation and the export correct for
+    with ``log(neg_sample_rate)`` even when the data is gone."""
+    from psrec.data.sampling import logit_shift
+    rate = manifest.neg_sample_rate
+    if rate < 1.0:
+        log(f"train negatives were kept at rate {rate:g} (--neg-sample-rate):"
+            f" evaluation and the export add log({rate:g}) = "
+            f"{logit_shift(rate):.4f} to the logits")
+    return write_json_atomic(Path(checkpoint_dir) / SAMPLING_FILE, {
+        "neg_sample_rate": rate, "logit_shift": logit_shift(rate),
+        "manifest": str(manifest.root.resolve())})
+
+
+def training_neg_sample_rate(checkpoint_dir: str | Path) -> float:
+    """The ``neg_sample_rate`` of a run's training data: from
+    ``sampling.json``; for a run without one (trained before psrec sampled,
+    or by the library directly), from the manifest its ``job.json`` names
+    when that is readable; else 1.0 (generated data is never sampled)."""
+    path = Path(checkpoint_dir) / SAMPLING_FILE
+    if path.is_file():
+        return float(json.loads(path.read_text())["neg_sample_rate"])
+    data = JobConfig.read(checkpoint_dir).data
+    if data is None:
+        return 1.0
+    try:
+        return Manifest.load(data).neg_sample_rate
+    except ManifestError:
+        return 1.0

@@ -16,17 +16,23 @@ from psrec.launch.cli_support import add_json_flag
 from psrec.launch.cli_support import add_model_flag
 from psrec.launch.cli_support import add_step_flags
 from psrec.launch.cli_support import print_result
+from psrec.launch.progress_bar import add_progress_flag
+from psrec.launch.progress_bar import progress_for
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from psrec.launch.exporting import export_checkpoint
+    from psrec.launch.exporting import sampling_note
     from psrec.launch.job_config import JobConfig
+    from psrec.launch.job_data import training_neg_sample_rate
     from psrec.ps_cluster.best import choose_checkpoint
     JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
     chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
     path = export_checkpoint(args.checkpoint_dir, args.out, args.checkpoint)
-    print_result(args, {"saved_model": path, **_chosen_dict(chosen)},
-                 f"{path}: {chosen.describe()}")
+    rate = training_neg_sample_rate(args.checkpoint_dir)
+    print_result(args, {"saved_model": path, **_chosen_dict(chosen),
+                        "neg_sample_rate": rate},
+                 f"{path}: {chosen.describe()}{sampling_note(rate)}")
     return EXIT_OK
 
 
@@ -40,17 +46,37 @@ def _chosen_dict(chosen) -> dict:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from psrec.data.manifest import Manifest
     from psrec.launch.exporting import evaluate_checkpoint
+    from psrec.launch.exporting import sampling_note
     from psrec.launch.job_config import JobConfig
+    from psrec.launch.job_data import training_neg_sample_rate
     from psrec.ps_cluster.best import choose_checkpoint
     manifest = Manifest.load(args.data)
     JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
     chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
     result = evaluate_checkpoint(args.checkpoint_dir, manifest,
                                  split=args.split,
-                                 checkpoint=args.checkpoint)
+                                 checkpoint=args.checkpoint,
+                                 progress=progress_for(args))
+    rate = training_neg_sample_rate(args.checkpoint_dir)
     print_result(args, {"split": args.split, "checkpoint": chosen.name,
-                        "step": chosen.step, **result.to_dict()},
-                 f"{chosen.name} (step {chosen.step}) {result.summary()}")
+                        "step": chosen.step, **result.to_dict(),
+                        "neg_sample_rate": rate},
+                 f"{chosen.name} (step {chosen.step}) {result.summary()}"
+                 f"{sampling_note(rate)}")
+    return EXIT_OK
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from psrec.launch.cli_support import UsageError
+    from psrec.models.scoring import score_files
+    keep = [c.strip() for c in args.keep.split(",")] if args.keep else []
+    if not all(keep):
+        raise UsageError(f"--keep {args.keep!r}: give comma-separated column "
+                         "names, none empty (e.g. user_id,item_id)")
+    report = score_files(args.export_dir, args.inputs, args.out,
+                         batch_rows=args.batch_rows, label=args.label,
+                         keep=keep)
+    print_result(args, report)
     return EXIT_OK
 
 
@@ -76,7 +102,7 @@ def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Registers ``export``, ``eval`` and ``bench``."""
+    """Registers ``export``, ``eval``, ``score`` and ``bench``."""
 
     p = sub.add_parser("export", help="checkpoint dir -> serving SavedModel")
     p.add_argument("checkpoint_dir",
@@ -94,8 +120,31 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=("train", "eval"), default="eval",
                    help="the split to evaluate, every example once")
     _add_checkpoint_flag(p)
+    add_progress_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_cmd_eval)
+
+    p = sub.add_parser(
+        "score", help="exported model + raw Parquet rows -> probabilities",
+        description="Scores raw rows (the Parquet columns `psrec ingest` "
+        "wrote; nulls are missing values, as at conversion) with a SavedModel "
+        "from `psrec export` and writes row, [label, --keep columns,] "
+        "probability and logit, one row per input row in input order.")
+    p.add_argument("export_dir", help="SavedModel folder (psrec export --out)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="Parquet files, or folders of them, read in order")
+    p.add_argument("--out", required=True,
+                   help="scores file to write: CSV if it ends in .csv, else "
+                   "Parquet")
+    p.add_argument("--batch-rows", type=positive, default=65536,
+                   help="rows read and scored at a time (default: 65536)")
+    p.add_argument("--label", default=None, metavar="COL",
+                   help="label column to copy to the output (must be in "
+                   "every input; default: `label` when every input has it)")
+    p.add_argument("--keep", default=None, metavar="COL,...",
+                   help="more input columns to copy, e.g. ids")
+    add_json_flag(p)
+    p.set_defaults(run=_cmd_score)
 
     p = sub.add_parser("bench", help="training throughput (examples/s)")
     workload = p.add_argument_group("model")

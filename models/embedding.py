@@ -43,8 +43,14 @@ def creating_table() -> bool:
     return getattr(_STATE, "tables", False)
 
 
-def _initializer(table: TableConfig) -> tf_keras.initializers.Initializer:
-    scale = table.scale if table.scale is not None else table.dim ** -0.5
+def _initializer(table: TableConfig, default_scale: float | None = None
+                 ) -> tf_keras.initializers.Initializer:
+    """The table's initializer; its scale: the spec's ``scale``, else
+    ``default_scale`` (the model's), else ``1/sqrt(dim)``."""
+    scale = table.scale
+    if scale is None:
+        scale = (default_scale if default_scale is not None
+                 else table.dim ** -0.5)
     if table.initializer == "uniform":
         return tf_keras.initializers.RandomUniform(-scale, scale)
     if table.initializer == "truncated_normal":
@@ -86,9 +92,12 @@ class SparseArch(tf_keras.layers.Layer):
     Args:
       spec: the feature spec.
       wide: also create a ``[rows, 1]`` first-order weight table per table.
+      default_scale: initializer scale of the tables whose spec leaves
+        ``scale`` unset (``ModelConfig.init_scale``); None: ``1/sqrt(dim)``.
     """
 
     def __init__(self, spec: FeatureSpec, wide: bool = False,
+                 default_scale: float | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.spec = spec
@@ -98,7 +107,8 @@ class SparseArch(tf_keras.layers.Layer):
             for table in spec.tables:
                 self.tables[table.name] = self.add_weight(
                     name=table.name, shape=(table.rows, table.dim),
-                    initializer=_initializer(table), trainable=True)
+                    initializer=_initializer(table, default_scale),
+                    trainable=True)
                 if wide:
                     name = table.name + WIDE_SUFFIX
                     self.tables[name] = self.add_weight(

@@ -4,6 +4,9 @@ The serving signature ``serving_default`` takes one tensor per input column,
 exactly as in the Parquet input:
 
 * dense features: ``float32 [batch]`` (NaN = missing -> the spec's default);
+* the raw sources of derived features (``features.derived``): the
+  ``source_dtype`` of the derived feature, ``[batch]`` (a source that is
+  itself a feature is given once, as that feature);
 * categorical features: ``string [batch]`` or ``int64 [batch]`` (the spec's
   ``dtype``); ``""`` (strings) or ``-1`` (ints) is the "missing" value, the
   value a null gets at conversion;
@@ -29,30 +32,37 @@ import tensorflow as tf
 from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import CategoricalEncoder
+from psrec.features.transforms import derive_all
 from psrec.models.ranking import RankingModel
 
-_DTYPES = {"string": tf.string, "int64": tf.int64}
+_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
 
 
 def serving_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
-    """The raw-input signature derived from the spec."""
-    signature = {f.name: tf.TensorSpec([None], tf.float32, name=f.name)
-                 for f in spec.dense}
-    for feature in spec.categorical:
-        shape = [None, None] if feature.multi_hot else [None]
-        signature[feature.name] = tf.TensorSpec(
-            shape, _DTYPES[feature.dtype], name=feature.name)
-    return signature
+    """The raw-input signature derived from the spec: one tensor per raw
+    input column (a derived feature's sources, not the derived column)."""
+    return {name: tf.TensorSpec([None, None] if is_list else [None],
+                                _DTYPES[dtype], name=name)
+            for name, (dtype, is_list) in spec.raw_inputs.items()}
 
 
 class ServingModule(tf.Module):
-    """Raw values -> model batch -> click probability."""
+    """Raw values -> model batch -> click probability.
 
-    def __init__(self, model: RankingModel, spec: FeatureSpec) -> None:
+    ``logit_shift`` is added to the model's logit before both outputs:
+    ``log(R)`` for a model trained on negatives kept at rate ``R``
+    (``psrec convert --neg-sample-rate``), so served probabilities are
+    calibrated; it is saved as the variable ``logit_shift``.
+    """
+
+    def __init__(self, model: RankingModel, spec: FeatureSpec,
+                 logit_shift: float = 0.0) -> None:
         super().__init__(name="psrec_serving")
         self.model = model
         self.encoder = CategoricalEncoder(spec)
         self._spec = spec
+        self.logit_shift = tf.Variable(float(logit_shift), trainable=False,
+                                       dtype=tf.float32, name="logit_shift")
         self.serve = tf.function(self._serve,
                                  input_signature=[serving_signature(spec)])
 
@@ -63,8 +73,9 @@ class ServingModule(tf.Module):
         if spec.dense:
             batch[DENSE_COLUMN] = tf.stack(
                 [tf.cast(raw[f.name], tf.float32) for f in spec.dense], axis=1)
+        derived = derive_all(spec.derived, raw)
         for feature in spec.categorical:
-            values = raw[feature.name]
+            values = derived.get(feature.name, raw.get(feature.name))
             if feature.multi_hot:
                 ids = self.encoder.encode_lists(feature.name, values)
             else:
@@ -74,13 +85,15 @@ class ServingModule(tf.Module):
 
     def _serve(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         logit = self.model(self.model_batch(raw), training=False)
+        logit = tf.cast(logit, tf.float32) + self.logit_shift
         return {"probability": tf.sigmoid(logit), "logit": logit}
 
 
 def export_saved_model(model: RankingModel, spec: FeatureSpec,
-                       out_dir: str | Path) -> Path:
-    """Writes the serving SavedModel of a model with plain variables."""
-    module = ServingModule(model, spec)
+                       out_dir: str | Path, logit_shift: float = 0.0) -> Path:
+    """Writes the serving SavedModel of a model with plain variables
+    (``logit_shift``: see :class:`ServingModule`)."""
+    module = ServingModule(model, spec, logit_shift=logit_shift)
     out = Path(out_dir)
     tf.saved_model.save(module, str(out),
                         signatures={"serving_default": module.serve})

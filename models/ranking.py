@@ -50,7 +50,8 @@ class RankingModel(tf_keras.Model):
         ``log(p / (1 - p))`` and the kernels of the layers that add to the
         logit (the top MLP's output layer, ``wide_dense``) at zero, like the
         wide tables, so the initial logit is the bias (plus, for ``fm``,
-        the FM term of the random embeddings). None: default
+        the FM term of the random field vectors: near 0, since ``deepfm``
+        starts them small, ``ModelConfig.init_scale``). None: default
         initialisation, bias 0.
     """
 
@@ -68,6 +69,7 @@ class RankingModel(tf_keras.Model):
         if config.interaction in COMMON_WIDTH_INTERACTIONS:
             width = max(t.dim for t in spec.tables)
         self.sparse_arch = SparseArch(spec, wide=config.wide,
+                                      default_scale=config.init_scale,
                                       name="sparse_arch")
         self.projections = {
             t.name: tf_keras.layers.Dense(width, use_bias=False,
@@ -78,6 +80,12 @@ class RankingModel(tf_keras.Model):
         self.dense_arch = (MLP(config.bottom_mlp, output_units=width,
                                batch_norm=config.batch_norm,
                                name="dense_arch") if spec.dense else None)
+        if (self.dense_arch is not None and self.dense_arch.out is not None
+                and config.init_scale is not None):
+            # The dense field vector starts at the embeddings' scale (not
+            # yet built: the kernel is created on the first call).
+            self.dense_arch.out.kernel_initializer = (
+                tf_keras.initializers.RandomNormal(stddev=config.init_scale))
         self.interaction_arch = make_interaction(config)
         self.over_arch = MLP(config.top_mlp, output_units=1,
                              batch_norm=config.batch_norm,

@@ -88,7 +88,7 @@ def proxy_spec(spec: FeatureSpec, max_ids: int = 1) -> FeatureSpec:
         ids = min(max_ids, feature.hash_buckets or max_ids)
         features.append(dataclasses.replace(
             feature, hash_buckets=ids, vocabulary_file=None,
-            row_offset=next_row[feature.table]))
+            row_offset=next_row[feature.table], share=None))
         next_row[feature.table] += ids
     tables = tuple(dataclasses.replace(t, rows=max(1, next_row[t.name]))
                    for t in spec.tables)

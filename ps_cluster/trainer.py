@@ -26,6 +26,7 @@ from psrec.data.dataset import DatasetFn
 from psrec.data.dataset import InputConfig
 from psrec.data.dataset import make_train_dataset_fn
 from psrec.data.manifest import Manifest
+from psrec.data.sampling import logit_shift
 from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec import FeatureSpec
@@ -108,6 +109,10 @@ class Trainer:
       keep_checkpoints: recent checkpoints kept.
       positive_rate: the train split's share of positives: the model starts
         predicting it (output bias at its logit); None starts at 0.5.
+      neg_sample_rate: the share of negatives the train data kept
+        (``psrec convert --neg-sample-rate``): evaluation adds
+        ``log(neg_sample_rate)`` to the logits, so logloss and calibration
+        are those of calibrated predictions (AUC is unchanged).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, spec: FeatureSpec,
@@ -117,7 +122,8 @@ class Trainer:
                  micro_batches: int = 1, precision: str = "float32",
                  checkpoint_dir: str | Path | None = None,
                  keep_checkpoints: int = 3,
-                 positive_rate: float | None = None) -> None:
+                 positive_rate: float | None = None,
+                 neg_sample_rate: float = 1.0) -> None:
         check(micro_batches >= 1, "--grad-accum-steps", micro_batches,
               "must be >= 1", StrategyError)
         check_choice("precision", precision, PRECISIONS, StrategyError)
@@ -126,6 +132,7 @@ class Trainer:
         self.input_config = input_config
         self.micro_batches = micro_batches
         self.precision = precision
+        self.logit_shift = logit_shift(neg_sample_rate)
         self.replicas = strategy.num_replicas_in_sync
         self.is_ps = isinstance(strategy,
                                 tf.distribute.ParameterServerStrategy)
@@ -250,9 +257,13 @@ class Trainer:
 
     def evaluate(self, manifest: Manifest, batch_size: int | None = None
                  ) -> EvalResult:
-        """Every eval example once (one call or closure per shard)."""
+        """Every eval example once (one call or closure per shard), on
+        logits corrected for the negative sampling of the train data."""
+        model, shift = self.model, self.logit_shift
         function = make_eval_function(
-            self.model, self.spec, batch_size or self.input_config.batch_size,
+            (lambda batch: tf.cast(model(batch), tf.float32) + shift)
+            if shift else model,
+            self.spec, batch_size or self.input_config.batch_size,
             manifest.block_rows)
         return evaluate_files(function, manifest.files("eval"),
                               self.coordinator)

@@ -526,7 +526,7 @@ def test_convert_command_prints_the_warning_on_stderr(tmp_path, capsys):
     pq.write_table(synthetic_table(movielens(), 200, seed=2),
                    tmp_path / "ml.parquet")
     args = ["convert", str(tmp_path / "ml.parquet"), "--spec", "movielens",
-            "--shards", "2"]
+            "--shards", "2", "--no-progress"]  # stderr: only the warning
     assert main(args + ["--out", str(tmp_path / "a")]) == 0
     captured = capsys.readouterr()
     [line] = captured.err.strip().splitlines()

@@ -24,6 +24,7 @@ from psrec.data.tabular import ingest_csv
 from psrec.errors import EXIT_USAGE
 from psrec.features.spec import FeatureSpec
 from psrec.launch.cli import main
+from tests.test_progress import Recorder
 
 CSV_TEXT = ('id,click,price,city\n'
             '007,1,2.5,berlin\n'
@@ -54,11 +55,11 @@ def test_csv_plain_and_gzip_keep_ids_as_strings(tmp_path):
     (tmp_path / "day1.csv").write_text(CSV_TEXT)
     with gzip.open(tmp_path / "day2.csv.gz", "wt") as f:
         f.write(CSV_TEXT)
-    lines: list[str] = []
+    recorder = Recorder()
 
     report = ingest_csv([tmp_path / "day1.csv", tmp_path / "day2.csv.gz"],
                         tmp_path / "out", column_types=CSV_TYPES,
-                        progress=lines.append, progress_every_rows=1)
+                        progress=recorder)
 
     assert report.files == (str(tmp_path / "out" / "day1.parquet"),
                             str(tmp_path / "out" / "day2.parquet"))
@@ -69,8 +70,12 @@ def test_csv_plain_and_gzip_keep_ids_as_strings(tmp_path):
             ("id", pa.string()), ("click", pa.int64()),
             ("price", pa.float64()), ("city", pa.string())])
         assert table.to_pylist() == CSV_ROWS
-    assert lines and all(line.startswith("ingest day") for line in lines)
-    assert "3 rows" in lines[-1]
+    # One pass over the bytes of both inputs as stored (gzip: compressed).
+    (task,) = recorder.tasks
+    stored = sum(p.stat().st_size for p in (tmp_path / "day1.csv",
+                                            tmp_path / "day2.csv.gz"))
+    assert (task.unit, task.total, task.done) == ("bytes", stored, stored)
+    assert task.closed
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "day1.parquet", "day2.parquet"]  # no temporary files left
 
@@ -324,7 +329,13 @@ def test_cli_ingest_errors_are_one_line(tmp_path, capsys, argv, match):
             for a in argv]
     assert main(["ingest", *argv, "--out", str(tmp_path / "o")]) == EXIT_USAGE
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and match in err, err
+    # A row that fails is found while reading: the progress display (label
+    # and bar lines, ended where the reading stopped) comes first.
+    *shown, error = err.splitlines()
+    assert error.startswith("psrec ingest: error: ") and match in error, err
+    if shown:
+        assert shown[0] == "ingest 1 file (MiB)", err
+        assert all(line.startswith("0/1 [") for line in shown[1:]), err
     assert "Traceback" not in err
 
 
