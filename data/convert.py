@@ -27,9 +27,9 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import tensorflow as tf
 
+from psrec.data.conversion_report import ConversionReport
 from psrec.data.input_checks import categorical_values
 from psrec.data.input_checks import check_schema
 from psrec.data.input_checks import float_values
@@ -39,11 +39,11 @@ from psrec.data.manifest import MANIFEST_NAME
 from psrec.data.manifest import SPEC_FILE_NAME
 from psrec.data.manifest import SPLITS
 from psrec.data.manifest import Manifest
+from psrec.data.parquet_inputs import parquet_batches
 from psrec.data.parquet_inputs import parquet_files
 from psrec.data.parquet_inputs import read_metadata
 from psrec.data.sampling import check_neg_sample_rate
 from psrec.data.sampling import kept_rows
-from psrec.data.sampling import sampling_summary
 from psrec.data.shard_writer import QUARANTINE_NAME
 from psrec.data.shard_writer import SHARD_NAME_RE
 from psrec.data.shard_writer import Quarantine
@@ -125,62 +125,6 @@ class ConversionOptions:
                   and self.order_by is None, "eval_files", self.eval_files,
                   "picks the eval rows by file: give it without "
                   "eval_fraction, split_mode hash and order_by")
-
-
-@dataclasses.dataclass(frozen=True)
-class ConversionReport:
-    """What a conversion did; ``summary()`` is what the CLI prints."""
-
-    manifest: Manifest | None
-    rows_read: int
-    rows_written: dict[str, int]
-    bad_rows: int
-    bad_reasons: dict[str, int]
-    extra_columns: dict[str, tuple[str, ...]]
-    truncated_lists: dict[str, int]
-    quarantine: str | None
-    seconds: float
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows_read / self.seconds if self.seconds else float("inf")
-
-    def to_dict(self) -> dict[str, object]:
-        """The report as JSON-able data; ``manifest`` is the path of the
-        written ``manifest.json`` (None when nothing was published)."""
-        return {
-            "manifest": (str(self.manifest.root / MANIFEST_NAME)
-                         if self.manifest is not None else None),
-            "rows_read": self.rows_read,
-            "rows_written": dict(self.rows_written),
-            "bad_rows": self.bad_rows,
-            "bad_reasons": dict(self.bad_reasons),
-            "extra_columns": {k: list(v)
-                              for k, v in self.extra_columns.items()},
-            "truncated_lists": dict(self.truncated_lists),
-            "quarantine": self.quarantine, "seconds": self.seconds,
-            "warnings": list(self.warnings),
-        }
-
-    def summary(self) -> str:
-        lines = [
-            f"read {self.rows_read} rows in {self.seconds:.2f} s "
-            f"({self.rows_per_second:,.0f} rows/s); wrote "
-            + ", ".join(f"{k} {v}" for k, v in self.rows_written.items()),
-            f"bad rows: {self.bad_rows}"
-            + (f" -> {self.quarantine}" if self.quarantine else ""),
-        ]
-        lines += [f"  {count} x {reason}"
-                  for reason, count in sorted(self.bad_reasons.items())]
-        lines += sampling_summary(self.manifest)
-        for path, extras in self.extra_columns.items():
-            lines.append(f"ignored extra columns in {path}: {', '.join(extras)}")
-        for name, count in self.truncated_lists.items():
-            lines.append(f"multi-hot {name}: {count} lists cut to max_length")
-        if self.manifest is not None:
-            lines.append(f"manifest: {self.manifest.root / MANIFEST_NAME}")
-        return "\n".join(lines)
 
 
 # -- encoding -----------------------------------------------------------------
@@ -310,7 +254,9 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     extras, sources = {}, []
     for path in paths:  # every schema is checked before any row is read
         metadata = read_metadata(path)
-        found = check_schema(path, metadata.schema.to_arrow_schema(), spec)
+        found = tuple(c for c in check_schema(
+            path, metadata.schema.to_arrow_schema(), spec)
+            if c != options.order_by)  # used: it orders the split
         if found:
             extras[path] = found
         sources.append({"file": path, "rows": metadata.num_rows})
@@ -322,6 +268,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                        eval_files=options.eval_files)
 
     out = Path(out_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     _clean_previous(out)
     encoder = CategoricalEncoder(spec)
@@ -339,8 +286,9 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     try:
         for path in paths:
             row_in_file = 0
-            for batch in pq.ParquetFile(path).iter_batches(
-                    batch_size=options.batch_rows, columns=list(spec.columns)):
+            for batch in parquet_batches(
+                    path, batch_size=options.batch_rows,
+                    columns=list(spec.columns)):
                 ids = np.arange(next_id, next_id + batch.num_rows,
                                 dtype=np.int64)
                 reasons = row_reasons(batch, spec)
@@ -391,6 +339,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         for writer in writers.values():
             writer.discard()
         quarantine.discard()
+        if created and not any(out.iterdir()):
+            out.rmdir()  # a failed conversion leaves no empty folder
         raise
     for stale in out.iterdir():  # shards of an earlier, different conversion
         if SHARD_NAME_RE.match(stale.name) and not any(

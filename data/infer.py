@@ -14,6 +14,9 @@ One pass of statistics (``data.infer_stats``) decides each column:
   buckets (the next power of two >= 2 x distinct, at most ``max_buckets``);
 * list columns of strings or ints are multi-hot with ``max_length`` = the
   95th percentile of their lengths (at least 2);
+* time columns (``data.infer_time``) are the sources of derived
+  ``hour_of_day`` and ``day_of_week`` features (vocabularies of their 24
+  and 7 values), not features themselves;
 * constant columns, id-like ones (distinct >= 90% of the non-null rows, at
   least 20 of them; not floats), bools, other types and ``exclude`` are left
   out, each with a note.
@@ -40,6 +43,7 @@ from psrec.data.files import atomic_output
 from psrec.data.infer_stats import EXACT_DISTINCT_CAP
 from psrec.data.infer_stats import ColumnStats
 from psrec.data.infer_stats import collect_stats
+from psrec.data.infer_time import time_features
 from psrec.data.parquet_inputs import parquet_files
 from psrec.errors import ConfigError
 from psrec.errors import check
@@ -47,6 +51,7 @@ from psrec.features.columns import CategoricalFeature
 from psrec.features.columns import DenseFeature
 from psrec.features.columns import LabelConfig
 from psrec.features.columns import TableConfig
+from psrec.features.derived import DerivedFeature
 from psrec.features.spec import RESERVED_NAMES
 from psrec.features.spec import FeatureSpec
 from psrec.progress import SILENT
@@ -204,12 +209,17 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
     dense: list[tuple[DenseFeature, str]] = []
     categorical: list[tuple[dict[str, Any], str, list[str] | None]] = []
     skipped: dict[str, str] = {}
+    derived: list[tuple[DerivedFeature, str]] = []
     for name in schema.names:
         column = stats[name]
         reason = None if name == label else _skip_reason(column, exclude)
         if name == label:
             continue
-        if reason is not None:
+        time = time_features(column) if name not in exclude else None
+        if time is not None:
+            derived += [(feature, time[2]) for feature in time[0]]
+            categorical += time[1]
+        elif reason is not None:
             skipped[name] = reason
         elif column.kind == "float" or (column.kind == "int"
                                         and not _is_categorical_int(column)):
@@ -219,7 +229,8 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
     check(dense or categorical, "--label", label,
           "leaves no usable feature column (see the notes of the skipped "
           f"columns: {skipped})", error=ConfigError)
-    spec, vocabularies = _assemble(out, label_config, dense, categorical)
+    spec, vocabularies = _assemble(out, label_config, dense, categorical,
+                                   [feature for feature, _ in derived])
     rows = stats[label].rows
     header = [f"Feature spec inferred by psrec from {rows} rows in "
               f"{len(files)} Parquet file(s); edit freely.",
@@ -227,7 +238,8 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
               "Check it with: psrec convert ... --spec THIS_FILE"]
     text = _render(spec, [h for h in header if h], label_note,
                    [note for _, note in dense],
-                   [note for _, note, _ in categorical], skipped)
+                   [note for _, note, _ in categorical], skipped,
+                   [note for _, note in derived])
     with atomic_output(out) as tmp:
         tmp.write_text(text, encoding="utf-8")
     FeatureSpec.load(out).check_vocabularies()
@@ -281,7 +293,8 @@ def _vocab_path(name: str, used: set[str]) -> str:
 
 def _assemble(out: Path, label: LabelConfig,
               dense: list[tuple[DenseFeature, str]],
-              categorical: list[tuple[dict[str, Any], str, list[str] | None]]
+              categorical: list[tuple[dict[str, Any], str, list[str] | None]],
+              derived: list[DerivedFeature]
               ) -> tuple[FeatureSpec, list[str]]:
     """The spec: categorical features laid out one after the other in one
     table; writes the vocabularies."""
@@ -307,7 +320,8 @@ def _assemble(out: Path, label: LabelConfig,
         tables = (TableConfig(TABLE_NAME, rows=offset, dim=dim),)
     spec = FeatureSpec(name=out.stem, label=label,
                        dense=tuple(f for f, _ in dense),
-                       categorical=tuple(features), tables=tables)
+                       categorical=tuple(features), tables=tables,
+                       derived=tuple(derived))
     return spec, sorted(used)
 
 
@@ -328,7 +342,7 @@ def _entry(item: dict[str, Any], note: str) -> str:
 
 def _render(spec: FeatureSpec, header: list[str], label_note: str,
             dense_notes: list[str], categorical_notes: list[str],
-            skipped: dict[str, str]) -> str:
+            skipped: dict[str, str], derived_notes: list[str]) -> str:
     data = spec.to_dict()
     parts = [f"# {line}\n" for line in header]
     parts.append(yaml.safe_dump({"name": data["name"]}, sort_keys=False))
@@ -350,6 +364,10 @@ def _render(spec: FeatureSpec, header: list[str], label_note: str,
             continue
         parts.append(f"{key}:\n")
         parts += [_entry(item, note) for item, note in zip(data[key], notes)]
+    if derived_notes:
+        parts.append("derived:\n")
+        parts += [_entry(item, note) for item, note in
+                  zip(data["derived"], derived_notes)]
     if skipped:
         parts.append("# Left out:\n")
         parts += [f"#   {name}: {why}\n" for name, why in skipped.items()]

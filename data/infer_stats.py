@@ -22,8 +22,9 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from psrec.data.parquet_inputs import parquet_batches
+from psrec.data.parquet_inputs import read_metadata
 from psrec.errors import DataError
 from psrec.progress import SILENT
 from psrec.progress import Progress
@@ -205,19 +206,20 @@ def collect_stats(files: Sequence[str], columns: Sequence[str] | None = None,
     if not files:
         raise DataError("no Parquet files to infer a spec from.")
     rng = np.random.default_rng(seed)
-    schema = pq.read_schema(files[0])
+    schema = read_metadata(files[0]).schema.to_arrow_schema()
     names = list(schema.names if columns is None else columns)
     stats = {name: ColumnStats(name, column_kind(schema.field(name).type),
                                str(schema.field(name).type),
                                DistinctCounter(exact_cap))
              for name in names}
-    total = sum(pq.read_metadata(path).num_rows for path in files)
+    metadata = {path: read_metadata(path) for path in files}
+    total = sum(m.num_rows for m in metadata.values())
     with progress.task("spec infer: statistics", total, "rows") as task:
         for path in files:
-            parquet = pq.ParquetFile(path)
-            _check_same_schema(path, parquet.schema_arrow, files[0], schema)
-            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS,
-                                              columns=names):
+            _check_same_schema(path, metadata[path].schema.to_arrow_schema(),
+                               files[0], schema)
+            for batch in parquet_batches(path, batch_size=_BATCH_ROWS,
+                                         columns=names):
                 for name in names:
                     stats[name].add_batch(batch.column(name), rng)
                 task.advance(batch.num_rows)

@@ -43,11 +43,15 @@ class IngestReport:
       positives: Number of positive examples (Criteo: sum of the ``label``
         column; MovieLens: ratings >= 4), or ``None`` when the inputs carry
         no label.
+      has_label: False for generic logs (csv, jsonl), whose label column
+        psrec does not know at ingest (the summary does not call them
+        unlabelled).
     """
 
     files: tuple[str, ...]
     rows: int
     positives: int | None
+    has_label: bool = True  # False: a generic log (csv, jsonl), no label
 
     def to_dict(self) -> dict[str, object]:
         """The report as JSON-able data."""
@@ -58,7 +62,7 @@ class IngestReport:
         """Returns a one-line human-readable summary of the ingest."""
         n = len(self.files)
         text = f"{self.rows:,} rows in {n} parquet file{'s' if n != 1 else ''}"
-        if self.positives is None:
+        if self.positives is None and self.has_label:
             text += " (unlabelled)"
         else:
             rate = self.positives / self.rows if self.rows else 0.0

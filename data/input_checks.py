@@ -135,6 +135,13 @@ def serving_values(column: pa.Array, dtype: str, name: str) -> np.ndarray:
         zero_copy_only=False), np.int64)
 
 
+def _finite_float32(values: np.ndarray) -> np.ndarray:
+    """Finite after the cast to the stored type (float32): 1e300 is finite
+    as float64 but overflows to inf in the shard."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.isfinite(values.astype(np.float32))
+
+
 def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
     """The first failed check of each row as a string, None for good rows."""
     reasons = np.full(batch.num_rows, None, dtype=object)
@@ -147,6 +154,8 @@ def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
     flag(_null_mask(label), f"null in required field {spec.label.name!r}")
     values = float_values(label, 0.0)
     flag(~np.isfinite(values), f"non-finite label {spec.label.name!r}")
+    flag(~_finite_float32(values),
+         f"label {spec.label.name!r} overflows float32")
     if spec.label.threshold is None:
         bad = np.isfinite(values) & (values != 0) & (values != 1)
         for value in np.unique(values[bad & (reasons == None)]):  # noqa: E711
@@ -159,6 +168,8 @@ def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
             flag(nulls, f"null in required field {feature.name!r}")
         values = float_values(column, feature.default)
         flag(~np.isfinite(values), f"non-finite value in {feature.name!r}")
+        flag(~_finite_float32(values),
+             f"value in {feature.name!r} overflows float32")
     for feature in spec.categorical:
         if feature.required:
             flag(_null_mask(batch.column(feature.name)),

@@ -4,9 +4,12 @@
   eval split (reads only the id column of every record).
 * :func:`repair_corrupted_shards`: with ``--max-corrupt-records N``, shards
   whose sha256 no longer matches the manifest are scanned record by record;
-  if at most N records are corrupted in total, training uses repaired
-  copies holding every good record, and the skipped count is reported.
-  Otherwise -- or with N = 0 -- the job refuses to start, naming the file.
+  if at most N records are lost in total, training uses repaired copies
+  holding every good record, and the records and rows lost are reported per
+  file. A lost record is a corrupted one or, in a truncated file, every
+  record after the cut; the rows lost are the manifest's rows of the shard
+  minus the rows of its good records. Otherwise -- or with N = 0 -- the
+  job refuses to start, naming each file and the rows it would lose.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from psrec.data.manifest import SPLITS
 from psrec.data.manifest import Manifest
 from psrec.data.manifest import ManifestError
 from psrec.data.manifest import ShardInfo
+from psrec.data.records import ROWS_KEY
 from psrec.data.records import corruption_named
 from psrec.data.repair import ScanResult
 from psrec.data.repair import scan_records
@@ -72,24 +76,104 @@ def check_disjoint_splits(manifest: Manifest, *,
 
 
 @dataclasses.dataclass(frozen=True)
-class RepairReport:
-    """Corrupted records skipped, per file."""
+class ShardLoss:
+    """What skipping the corrupted records of one shard loses.
 
-    scans: tuple[ScanResult, ...]
+    Attributes:
+      scan: the record-level scan (good, corrupted, where framing broke).
+      split: the shard's split.
+      rows: rows the manifest records for the shard.
+      kept_rows: rows of the good records (the repaired copy).
+      records_lost: every record not kept: the corrupted ones and, in a
+        truncated file, every record after the cut (counted from the lost
+        rows: every block holds ``block_rows`` rows but the split's last).
+    """
+
+    scan: ScanResult
+    split: str
+    rows: int
+    kept_rows: int
+    records_lost: int
+
+    @property
+    def rows_lost(self) -> int:
+        return self.rows - self.kept_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairReport:
+    """Records and rows lost by skipping corrupted records, per file.
+
+    Attributes:
+      losses: one entry per repaired shard.
+      split_rows: rows of each split in the manifest (the share lost is
+        reported against them).
+    """
+
+    losses: tuple[ShardLoss, ...]
+    split_rows: dict[str, int]
+
+    @property
+    def scans(self) -> tuple[ScanResult, ...]:
+        return tuple(loss.scan for loss in self.losses)
 
     @property
     def skipped(self) -> int:
-        return sum(s.corrupted + (1 if s.unreadable_from is not None else 0)
-                   for s in self.scans)
+        """Records lost in total (the unit of ``--max-corrupt-records``)."""
+        return sum(loss.records_lost for loss in self.losses)
+
+    def rows_lost(self, split: str | None = None) -> int:
+        return sum(loss.rows_lost for loss in self.losses
+                   if split in (None, loss.split))
+
+    def _per_split(self) -> str:
+        return ", ".join(
+            f"{self.rows_lost(split)} of {self.split_rows[split]} {split} "
+            f"rows ({_share(self.rows_lost(split), self.split_rows[split])})"
+            for split in SPLITS
+            if any(loss.split == split for loss in self.losses))
+
+    def files(self) -> list[str]:
+        lines = []
+        for loss in self.losses:
+            scan = loss.scan
+            after = loss.records_lost - scan.corrupted
+            tail = (f", {after} unreadable after byte {scan.unreadable_from}"
+                    " (truncated or broken framing)"
+                    if scan.unreadable_from is not None else "")
+            lines.append(
+                f"  {scan.path}: {scan.corrupted} corrupted{tail}, "
+                f"{scan.good} good; {loss.rows_lost} of {loss.rows} rows "
+                f"lost ({_share(loss.rows_lost, loss.rows)})")
+        return lines
 
     def summary(self) -> str:
-        lines = [f"skipped {self.skipped} corrupted record(s):"]
-        for scan in self.scans:
-            tail = (f"; unreadable from byte {scan.unreadable_from}"
-                    if scan.unreadable_from is not None else "")
-            lines.append(f"  {scan.path}: {scan.corrupted} corrupted, "
-                         f"{scan.good} good{tail}")
-        return "\n".join(lines)
+        return "\n".join([f"skipped {self.skipped} corrupted record(s): "
+                          f"{self._per_split()} lost:"] + self.files())
+
+    def to_dict(self) -> dict[str, object]:
+        return {"records_lost": self.skipped,
+                "rows_lost": {split: self.rows_lost(split)
+                              for split in SPLITS},
+                "files": {loss.scan.path: {
+                    "split": loss.split, "rows": loss.rows,
+                    "rows_lost": loss.rows_lost,
+                    "records_lost": loss.records_lost,
+                    "corrupted": loss.scan.corrupted,
+                    "unreadable_from": loss.scan.unreadable_from}
+                    for loss in self.losses}}
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.2%}" if whole else "n/a"
+
+
+def _rows_in(path: Path) -> int:
+    """Rows of the block records of a (repaired, clean) TFRecord file."""
+    features = {ROWS_KEY: tf.io.FixedLenFeature([1], tf.int64)}
+    dataset = tf.data.TFRecordDataset(str(path)).batch(256).map(
+        lambda r: tf.reduce_sum(tf.io.parse_example(r, features)[ROWS_KEY]))
+    return int(sum(int(n) for n in dataset))
 
 
 def _mismatches(manifest: Manifest, checksums: bool, progress: Progress
@@ -121,7 +205,8 @@ def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
     Args:
       manifest: the converted data.
       out_dir: where repaired copies are written.
-      max_records: corrupted records that may be skipped in total.
+      max_records: records that may be lost in total (corrupted ones and
+        every record after the cut of a truncated file).
       checksums: compare sha256 (otherwise only presence and size).
       progress: told the bytes checked by the sha256 pass.
     """
@@ -131,8 +216,8 @@ def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
     if max_records <= 0:
         raise ManifestError(problems[0][2] + " (or allow a bounded skip with "
                             "--max-corrupt-records N)")
-    scans, replaced = [], {}
-    for _, shard, message in problems:
+    losses, replaced = [], {}
+    for split, shard, message in problems:
         path = manifest.root / shard.file
         if not path.is_file():
             raise ManifestError(message)
@@ -140,13 +225,18 @@ def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
         scan = scan_records(path, repaired)
         if scan.clean:  # same records, other bytes: not corruption
             raise ManifestError(message)
-        scans.append(scan)
+        kept = _rows_in(repaired)
+        lost = max(0, shard.rows - kept)
+        records = max(scan.corrupted + (scan.unreadable_from is not None),
+                      -(-lost // manifest.block_rows))
+        losses.append(ShardLoss(scan, split, shard.rows, kept, records))
         replaced[shard.file] = str(repaired.resolve())
-    report = RepairReport(tuple(scans))
+    report = RepairReport(tuple(losses), {split: manifest.rows(split)
+                                          for split in SPLITS})
     if report.skipped > max_records:
-        worst = max(scans, key=lambda s: s.corrupted)
         raise ManifestError(
             f"{report.skipped} corrupted record(s) found, above "
-            f"--max-corrupt-records {max_records} (e.g. {worst.path}: "
-            f"{worst.corrupted}); convert again.")
+            f"--max-corrupt-records {max_records}: skipping them would lose "
+            f"{report._per_split()}: " + ";".join(report.files())
+            + ". Convert again.")
     return manifest.with_files(replaced), report

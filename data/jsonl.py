@@ -185,4 +185,5 @@ def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
     with input_task(progress, sources) as task:
         files, rows, _ = write_each(out_dir, plans, lambda src, dst, schema: (
             _ingest_file(src, dst, schema, block_size_bytes, task), None))
-    return IngestReport(files=files, rows=rows, positives=None)
+    return IngestReport(files=files, rows=rows, positives=None,
+                        has_label=False)

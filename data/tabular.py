@@ -247,4 +247,5 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
     with input_task(progress, sources) as task:
         files, total, _ = write_each(out_dir, plans, lambda src, dst, names: (
             _ingest_file(src, dst, names, types, task, **read), None))
-    return IngestReport(files=files, rows=total, positives=None)
+    return IngestReport(files=files, rows=total, positives=None,
+                        has_label=False)

@@ -153,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         retry = ("" if code in (EXIT_USAGE, EXIT_FAILURE)
                  else f" (retryable, exit {code})")
-        print(f"psrec {args.command}: error: {error_line(error)}{retry}",
+        # A requested stop (SIGTERM/SIGINT, exit 143/130) is not an error.
+        kind = "" if code in (EXIT_INTERRUPTED, 143) else "error: "
+        print(f"psrec {args.command}: {kind}{error_line(error)}{retry}",
               file=sys.stderr, flush=True)
         if code == EXIT_RETRYABLE:
             # TF's coordinator threads may wait on the lost task forever.

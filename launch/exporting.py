@@ -83,6 +83,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
                              logit_shift=logit_shift(rate))
     write_json_atomic(out / EXPORT_INFO, {
         "checkpoint": path, "spec_hash": record.spec.fingerprint(),
+        "label": record.spec.label.name,
         "neg_sample_rate": rate, "logit_shift": logit_shift(rate)})
     return out
 

@@ -24,6 +24,10 @@ from psrec.launch.job_config import JobConfig
 from psrec.launch.job_data import load_verified
 from psrec.launch.job_data import prepare_data
 from psrec.launch.job_data import record_sampling
+from psrec.launch.job_reports import coverage_fields
+from psrec.launch.job_reports import coverage_lines
+from psrec.launch.job_reports import input_options
+from psrec.launch.job_reports import write_restore_report
 from psrec.launch.local import LocalCluster
 from psrec.ps_cluster.best import BestRecord
 from psrec.ps_cluster.metrics import EvalResult
@@ -63,6 +67,9 @@ class JobSummary:
     exported_checkpoint: str | None = None
     exported_auc: float | None = None
     stopped_early_at: int | None = None
+    input_mode: str = "static"
+    coverage: list = dataclasses.field(default_factory=list)  # per epoch
+    coverage_warning: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -101,7 +108,7 @@ class JobSummary:
             "each)",
             f"  batch {self.batch_size} x {self.micro_batches} "
             f"micro-batch(es), {self.precision}; total time "
-            f"{self.seconds:.1f} s on {cluster}"]
+            f"{self.seconds:.1f} s on {cluster}"] + coverage_lines(self)
         if self.stopped_early_at is not None:
             lines.append(f"  stopped early at step {self.stopped_early_at}: "
                          "no improvement of the eval "
@@ -206,11 +213,15 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
             return None
         num_ps = 0
     else:
+        from psrec.launch.cluster_probe import wait_reachable
+        from psrec.launch.job_runtime import coordinator_heartbeat
         from psrec.ps_cluster.strategy import build_ps_strategy
+        beat = coordinator_heartbeat(workdir)
         with _ps_cluster(config, cluster, log) as live:
+            wait_reachable(live, config.connect_timeout, log)
             result, trainer = _train(
                 config, build_ps_strategy(live, config.partition), manifest,
-                log)
+                log, beat, live)
         num_ps = live.num_ps
     export_path, exported = None, None
     if config.export and result.checkpoint is not None:
@@ -248,7 +259,8 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         epochs=result.step / per_epoch, steps_per_epoch=per_epoch,
         best=result.best,
         exported_checkpoint=exported.name if exported else None,
-        exported_auc=exported_auc, stopped_early_at=result.stopped_early_at)
+        exported_auc=exported_auc, stopped_early_at=result.stopped_early_at,
+        **coverage_fields(result, config.input.mode, log))
     write_json_atomic(workdir / "summary.json", summary.to_dict())
     return summary
 
@@ -272,11 +284,14 @@ def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
     return loop.resolved()
 
 
-def _train(config: JobConfig, strategy, manifest: Manifest, log):
+def _train(config: JobConfig, strategy, manifest: Manifest, log,
+           heartbeat=None, cluster: ClusterSpec | None = None):
     """Builds the trainer, resumes, trains with progress, eval, checkpoints
-    (the best one kept) and the stall watchdog. Returns ``(result,
-    trainer)``."""
+    (the best one kept), the heartbeat, the stall watchdog and a graceful
+    SIGTERM. Returns ``(result, trainer)``."""
+    from psrec.launch import job_runtime
     from psrec.launch.progress import ProgressReporter
+    from psrec.ps_cluster.step import NonFiniteLossError
     from psrec.ps_cluster.strategy import precision_policy
     from psrec.ps_cluster.trainer import Trainer
     from psrec.ps_cluster.watchdog import Watchdog
@@ -297,14 +312,16 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log):
     if trainer.chief:
         config.write(config.checkpoint_dir)
         record_sampling(config.checkpoint_dir, manifest, log)
-    with _translated_errors(manifest):
+    if heartbeat is not None:  # phase restoring, with per-worker progress
+        job_runtime.attach_trainer(heartbeat, trainer)
+    with _translated_errors(manifest, cluster):
         restored = trainer.restore()
     if restored:
         log(f"resumed from {restored} at step "
             f"{int(trainer.progress.step.numpy())} (restore verified against "
             "the checkpoint's values)")
         if trainer.chief:
-            _write_restore_report(config, trainer, restored)
+            write_restore_report(config.workdir, trainer, restored)
     reporter = None
     if trainer.chief:
         reporter = ProgressReporter(
@@ -320,14 +337,21 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log):
         watchdog = Watchdog(config.stall_timeout, trainer.describe_pending)
         watchdog.start()
     try:
-        with _translated_errors(manifest):
+        with _translated_errors(manifest, cluster), job_runtime.StopRequest(
+                config.grace_period) as stop:
             result = trainer.train(
-                trainer.dataset_fn(manifest), config.loop,
+                trainer.dataset_fn(manifest, **input_options(
+                    config, trainer, manifest)), config.loop,
                 eval_manifest=manifest,
                 on_progress=reporter.update if reporter else None,
                 on_boundary=reporter.boundary if reporter else None,
-                heartbeat=watchdog.beat if watchdog else None,
-                on_best=reporter.best if reporter else None)
+                heartbeat=job_runtime.beat_all(heartbeat, watchdog),
+                on_best=reporter.best if reporter else None,
+                should_stop=stop.requested, save_on_stop=stop.save_fits)
+        job_runtime.finish(heartbeat, stop, trainer, result.interrupted_at)
+    except NonFiniteLossError as error:  # name the last good checkpoint
+        raise error.with_checkpoint(
+            trainer.keeper.latest if trainer.keeper else None) from None
     finally:
         if watchdog is not None:
             watchdog.stop()
@@ -358,12 +382,15 @@ def _per_worker(trainer) -> str:
 
 
 @contextlib.contextmanager
-def _translated_errors(manifest: Manifest) -> Iterator[None]:
+def _translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
+                       ) -> Iterator[None]:
     """TF errors from the cluster -> psrec errors with exit codes: a lost
-    PS is retryable, a corrupted record names its file."""
+    task is retryable (named after probing each task), a corrupted record
+    names its file."""
     import tensorflow as tf
 
     from psrec.data.records import corruption_named
+    from psrec.launch.cluster_probe import lost_task_message
     from psrec.ps_cluster.errors import ClusterUnavailableError
     try:
         with corruption_named(manifest.files("train")
@@ -373,25 +400,10 @@ def _translated_errors(manifest: Manifest) -> Iterator[None]:
             tf.errors.CancelledError) as error:
         raise ClusterUnavailableError(
             f"the cluster became unreachable ({type(error).__name__}: "
-            f"{str(error).splitlines()[0][:300]}); a PS task was probably "
-            "lost. Restart the PS tasks and rerun: training resumes from the "
-            "latest checkpoint.") from error
-
-
-def _write_restore_report(config: JobConfig, trainer, path: str) -> None:
-    """``restore.json``: sha256 of every restored table, so a restore can be
-    audited against the checkpoint file independently."""
-    import hashlib
-
-    import numpy as np
-    tables = {}
-    for name, variable in trainer.model.sparse_arch.tables.items():
-        shards = getattr(variable, "variables", [variable])
-        values = np.concatenate([s.numpy() for s in shards], axis=0)
-        tables[name] = hashlib.sha256(values.tobytes()).hexdigest()
-    report = {"checkpoint": path, "step": int(trainer.progress.step.numpy()),
-              "table_sha256": tables}
-    write_json_atomic(Path(config.workdir) / "restore.json", report)
+            f"{str(error).splitlines()[0][:300]}); "
+            f"{lost_task_message(cluster)}. Restart the lost task(s); a lost "
+            "PS also needs the coordinator rerun (it resumes from the latest "
+            "checkpoint).") from error
 
 
 def _base_rate(manifest: Manifest) -> float | None:

@@ -139,6 +139,12 @@ class JobConfig:
         and reported); 0 refuses any corrupted shard.
       stall_timeout: seconds without progress before the watchdog exits
         with a retryable code (None: no watchdog).
+      connect_timeout: seconds the coordinator waits for every PS and
+        worker port to accept connections before failing (retryable) with
+        the unreachable tasks named.
+      grace_period: seconds after SIGTERM/SIGINT within which the
+        coordinator drains its closures and saves a checkpoint (skipped
+        when the last save took longer than what is left).
     """
 
     workdir: Path = Path("runs/default")
@@ -163,6 +169,8 @@ class JobConfig:
     max_corrupt_records: int = 0
     keep_checkpoints: int = 3
     stall_timeout: float | None = 900.0
+    connect_timeout: float = 300.0
+    grace_period: float = 30.0
 
     def __post_init__(self) -> None:
         check_model_spec(self.spec, self.model, self.model_name)
@@ -175,6 +183,10 @@ class JobConfig:
         check(self.stall_timeout is None or self.stall_timeout > 0,
               "--stall-timeout", self.stall_timeout,
               "must be > 0 (0 disables the watchdog)")
+        check(self.connect_timeout > 0, "--connect-timeout",
+              self.connect_timeout, "must be > 0")
+        check(self.grace_period >= 0, "--grace-period", self.grace_period,
+              "must be >= 0")
         check(self.epochs is None or self.epochs > 0, "--epochs",
               self.epochs, "must be > 0")
         _refuse(kind, "--early-stop-patience",
@@ -269,4 +281,5 @@ _DECODERS = {
     "ps": int,
     "export": bool, "verify_checksums": bool, "max_corrupt_records": int,
     "keep_checkpoints": int, "stall_timeout": _same,
+    "connect_timeout": float, "grace_period": float,
 }

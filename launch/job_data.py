@@ -33,9 +33,12 @@ def prepare_data(config: JobConfig, log=print, *,
     instead of regenerating). Then checks: the spec hash, every shard
     (presence, size, sha256; corrupted shards repaired within
     ``max_corrupt_records``), that train and eval splits share no example,
-    and that there are enough train shards for the workers. ``progress``
-    shows each pass over the data; None: bars on stderr.
+    and that there are enough train shards for the workers. First of all,
+    the checkpoint (and export) folder is checked writable with room for
+    one checkpoint (:func:`check_output_folders`). ``progress`` shows each
+    pass over the data; None: bars on stderr.
     """
+    check_output_folders(config)
     progress = ProgressBar() if progress is None else progress
     from psrec.data.integrity import check_disjoint_splits
     from psrec.data.integrity import repair_corrupted_shards
@@ -66,6 +69,22 @@ def prepare_data(config: JobConfig, log=print, *,
     return manifest
 
 
+def check_output_folders(config: JobConfig) -> None:
+    """Before any server starts: the checkpoint folder (and with
+    ``export`` the export folder) is writable with room for one checkpoint
+    -- tables, optimizer slots and dense weights (``models.sizing``) -- or
+    one export (tables and dense weights)."""
+    from psrec.models.sizing import estimate_replicated_bytes
+    from psrec.ps_cluster.checkpoint import check_output_folder
+    size = estimate_replicated_bytes(config.spec, config.model,
+                                     config.optimizer)
+    check_output_folder(config.checkpoint_dir, size.total_bytes,
+                        "checkpoint")
+    if config.export:
+        check_output_folder(Path(config.workdir) / "export",
+                            size.table_bytes + size.dense_bytes, "export")
+
+
 VERIFIED_FILE = "verified-data.json"
 
 
@@ -93,6 +112,7 @@ def load_verified(config: JobConfig) -> Manifest:
       ManifestError: when there is no record, or it is for another spec or
         other data than ``config`` names.
     """
+    check_output_folders(config)  # again: a restart may find a full disk
     path = Path(config.workdir) / VERIFIED_FILE
     if not path.is_file():
         raise ManifestError(f"{path} is missing: the data was not checked by "

@@ -1,5 +1,12 @@
 """A local cluster: PS and worker roles as separate OS processes on loopback.
 
+TensorFlow's servers listen on all interfaces whatever address they are
+given, so a ``LocalCluster`` only starts in a private network namespace
+(see :mod:`psrec.launch.netns`; ``psrec train`` enters one), unless
+``allow_exposed`` is set: then the coordinator's port is fixed in the
+cluster spec too (``chief``) so that :meth:`LocalCluster.exposed_warning`
+can name every port.
+
 ``LocalCluster`` starts each role as ``python -m psrec server ...`` bound to
 a free port on 127.0.0.1, waits until every port accepts connections (it
 polls the port and waits on the process between attempts -- no fixed
@@ -26,9 +33,12 @@ from typing import Iterable
 from psrec.errors import ConfigError
 from psrec.errors import RetryableError
 from psrec.errors import is_retryable
+from psrec.launch.netns import exposed_warning
+from psrec.launch.netns import exposure
 from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.ps_cluster.tf_config import TFConfig
+from psrec.ps_cluster.tf_config import free_loopback_ports
 from psrec.ps_cluster.tf_config import loopback_cluster
 from psrec.runtime import role_environment
 
@@ -95,15 +105,30 @@ class LocalCluster:
       num_ps: PS processes.
       log_dir: where each role writes ``<type>-<index>.log``.
       start_timeout: seconds to wait for all ports to accept connections.
+      allow_exposed: start even outside a private network namespace
+        (``exposed`` then holds why there is none).
+
+    Raises:
+      ExposedError: not in a private network namespace and not
+        ``allow_exposed``.
     """
 
     def __init__(self, num_workers: int = 2, num_ps: int = 1, *,
-                 log_dir: str | Path, start_timeout: float = 120.0) -> None:
+                 log_dir: str | Path, start_timeout: float = 120.0,
+                 allow_exposed: bool = False) -> None:
         if num_workers < 1 or num_ps < 1:
             raise ValueError(
                 f"a PS cluster needs >= 1 worker and >= 1 PS (got "
                 f"--workers {num_workers} --ps {num_ps}).")
-        self.cluster: ClusterSpec = loopback_cluster(num_workers, num_ps)
+        self.exposed = exposure(allow_exposed)
+        if self.exposed is None:
+            self.cluster: ClusterSpec = loopback_cluster(num_workers, num_ps)
+        else:  # the coordinator's port too, to name it in the warning
+            ports = free_loopback_ports(num_workers + num_ps + 1)
+            self.cluster = ClusterSpec.build(
+                ps=[f"127.0.0.1:{p}" for p in ports[num_workers:-1]],
+                workers=[f"127.0.0.1:{p}" for p in ports[:num_workers]],
+                chief=f"127.0.0.1:{ports[-1]}")
         self.log_dir = Path(log_dir)
         self.start_timeout = start_timeout
         self.processes: dict[TaskInfo, subprocess.Popen] = {}
@@ -183,6 +208,13 @@ class LocalCluster:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes.values()]
+
+    def exposed_warning(self) -> str:
+        """Every port of the cluster and who can reach it (``exposed``)."""
+        ports = {"coordinator" if t.type == "chief" else f"{t.type}-{t.index}":
+                 int(self.cluster.address_of(t).rsplit(":", 1)[1])
+                 for t in self.cluster.tasks()}
+        return exposed_warning(ports, self.exposed or "")
 
     def stop(self, grace: float = 5.0) -> None:
         """Terminates every started process by pid; kills stragglers."""

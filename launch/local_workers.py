@@ -23,6 +23,9 @@ from psrec.launch.job_config import JobConfig
 from psrec.launch.local import die_with_parent
 from psrec.launch.local import stop_processes
 from psrec.launch.local import tail_log
+from psrec.launch.netns import announce
+from psrec.launch.netns import exposed_warning
+from psrec.launch.netns import exposure
 from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.ps_cluster.tf_config import TFConfig
@@ -35,10 +38,14 @@ class WorkerFailedError(DataError):
 
 
 def run_local_workers(config: JobConfig, argv: Sequence[str], log=print,
-                      timeout: float = 1800.0) -> dict:
+                      timeout: float = 1800.0,
+                      allow_exposed: bool = False) -> dict:
     """Runs ``config.workers`` workers of ``psrec *argv`` (the train command
-    line) and returns
-    the chief's ``summary.json`` data.
+    line) and returns the chief's ``summary.json`` data.
+
+    Outside a private network namespace the workers are refused (an
+    ``ExposedError``) unless ``allow_exposed``; a warning then names every
+    worker's port.
 
     Raises:
       WorkerFailedError: a worker exited non-zero or did not finish within
@@ -51,6 +58,10 @@ def run_local_workers(config: JobConfig, argv: Sequence[str], log=print,
     cluster = ClusterSpec({"worker": [
         f"127.0.0.1:{p}" for p in free_loopback_ports(config.workers)]})
     cluster.validate(strategy="multi-worker-mirrored")
+    exposed = exposure(allow_exposed, "the local workers")
+    announce(exposed, lambda: exposed_warning(
+        {f"worker-{i}": int(a.rsplit(":", 1)[1])
+         for i, a in enumerate(cluster.workers)}, exposed or ""), log)
     processes: dict[int, subprocess.Popen] = {}
     try:
         for index in range(config.workers):

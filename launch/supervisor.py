@@ -11,8 +11,21 @@ what TensorFlow itself promises:
   unreachable, stall watchdog, killed), gets the PS tasks and the
   coordinator restarted; the coordinator restores the latest complete
   checkpoint and continues, losing at most one checkpoint interval;
-* restarts are bounded (``max_restarts`` over the whole job); past that it
-  stops with a message and the last failure's exit code;
+* after a failure it probes the roles (exited, frozen, port closed) and
+  restarts only what failed: a worker alone, or the failed PS with the
+  coordinator, or the coordinator alone when every role is healthy;
+* restarts are bounded per role (:class:`RestartLimits`: workers, PS,
+  coordinator), each budget refilling after a period of health; past a
+  budget it stops with a message and the last failure's exit code;
+* it watches the coordinator's heartbeat file: no new beat for
+  ``stall_timeout`` (+ a small margin, so the coordinator's own watchdog,
+  which dumps stacks, fires first when it can) in any phase -- even when the
+  coordinator is frozen or blocked holding the GIL -- and it prints the
+  phase, last step and per-worker progress, kills the coordinator and
+  restarts what failed;
+* SIGTERM/SIGINT are forwarded to the coordinator, which saves a
+  checkpoint within ``grace_period`` and prints one line; then every role
+  is stopped (exit 143 / 130);
 * a coordinator exit with a permanent code (bad data, bad arguments, bad
   checkpoint) stops everything and is passed through.
 
@@ -23,6 +36,7 @@ child is also bound to the supervisor's life with ``PR_SET_PDEATHSIG``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import signal
 import subprocess
@@ -31,12 +45,21 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from psrec.errors import EXIT_INTERRUPTED
 from psrec.errors import EXIT_RETRYABLE
-from psrec.errors import check_at_least
+from psrec.errors import EXIT_TERMINATED
 from psrec.errors import is_retryable
+from psrec.launch.failure import Failure
+from psrec.launch.failure import classify
+from psrec.launch.failure import frozen_roles
+from psrec.launch.failure import is_frozen
+from psrec.launch.heartbeat import HeartbeatMonitor
+from psrec.launch.heartbeat import heartbeat_path
 from psrec.launch.local import LocalCluster
 from psrec.launch.local import die_with_parent
 from psrec.launch.local import stop_processes
+from psrec.launch.restart_policy import RestartBudget
+from psrec.launch.restart_policy import RestartLimits
 from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.runtime import role_environment
 
@@ -46,19 +69,29 @@ class SupervisorConfig:
     """Restart policy.
 
     Attributes:
-      max_restarts: restarts allowed over the whole job (workers, PS and
-        coordinator together).
+      limits: restarts allowed per role, and when a budget refills.
       restart_workers: restart a worker that died (otherwise training goes
         on with the remaining workers).
-      backoff: first backoff in seconds, doubled per restart, capped at 60.
+      backoff: first backoff in seconds, doubled per restart of a role,
+        capped at 60.
+      stall_timeout: seconds without a new heartbeat before the
+        coordinator is declared stalled (None: not watched).
+      grace_period: seconds the coordinator gets after SIGTERM/SIGINT to
+        save a checkpoint and exit before it is killed.
     """
 
-    max_restarts: int = 3
+    limits: RestartLimits = RestartLimits()
     restart_workers: bool = True
     backoff: float = 1.0
+    stall_timeout: float | None = None
+    grace_period: float = 30.0
 
-    def __post_init__(self) -> None:
-        check_at_least(self, 0, "max_restarts")
+    def stall_deadline(self) -> float | None:
+        """The supervisor's stall limit: the timeout plus a margin."""
+        if not self.stall_timeout:
+            return None
+        return self.stall_timeout + max(3.0, min(10.0,
+                                                 0.1 * self.stall_timeout))
 
 
 class _Terminated(Exception):
@@ -89,13 +122,11 @@ def _raise_signalled() -> None:
         raise KeyboardInterrupt
 
 
-def _stopped(pid: int) -> bool:
-    """True when the process is stopped (SIGSTOP) -- alive but frozen."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
+# Seconds a new coordinator may take to publish its first heartbeat
+# (importing TensorFlow on a loaded machine), when above the stall limit.
+STARTUP_ALLOWANCE = 120.0
+_BUDGET_FLAGS = {"worker": "--max-worker-restarts",
+                 "ps": "--max-ps-restarts", "coordinator": "--max-restarts"}
 
 
 class Supervisor:
@@ -111,13 +142,17 @@ class Supervisor:
 
     def __init__(self, cluster: LocalCluster, coordinator_argv: Sequence[str],
                  config: SupervisorConfig, workdir: str | Path,
-                 log=print) -> None:
+                 log=None) -> None:
         self.cluster = cluster
         self.argv = list(coordinator_argv)
         self.config = config
         self.workdir = Path(workdir)
-        self.log = log
-        self.restarts = 0
+        # Status lines go to stderr: stdout is the run's result (--json).
+        self.log = log or functools.partial(print, file=sys.stderr,
+                                            flush=True)
+        self.budget = RestartBudget(config.limits)
+        self.monitor = HeartbeatMonitor(heartbeat_path(self.workdir),
+                                        config.stall_deadline() or 0.0)
         self.coordinator: subprocess.Popen | None = None
         self._due: dict[TaskInfo, float] = {}  # worker restarts scheduled
 
@@ -133,10 +168,16 @@ class Supervisor:
                          f"workers + {self.cluster.cluster.num_ps} PS on "
                          f"127.0.0.1 (pids "
                          f"{', '.join(map(str, self.cluster.pids()))})")
-                return self._loop()
+                try:
+                    return self._loop()
+                except _Terminated:
+                    return self._shut_down(signal.SIGTERM)
+                except KeyboardInterrupt:
+                    return self._shut_down(signal.SIGINT)
         except _Terminated:
-            self.log("psrec: terminated (SIGTERM); stopped all processes")
-            return 143
+            self.log("psrec train: terminated (SIGTERM); stopped all "
+                     "processes")
+            return EXIT_TERMINATED
         finally:
             self._stop_coordinator()
             signal.signal(signal.SIGTERM, previous)
@@ -157,32 +198,63 @@ class Supervisor:
                 env=role_environment(), preexec_fn=die_with_parent)
             self.log(f"psrec supervisor: coordinator pid "
                      f"{self.coordinator.pid}")
-            code, why = self._watch()
+            self.monitor.reset()
+            code, failure = self._watch()
             if code == 0:
                 return 0
             if not is_retryable(code):
                 self.log(f"psrec supervisor: coordinator failed permanently "
                          f"(exit {code}); not restarting")
                 return code
-            if not self._spend_restart(f"{why} (exit {code})"):
+            if failure is None:  # probe the roles: which one failed?
+                failure = classify(self.cluster.cluster,
+                                   self.cluster.processes, set(self._due))
+            if not self._recover(failure, code):
                 return code
-            self._restart_ps()
-            self._restart_frozen_workers()
 
-    def _watch(self) -> tuple[int, str]:
-        """Waits for the coordinator, restarting dead workers meanwhile.
+    def _recover(self, failure: Failure, code: int) -> bool:
+        """Restarts what failed (the coordinator is restarted by the loop);
+        False when that role's budget is spent."""
+        why = (f"coordinator exit {code}; failed role: {failure.role} "
+               f"({failure.seen})")
+        if failure.role == "worker":
+            for task in failure.tasks:
+                if task not in self._due and not self._spend(
+                        "worker", f"{why}; restarting "
+                        f"worker-{task.index}"):
+                    return False
+                self._due.pop(task, None)
+                self._replace([task], "worker")
+            return True
+        if not self._spend(failure.role, why):
+            return False
+        if failure.role == "ps":
+            self._replace(list(failure.tasks), "ps")
+        else:
+            time.sleep(self.budget.backoff("coordinator", self.config.backoff))
+        self._restart_frozen_workers()
+        return True
 
-        Returns (exit code, reason). A dead PS stops the coordinator and
-        returns a retryable code.
+    def _watch(self) -> tuple[int, Failure | None]:
+        """Waits for the coordinator, restarting dead workers meanwhile,
+        watching its heartbeat.
+
+        Returns (exit code, the failure when known). A dead PS or a stall
+        stops the coordinator and returns a retryable code.
         """
         assert self.coordinator is not None
+        deadline = self.config.stall_deadline()
         while True:
             _raise_signalled()  # one that hit a fork was swallowed there
             try:
                 code = self.coordinator.wait(timeout=0.2)
-                return code, "coordinator exited"
+                return code, None
             except subprocess.TimeoutExpired:
                 pass
+            if deadline is not None and self.monitor.poll() >= (
+                    deadline if self.monitor.last is not None
+                    else max(deadline, STARTUP_ALLOWANCE)):
+                return self._stalled()
             for task, process in list(self.cluster.processes.items()):
                 if process.poll() is None:
                     continue
@@ -195,12 +267,63 @@ class Supervisor:
                     return process.returncode, f"ps-{task.index} failed"
                 if task.type == "ps":
                     self.log(f"psrec supervisor: ps-{task.index} died (exit "
-                             f"{process.returncode}); restarting PS tasks and "
+                             f"{process.returncode}); restarting it and "
                              "the coordinator from the latest checkpoint")
                     self._stop_coordinator()
-                    return EXIT_RETRYABLE, f"ps-{task.index} lost"
+                    return EXIT_RETRYABLE, Failure(
+                        "ps", (task,), f"ps-{task.index} exited "
+                        f"({process.returncode})")
                 self._handle_dead_worker(task, process.returncode)
             self._start_due_workers()
+
+    def _stalled(self) -> tuple[int, Failure]:
+        """No heartbeat: say what is known, kill the coordinator (it may be
+        frozen or blocked holding the GIL) and name the failed role."""
+        assert self.coordinator is not None
+        idle = self.monitor.poll()
+        frozen = frozen_roles(self.cluster.processes)
+        if is_frozen(self.coordinator.pid):
+            frozen = "coordinator" + ("" if frozen == "none" else
+                                      f", {frozen}")
+        failure = classify(self.cluster.cluster, self.cluster.processes,
+                           set(self._due))
+        self.log(f"psrec supervisor: stall: no heartbeat from the "
+                 f"coordinator for {idle:.0f} s (--stall-timeout "
+                 f"{self.config.stall_timeout:g}); {self.monitor.describe()}; "
+                 f"frozen processes: {frozen}; killing the coordinator (pid "
+                 f"{self.coordinator.pid})")
+        self.coordinator.kill()
+        self.coordinator.wait()
+        if failure.role == "coordinator":
+            failure = Failure("coordinator", (), "stalled in phase "
+                              f"{(self.monitor.last or {}).get('phase')}")
+        return EXIT_RETRYABLE, failure
+
+    def _shut_down(self, signum: int) -> int:
+        """SIGTERM/SIGINT: the coordinator gets the signal and
+        ``grace_period`` seconds to save a checkpoint and print its line;
+        then everything stops."""
+        code = (EXIT_INTERRUPTED if signum == signal.SIGINT
+                else EXIT_TERMINATED)
+        coordinator = self.coordinator
+        grace = self.config.grace_period
+        if coordinator is not None and coordinator.poll() is None:
+            coordinator.send_signal(signum)
+            try:
+                exited = coordinator.wait(timeout=grace)
+                if exited == 0:
+                    return 0  # it had just finished
+                if exited in (code, 1, 2, 138):
+                    return code  # it printed its one line
+            except subprocess.TimeoutExpired:
+                coordinator.kill()
+                coordinator.wait()
+        beat = self.monitor.last or {}
+        verb = "interrupted" if signum == signal.SIGINT else "terminated"
+        self.log(f"psrec train: {verb} ({signal.Signals(signum).name}): no "
+                 f"final checkpoint within --grace-period {grace:g} s; "
+                 f"latest {beat.get('checkpoint')} (step {beat.get('step')})")
+        return code
 
     def _handle_dead_worker(self, task: TaskInfo, code: int) -> None:
         if task in self._due:
@@ -211,10 +334,12 @@ class Supervisor:
                      "training continues on the other workers")
             self.cluster.processes.pop(task)
             return
-        if not self._spend_restart(f"worker-{task.index} died (exit {code})"):
+        if not self._spend("worker", f"worker-{task.index} died (exit "
+                           f"{code})"):
             self.cluster.processes.pop(task)
             return
-        self._due[task] = time.monotonic() + self._backoff()
+        self._due[task] = time.monotonic() + self.budget.backoff(
+            "worker", self.config.backoff)
 
     def _start_due_workers(self) -> None:
         now = time.monotonic()
@@ -228,46 +353,38 @@ class Supervisor:
 
     # -- helpers -------------------------------------------------------------
 
-    def _backoff(self) -> float:
-        return min(60.0, self.config.backoff * 2 ** max(0, self.restarts - 1))
-
-    def _spend_restart(self, why: str) -> bool:
-        if self.restarts >= self.config.max_restarts:
-            self.log(f"psrec supervisor: {why}; giving up after "
-                     f"{self.restarts} restart(s) (--max-restarts "
-                     f"{self.config.max_restarts})")
+    def _spend(self, role: str, why: str) -> bool:
+        """Takes one restart from ``role``'s budget, saying so."""
+        if not self.budget.spend(role):
+            self.log(f"psrec supervisor: {why}; giving up: the {role} "
+                     f"restart budget is spent ({self.budget.used[role]}/"
+                     f"{self.budget.limit(role)}, {_BUDGET_FLAGS[role]})")
             return False
-        self.restarts += 1
-        self.log(f"psrec supervisor: {why}; restart {self.restarts}/"
-                 f"{self.config.max_restarts}")
+        self.log(f"psrec supervisor: {why}; {self.budget.describe(role)}")
         return True
 
-    def _restart_ps(self) -> None:
-        tasks = [t for t in self.cluster.processes if t.type == "ps"]
+    def _replace(self, tasks: list[TaskInfo], role: str) -> None:
+        """Kills ``tasks`` still alive (frozen), waits the role's backoff,
+        starts them again on their ports."""
         for task in tasks:
-            process = self.cluster.processes[task]
-            if process.poll() is None:
+            process = self.cluster.processes.get(task)
+            if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
-        time.sleep(self._backoff())
+        time.sleep(self.budget.backoff(role, self.config.backoff))
         for task in tasks:
             process = self.cluster.start_task(task)
-            self.log(f"psrec supervisor: ps-{task.index} restarted (pid "
-                     f"{process.pid})")
+            self.log(f"psrec supervisor: {task.type}-{task.index} restarted "
+                     f"(pid {process.pid})")
         self.cluster.wait_ready(tasks)
 
     def _restart_frozen_workers(self) -> None:
         """A stalled (SIGSTOPped) worker looks alive; replace it."""
         for task, process in list(self.cluster.processes.items()):
-            if task.type == "worker" and _stopped(process.pid):
+            if task.type == "worker" and is_frozen(process.pid):
                 self.log(f"psrec supervisor: worker-{task.index} is stopped "
                          "(frozen); replacing it")
-                process.kill()
-                process.wait()
-                process = self.cluster.start_task(task)
-                self.cluster.wait_ready([task])
-                self.log(f"psrec supervisor: worker-{task.index} restarted "
-                         f"(pid {process.pid})")
+                self._replace([task], "worker")
 
     def _stop_coordinator(self, grace: float = 10.0) -> None:
         stop_processes([self.coordinator], grace)

@@ -12,7 +12,6 @@ from pathlib import Path
 from psrec.errors import EXIT_OK
 from psrec.launch.argtypes import integer
 from psrec.launch.argtypes import non_negative
-from psrec.launch.argtypes import non_negative_float
 from psrec.launch.argtypes import positive
 from psrec.launch.argtypes import positive_float
 from psrec.launch.argtypes import positive_fraction
@@ -23,6 +22,13 @@ from psrec.launch.cli_support import add_count_flags
 from psrec.launch.cli_support import add_json_flag
 from psrec.launch.cli_support import add_model_flag
 from psrec.launch.cli_support import print_result
+from psrec.launch.data_service_roles import add_data_server_command
+from psrec.launch.data_service_roles import add_input_flags
+from psrec.launch.data_service_roles import local_data_service
+from psrec.launch.data_service_roles import use_dispatcher_flag
+from psrec.launch.netns import add_allow_exposed_flag
+from psrec.launch.reliability_flags import add_reliability_flags
+from psrec.launch.reliability_flags import supervisor_config
 
 DEFAULT_STEPS = 400
 
@@ -89,7 +95,8 @@ def _job_config(args: argparse.Namespace):
             sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
             base_batch_size=args.base_batch_size,
             warmup_steps=args.warmup_steps),
-        input=InputConfig(batch_size=args.batch_size, seed=args.seed),
+        input=InputConfig(batch_size=args.batch_size, seed=args.seed,
+                          mode=args.input_mode),
         loop=LoopConfig(steps=args.steps or DEFAULT_STEPS,
                         steps_per_closure=args.steps_per_closure,
                         log_every=args.log_every, eval_every=args.eval_every,
@@ -111,7 +118,8 @@ def _job_config(args: argparse.Namespace):
         verify_checksums=not args.no_verify_checksums,
         max_corrupt_records=args.max_corrupt_records,
         keep_checkpoints=args.keep_checkpoints,
-        stall_timeout=args.stall_timeout or None)
+        stall_timeout=args.stall_timeout or None,
+        connect_timeout=args.connect_timeout, grace_period=args.grace_period)
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -140,11 +148,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     """One command for every strategy: ``ps`` supervises a local cluster (or
     coordinates an existing one), ``multi-worker-mirrored`` without
     TF_CONFIG launches local workers, everything else trains here."""
+    from psrec.launch.netns import isolate_train
+    isolate_train(args)  # a local cluster: before TensorFlow is imported
     from psrec.launch.job import JobSummary
     from psrec.launch.job import run_job
     from psrec.launch.job_data import prepare_data
     from psrec.launch.job_data import record_verified
     config = _job_config(args)
+    use_dispatcher_flag(args)  # --data-service: PSREC_DATA_SERVICE
     kind = config.strategy.kind
     tf_config = bool(os.environ.get("TF_CONFIG", "").strip())
     if kind == "ps":
@@ -157,20 +168,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
         # supervise the roles and the coordinator (which reruns this command
         # with --cluster and --data-verified, after every restart too).
         from psrec.launch.local import LocalCluster
-        from psrec.launch.supervisor import SupervisorConfig
+        from psrec.launch.netns import announce
         from psrec.launch.supervisor import supervise
         record_verified(config, prepare_data(config))
         local = LocalCluster(config.workers, config.ps,
-                             log_dir=Path(config.workdir) / "logs")
-        return supervise(local, args.argv + ["--data-verified"],
-                         SupervisorConfig(
-                             max_restarts=args.max_restarts,
-                             restart_workers=not args.no_restart_workers),
-                         config.workdir)
+                             log_dir=Path(config.workdir) / "logs",
+                             allow_exposed=args.allow_exposed)
+        announce(local.exposed, local.exposed_warning, _log(args))
+        with local_data_service(config, _log(args)):
+            return supervise(local, args.argv + ["--data-verified"],
+                             supervisor_config(args), config.workdir)
     if kind == "multi-worker-mirrored" and not tf_config:
         from psrec.launch.local_workers import run_local_workers
         record_verified(config, prepare_data(config))
-        data = run_local_workers(config, args.argv)
+        data = run_local_workers(config, args.argv, log=_log(args),
+                                 allow_exposed=args.allow_exposed)
         print_result(args, JobSummary.from_dict(data))
         return EXIT_OK
     summary = run_job(config, log=_log(args),
@@ -203,8 +215,10 @@ def _cmd_server(args: argparse.Namespace) -> int:
     config.validate(strategy="ps", allow_remote=args.allow_remote)
     cluster, task = config.cluster, config.task
     server = start_server(cluster, task)
+    from psrec.launch.netns import print_listening
     print(f"psrec server: {task.type}:{task.index} serving "
           f"{cluster.address_of(task)} (pid {os.getpid()})", flush=True)
+    print_listening(int(cluster.address_of(task).rsplit(":", 1)[1]))
     server.join()
     return EXIT_OK
 
@@ -240,6 +254,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--max-corrupt-records", type=non_negative, default=0,
                       help="skip up to N corrupted records (counted, "
                       "reported); 0 refuses corrupted data")
+    add_input_flags(data)
     data.add_argument("--data-verified", action="store_true",
                       help=argparse.SUPPRESS)  # set by the supervisor
 
@@ -325,19 +340,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          help="--strategy mirrored without GPUs: split the "
                          "CPU into N logical devices (default: no split)")
     add_cluster_flags(cluster)
+    add_allow_exposed_flag(cluster)
 
     reliability = p.add_argument_group("reliability")
-    reliability.add_argument("--max-restarts", type=non_negative, default=3,
-                             help="restarts of workers/PS/coordinator allowed "
-                             "(local cluster)")
-    reliability.add_argument("--no-restart-workers", action="store_true",
-                             help="keep training on the remaining workers "
-                             "instead of restarting a lost one")
-    reliability.add_argument("--stall-timeout", type=non_negative_float,
-                             default=900.0,
-                             help="seconds without progress before the "
-                             "watchdog dumps stacks and exits retryable "
-                             "(138); 0 disables")
+    add_reliability_flags(reliability)
     reliability.add_argument("--checkpoint-every", type=non_negative,
                              default=200,
                              help="steps between checkpoints; 0: only at the "
@@ -400,3 +406,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="this task's index in its role, with --cluster")
     add_cluster_flags(p)
     p.set_defaults(run=_cmd_server)
+    add_data_server_command(sub)

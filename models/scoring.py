@@ -19,6 +19,7 @@ gives the same row), the label column when the inputs have it, any
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +33,7 @@ import tensorflow as tf
 
 from psrec.data.files import atomic_output
 from psrec.data.input_checks import float_values
+from psrec.data.parquet_inputs import parquet_batches
 from psrec.data.parquet_inputs import parquet_files
 from psrec.data.parquet_inputs import read_metadata
 from psrec.errors import ConfigError
@@ -203,10 +205,37 @@ def serving_batch(batch: pa.RecordBatch,
     return raw
 
 
+def _score_batch(function, batch: pa.RecordBatch,
+                 signature: dict[str, tf.TensorSpec], schema: pa.Schema, *,
+                 first_row: int) -> pa.RecordBatch:
+    """The output rows of one input batch (``schema``: row, the copied
+    columns, probability, logit)."""
+    raw = serving_batch(batch, signature)
+    result = function(**{k: tf.constant(v) for k, v in raw.items()})
+    columns = [pa.array(np.arange(first_row, first_row + batch.num_rows,
+                                  dtype=np.int64))]
+    columns += [batch.column(field.name).cast(field.type)
+                for field in schema if field.name != ROW_COLUMN
+                and field.name not in OUTPUT_COLUMNS]
+    columns += [pa.array(result[name].numpy().astype(np.float32))
+                for name in OUTPUT_COLUMNS]
+    return pa.record_batch(columns, schema=schema)
+
+
 def _writer(out: Path, tmp: Path, schema: pa.Schema):
     if out.suffix.lower() == ".csv":
         return pacsv.CSVWriter(str(tmp), schema)
     return pq.ParquetWriter(str(tmp), schema)
+
+
+def _exported_label(export_dir: str | Path) -> str:
+    """The label column the export was trained on (``psrec_export.json``,
+    written by ``psrec export``), else ``label``."""
+    info = Path(export_dir) / "psrec_export.json"
+    try:
+        return json.loads(info.read_text())["label"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_LABEL
 
 
 def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
@@ -223,7 +252,8 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
         Parquet; written under a temporary name and renamed when complete.
       batch_rows: rows read and scored at a time.
       label: the label column to copy (required in every input); None:
-        copy a column named ``label`` when every input has one.
+        copy the export's label column (``psrec_export.json``; ``label``
+        when it names none) when every input has it.
       keep: further input columns to copy as they are (e.g. ids).
 
     Raises:
@@ -246,8 +276,9 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
               "logit)")
     for path, schema in zip(files, schemas):
         check_inputs(path, schema, signature, required)
-    if label is None and all(DEFAULT_LABEL in s.names for s in schemas):
-        required.insert(0, DEFAULT_LABEL)
+    default = _exported_label(export_dir)
+    if label is None and all(default in s.names for s in schemas):
+        required.insert(0, default)
     copied = list(dict.fromkeys(required))
     read = list(dict.fromkeys([*signature, *copied]))
     fields = [pa.field(ROW_COLUMN, pa.int64())]
@@ -260,24 +291,18 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
         writer = _writer(out, tmp, schema)
         try:
             for path in files:
-                for batch in pq.ParquetFile(path).iter_batches(
-                        batch_size=batch_rows, columns=read):
+                for batch in parquet_batches(path, batch_size=batch_rows,
+                                             columns=read):
                     try:
-                        raw = serving_batch(batch, signature)
-                    except pa.ArrowInvalid as error:
+                        scored = _score_batch(function, batch, signature,
+                                              schema, first_row=rows)
+                    except (pa.ArrowInvalid,
+                            pa.ArrowNotImplementedError) as error:
                         raise DataError(f"{path}: {error}") from None
-                    result = function(**{k: tf.constant(v)
-                                         for k, v in raw.items()})
-                    probability = result["probability"].numpy()
-                    total += float(np.sum(probability, dtype=np.float64))
-                    columns = [pa.array(np.arange(rows, rows + batch.num_rows,
-                                                  dtype=np.int64))]
-                    columns += [batch.column(c).cast(schema.field(c).type)
-                                for c in copied]
-                    columns += [pa.array(probability.astype(np.float32)),
-                                pa.array(result["logit"].numpy()
-                                         .astype(np.float32))]
-                    writer.write_batch(pa.record_batch(columns, schema=schema))
+                    total += float(np.sum(
+                        scored.column("probability").to_numpy(),
+                        dtype=np.float64))
+                    writer.write_batch(scored)
                     rows += batch.num_rows
         finally:
             writer.close()

@@ -4,7 +4,10 @@ complete.
 ``tf.train.CheckpointManager`` writes the model, both optimizers (with their
 slots) and the training progress. Its ``checkpoint`` state file is replaced
 atomically after the data files are complete, so a save cut off mid-write is
-never the one ``latest_checkpoint`` names.
+never the one ``latest_checkpoint`` names. The ``<prefix>_temp`` folder a
+cut-off or failed save leaves is removed when a keeper starts and when a
+save fails; :func:`check_output_folder` checks a folder is writable with
+room for one checkpoint before any server starts.
 
 A restore is **verified by value**: the status object's
 ``assert_existing_objects_matched()`` passes even when sharded optimizer
@@ -26,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from psrec.errors import ConfigError
 from psrec.errors import DataError
 
 _SKIP_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter")
@@ -33,6 +37,65 @@ _SKIP_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter")
 
 class RestoreError(DataError):
     """A checkpoint did not restore completely."""
+
+
+class OutputFolderError(ConfigError):
+    """A checkpoint or export folder is not writable or lacks room (exit 2,
+    before any server starts)."""
+
+
+class SaveError(DataError):
+    """A checkpoint save failed; its partial files were removed."""
+
+
+TEMP_SUFFIX = "_temp"  # TensorFlow's sharded save writes <prefix>_temp/ first
+
+
+def remove_partial_saves(directory: str | Path) -> list[str]:
+    """Removes the ``<prefix>_temp`` folders (and files) a save that was cut
+    off or failed leaves in ``directory``; returns their names."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if path.name.endswith(TEMP_SUFFIX):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def check_output_folder(directory: str | Path, needed_bytes: int,
+                        what: str) -> None:
+    """Raises :class:`OutputFolderError` unless ``directory`` -- or, when it
+    does not exist yet, its nearest existing parent -- is a folder a probe
+    file can be written to (and is removed from), on a file system with
+    ``needed_bytes`` free. Creates nothing."""
+    folder = Path(directory).absolute()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"{existing} is not a folder")
+        with tempfile.NamedTemporaryFile(dir=existing,
+                                         prefix=".psrec-probe-"):
+            pass
+        free = shutil.disk_usage(existing).free
+    except OSError as error:
+        raise OutputFolderError(
+            f"the {what} folder {folder} is not writable "
+            f"({error.strerror or error}); give a --workdir you can write "
+            "to.") from None
+    if free < needed_bytes:
+        raise OutputFolderError(
+            f"the {what} folder {folder} has {free / 2**20:,.1f} MiB free, "
+            f"one {what} needs about {needed_bytes / 2**20:,.1f} MiB "
+            "(tables, optimizer slots and dense weights); free space or give "
+            "another --workdir.")
 
 
 class Progress(tf.Module):
@@ -176,13 +239,27 @@ class CheckpointKeeper:
             checkpoint, str(directory), max_to_keep=max_to_keep)
         self._optimizers = optimizers or {}
         self._tables = tables or {}
+        self.directory = Path(directory)
+        remove_partial_saves(self.directory)  # of a save that was cut off
 
     @property
     def latest(self) -> str | None:
         return self.manager.latest_checkpoint
 
     def save(self, step: int) -> str:
-        return self.manager.save(checkpoint_number=step, options=io_options())
+        """Saves checkpoint ``step``; a failed save removes its partial
+        ``*_temp`` files and raises :class:`SaveError`."""
+        try:
+            return self.manager.save(checkpoint_number=step,
+                                     options=io_options())
+        except (tf.errors.OpError, OSError) as error:
+            removed = remove_partial_saves(self.directory)
+            message = getattr(error, "message", None) or str(error)
+            raise SaveError(
+                f"saving checkpoint {step} in {self.directory} failed "
+                f"({message.splitlines()[0][:300]}); its partial files were "
+                f"removed ({', '.join(removed) or 'none'}), the previous "
+                f"checkpoint ({self.latest}) is intact.") from error
 
     def restore(self, path: str | None = None, *,
                 model_only: bool = False) -> str | None:

@@ -31,6 +31,12 @@ def server_config(cluster: ClusterSpec, task_type: str) -> tf.compat.v1.ConfigPr
 def start_server(cluster: ClusterSpec, task: TaskInfo) -> tf.distribute.Server:
     """Starts the gRPC server of ``task`` (it serves until the process ends).
 
+    TensorFlow binds it to ``0.0.0.0``/``[::]`` whatever host the cluster
+    spec names, with no authentication and no TLS: anyone who reaches the
+    port can run graphs in this process. Keep it on a private network
+    (a local cluster runs in a private network namespace,
+    ``psrec.launch.netns``).
+
     Raises:
       ValueError: if the task is not a PS or worker task of the cluster
         (a ``ClusterSpecError`` when it is not in the cluster at all).

@@ -18,6 +18,11 @@ gradient of any replica is not finite, the whole update -- tables and dense
 weights, on every replica -- is skipped and the scale halved (it doubles
 after ``growth_steps`` finite updates), as Keras' ``LossScaleOptimizer``
 does for one optimizer.
+
+float32: the same all-finite check covers the loss and every gradient of
+every replica; a non-finite update is not applied, the function stops at
+it and reports its index, and the run ends with exit 2 naming the step
+(:class:`NonFiniteLossError`) -- never a model trained on NaN weights.
 """
 
 from __future__ import annotations
@@ -26,13 +31,37 @@ from typing import Callable
 
 import tensorflow as tf
 
+from psrec.data.dataset import EPOCH_COLUMN
 from psrec.data.dataset import PIPELINE_COLUMN
+from psrec.errors import ConfigError
+from psrec.features.spec import ID_COLUMN
 from psrec.features.spec import FeatureSpec
 from psrec.models.accumulation import add_gradients
 from psrec.models.embedding import WIDE_SUFFIX
 from psrec.models.ranking import RankingModel
 
 Batch = dict[str, tf.Tensor]
+
+
+class NonFiniteLossError(ConfigError):
+    """A float32 training step had a non-finite loss or gradient; the step
+    was not applied and the run stops (exit 2)."""
+
+    def __init__(self, step: int, checkpoint: str | None = None) -> None:
+        self.step = step
+        super().__init__(self.describe(step, checkpoint))
+
+    @staticmethod
+    def describe(step: int, checkpoint: str | None) -> str:
+        last = (f"The last good checkpoint is {checkpoint}" if checkpoint
+                else "No checkpoint was written before it")
+        return (f"step {step}: the loss or a gradient is not finite (NaN or "
+                f"inf); the update was not applied and training stopped. "
+                f"{last}: lower the learning rates or fix the data, then "
+                "rerun (training resumes from the latest checkpoint).")
+
+    def with_checkpoint(self, checkpoint: str | None) -> NonFiniteLossError:
+        return NonFiniteLossError(self.step, checkpoint)
 
 
 class DynamicLossScale(tf.Module):
@@ -135,11 +164,20 @@ class TrainStep:
         self.loss_scale = loss_scale
         self._prepare = prepare_table_grads
 
-    def __call__(self, batches: list[Batch]) -> tuple[tf.Tensor, tf.Tensor]:
+    @property
+    def stops_on_non_finite(self) -> bool:
+        """float32: a non-finite loss or gradient ends the run (mixed
+        float16 skips the update and lowers the loss scale instead)."""
+        return self.loss_scale is None
+
+    def __call__(self, batches: list[Batch]
+                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Gradients of ``len(batches)`` micro-batches summed into one update.
 
-        Returns this replica's share of the update's mean loss and its row
-        count (both summed over replicas by the caller).
+        Returns this replica's share of the update's mean loss, its row
+        count (both summed over replicas by the caller) and 1 when the
+        update was not applied because a loss or gradient of some replica
+        is not finite under float32 (else 0; the same on every replica).
         """
         tables = self.model.embedding_variables()
         dense = self.model.dense_variables()
@@ -162,35 +200,48 @@ class TrainStep:
         table_grads, dense_grads = total[:len(tables)], total[len(tables):]
         if self._prepare is not None:
             table_grads = self._prepare(table_grads)
-        if self.loss_scale is None:
-            self.sparse_optimizer.apply_gradients(zip(table_grads, tables))
-            self.dense_optimizer.apply_gradients(zip(dense_grads, dense))
-        else:
-            self._apply_if_finite(table_grads, dense_grads, tables, dense)
-        return loss_sum, count
+        finite = self._apply_if_finite(table_grads, dense_grads, tables,
+                                       dense, loss_sum)
+        skipped = tf.cast(tf.logical_not(finite), tf.int64)
+        if not self.stops_on_non_finite:
+            skipped = tf.zeros_like(skipped)  # float16: skipping is normal
+        return loss_sum, count, skipped
 
-    def _apply_if_finite(self, table_grads, dense_grads, tables, dense):
-        """All-reduces the unscaled gradients, then in cross-replica context
-        applies both optimizers only if every value of every replica is
-        finite (a ``tf.cond`` around ``apply_gradients`` must not sit in a
-        replica context: it calls ``merge_call``)."""
+    def _apply_if_finite(self, table_grads, dense_grads, tables, dense,
+                         loss) -> tf.Tensor:
+        """All-reduces the (unscaled) gradients, then in cross-replica
+        context applies both optimizers only if every value of every
+        replica -- and under float32 the loss -- is finite (a ``tf.cond``
+        around ``apply_gradients`` must not sit in a replica context: it
+        calls ``merge_call``). Returns that all-finite flag."""
         context = tf.distribute.get_replica_context()
-        inverse = 1.0 / self.loss_scale.scale
-        grads = [None if g is None else (
-            tf.IndexedSlices(g.values * inverse, g.indices, g.dense_shape)
-            if isinstance(g, tf.IndexedSlices) else g * inverse)
-            for g in table_grads + dense_grads]
-        grads = context.all_reduce("SUM", grads)
+        grads = table_grads + dense_grads
+        if self.loss_scale is not None:
+            inverse = 1.0 / self.loss_scale.scale
+            grads = [None if g is None else (
+                tf.IndexedSlices(g.values * inverse, g.indices, g.dense_shape)
+                if isinstance(g, tf.IndexedSlices) else g * inverse)
+                for g in grads]
+        # ParameterServerStrategy refuses pre-aggregated gradients: there
+        # each replica checks its own and the flags are all-reduced.
+        ps = isinstance(tf.distribute.get_strategy(),
+                        tf.distribute.ParameterServerStrategy)
+        if not ps:
+            grads = context.all_reduce("SUM", grads)
         finite = _all_finite(grads)
+        if self.stops_on_non_finite:
+            finite = tf.logical_and(finite, tf.math.is_finite(loss))
+        finite = tf.equal(context.all_reduce("SUM", tf.cast(
+            tf.logical_not(finite), tf.float32)), 0.0)
         split = len(table_grads)
 
         def apply_in_replica(grads):
             self.sparse_optimizer.apply_gradients(
                 zip(grads[:split], tables),
-                experimental_aggregate_gradients=False)
+                experimental_aggregate_gradients=ps)
             self.dense_optimizer.apply_gradients(
                 zip(grads[split:], dense),
-                experimental_aggregate_gradients=False)
+                experimental_aggregate_gradients=ps)
 
         def cross_replica(strategy, grads, finite):
             def apply():
@@ -199,27 +250,40 @@ class TrainStep:
                 return tf.constant(True)
 
             def skip():
-                # apply_gradients counts iterations; a skipped update too.
-                self.dense_optimizer.iterations.assign_add(1)
-                self.sparse_optimizer.iterations.assign_add(1)
+                if self.loss_scale is not None:
+                    # apply_gradients counts iterations; a skipped update too.
+                    self.dense_optimizer.iterations.assign_add(1)
+                    self.sparse_optimizer.iterations.assign_add(1)
                 return tf.constant(False)
 
             finite = strategy.experimental_local_results(finite)[0]
             applied = tf.cond(finite, apply, skip)
+            if self.loss_scale is None:
+                return applied
             with tf.control_dependencies([applied]):
                 return self.loss_scale.update(finite)
 
-        context.merge_call(cross_replica, args=(grads, finite))
+        done = context.merge_call(cross_replica, args=(grads, finite))
+        with tf.control_dependencies([done]):
+            return tf.identity(finite)
 
 
 def make_train_function(strategy: tf.distribute.Strategy, step: TrainStep,
-                        steps: int, micro_batches: int = 1) -> Callable:
+                        steps: int, micro_batches: int = 1, *,
+                        with_rows: bool = False) -> Callable:
     """A ``tf.function(iterator)`` running ``steps`` updates of ``step``.
 
-    Returns ``(loss_sum, examples, seconds, pipeline)``: the per-update mean
-    losses summed over the updates, the rows trained on, the wall time
-    measured where the function ran (on a PS worker: the steps with their PS
-    round trips) and the input pipeline (worker) that fed it (-1 unknown).
+    Returns ``(loss_sum, examples, seconds, pipeline, not_run)``: the
+    per-update mean losses summed over the updates applied, the rows trained
+    on, the wall time measured where the function ran (on a PS worker: the
+    steps with their PS round trips), the input pipeline (worker) that fed
+    it (-1 unknown) and the updates not applied because one had a
+    non-finite loss or gradient (float32): the function stops at that
+    update, so ``not_run`` counts it and every later one of the call (0:
+    all applied). The caller ends the run (:class:`NonFiniteLossError`
+    names the step ``end - not_run + 1``). With ``with_rows`` it also
+    returns the ids and epochs of the rows of the updates applied
+    (``psrec.ps_cluster.coverage`` tallies them).
     """
 
     @tf.function
@@ -229,16 +293,52 @@ def make_train_function(strategy: tf.distribute.Strategy, step: TrainStep,
             loss_sum = tf.constant(0.0)
             examples = tf.constant(0, tf.int64)
         pipeline = tf.constant(-1, tf.int64)
-        for _ in tf.range(steps):
+        not_run = tf.constant(0, tf.int64)
+        ids, epochs = _row_arrays()  # written only when with_rows
+        for index in tf.range(steps, dtype=tf.int64):
             batches = [next(iterator) for _ in range(micro_batches)]
-            loss, count = strategy.run(step, args=(batches,))
-            loss_sum += strategy.reduce("SUM", loss, axis=None)
-            examples += strategy.reduce("SUM", count, axis=None)
+            loss, count, skipped = strategy.run(step, args=(batches,))
             first = strategy.experimental_local_results(batches[0])[0]
             if PIPELINE_COLUMN in first:
                 pipeline = first[PIPELINE_COLUMN]
-        with tf.control_dependencies([loss_sum, examples]):
+            if strategy.reduce("SUM", skipped, axis=None) > 0:
+                not_run = steps - index
+                break
+            loss_sum += strategy.reduce("SUM", loss, axis=None)
+            examples += strategy.reduce("SUM", count, axis=None)
+            if with_rows:
+                ids, epochs = _log_rows(strategy, batches, ids, epochs)
+        with tf.control_dependencies([loss_sum, examples, not_run]):
             ended = tf.timestamp()
-        return loss_sum, examples, ended - began, pipeline
+        result = (loss_sum, examples, ended - began, pipeline, not_run)
+        if not with_rows:
+            return result
+        return result + (_concat(ids), _concat(epochs))
 
     return train
+
+
+def _row_arrays() -> tuple[tf.TensorArray, tf.TensorArray]:
+    """Empty logs of the ids and epochs of the rows trained on (one vector
+    per batch)."""
+    return tuple(tf.TensorArray(tf.int64, size=0, dynamic_size=True,
+                                infer_shape=False, element_shape=[None])
+                 for _ in range(2))
+
+
+def _log_rows(strategy: tf.distribute.Strategy, batches: list,
+              ids: tf.TensorArray, epochs: tf.TensorArray
+              ) -> tuple[tf.TensorArray, tf.TensorArray]:
+    for batch in batches:
+        for part in strategy.experimental_local_results(batch):
+            ids = ids.write(ids.size(), part[ID_COLUMN])
+            epochs = epochs.write(epochs.size(),
+                                  tf.cast(part[EPOCH_COLUMN], tf.int64))
+    return ids, epochs
+
+
+def _concat(array: tf.TensorArray) -> tf.Tensor:
+    """The logged rows (an empty vector when nothing was written: the
+    first update of the call was not applied)."""
+    return tf.cond(array.size() > 0, array.concat,
+                   lambda: tf.zeros([0], tf.int64))

@@ -37,6 +37,7 @@ from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.metrics import batch_statistics
 from psrec.ps_cluster.metrics import merge
 from psrec.ps_cluster.metrics import zero_statistics
+from psrec.ps_cluster.step import NonFiniteLossError
 
 OnResult = Callable[[int, float, int], None]
 
@@ -137,6 +138,12 @@ class _Executor:
             collections.Counter())
         self.last_result_at: dict[int, float] = {}  # pipeline -> monotonic
         self.in_flight = 0
+        # Checked before each call: True stops scheduling (SIGTERM); run()
+        # then returns the step reached, short of ``end``.
+        self.should_stop: Callable[[], bool] = lambda: False
+        # A psrec.ps_cluster.coverage.CoverageTally fed with the ids and
+        # epochs a counting train function returns (None: not counted).
+        self.tally = None
 
     def _function(self, steps: int) -> Callable:
         if steps not in self._functions:  # K, and maybe a shorter tail
@@ -144,7 +151,11 @@ class _Executor:
         return self._functions[steps]
 
     def _record(self, step: int, values, on_result: OnResult) -> None:
-        loss_sum, examples, seconds, pipeline = values
+        loss_sum, examples, seconds, pipeline, not_run, *rows = values
+        if rows and self.tally is not None:
+            self.tally.add(*rows)
+        if int(not_run):  # that update was not applied: stop here
+            raise NonFiniteLossError(step - int(not_run) + 1)
         self.closure_seconds.append(float(seconds))
         self.closures_per_pipeline[int(pipeline)] += 1
         self.last_result_at[int(pipeline)] = time.monotonic()
@@ -152,7 +163,7 @@ class _Executor:
 
     def _chunks(self, start: int, end: int):
         step = start
-        while step < end:
+        while step < end and not self.should_stop():
             steps = min(self.config.steps_per_closure, end - step)
             step += steps
             yield steps, step
@@ -181,18 +192,21 @@ class ClosureExecutor(_Executor):
         self._pending: collections.deque = collections.deque()
 
     def run(self, start: int, end: int, on_result: OnResult) -> int:
-        """Schedules closures from ``start`` up to ``end`` and joins."""
+        """Schedules closures from ``start`` up to ``end`` (or until
+        :attr:`should_stop`), joins; returns the step reached."""
+        reached = start
         for steps, step in self._chunks(start, end):
             value = self.coordinator.schedule(self._function(steps),
                                               args=(self._iterator,))
             self._pending.append((step, value))
+            reached = step
             self.in_flight = len(self._pending)
             while len(self._pending) > self._max_in_flight:
                 self._collect_one(on_result)
         self.coordinator.join()
         while self._pending:
             self._collect_one(on_result)
-        return end
+        return reached
 
     def _collect_one(self, on_result: OnResult) -> None:
         step, value = self._pending.popleft()
@@ -212,12 +226,14 @@ class DirectExecutor(_Executor):
             dataset_fn))
 
     def run(self, start: int, end: int, on_result: OnResult) -> int:
+        reached = start
         for steps, step in self._chunks(start, end):
             self.in_flight = 1
             values = self._function(steps)(self._iterator)
             self.in_flight = 0
             self._record(step, values, on_result)
-        return end
+            reached = step
+        return reached
 
 
 def make_eval_function(model, spec: FeatureSpec, batch_size: int,

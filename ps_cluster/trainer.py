@@ -39,11 +39,12 @@ from psrec.ps_cluster.best import BestRecord
 from psrec.ps_cluster.best import BestTracker
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.checkpoint import Progress
+from psrec.ps_cluster.coverage import new_tally
+from psrec.ps_cluster.coverage import train_function_for
 from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.step import DynamicLossScale
 from psrec.ps_cluster.step import TrainStep
 from psrec.ps_cluster.step import ids_per_example
-from psrec.ps_cluster.step import make_train_function
 from psrec.ps_cluster.step import pad_slices
 from psrec.ps_cluster.strategy import StrategyError
 from psrec.ps_cluster.strategy import is_chief
@@ -52,6 +53,9 @@ from psrec.ps_cluster.train_loop import DirectExecutor
 from psrec.ps_cluster.train_loop import LoopConfig
 from psrec.ps_cluster.train_loop import evaluate_files
 from psrec.ps_cluster.train_loop import make_eval_function
+from psrec.ps_cluster.train_stop import describe_pending
+from psrec.ps_cluster.train_stop import save_at_stop
+from psrec.ps_cluster.train_stop import timed_save
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -74,6 +78,8 @@ class TrainResult:
         default_factory=dict)
     best: BestRecord | None = None
     stopped_early_at: int | None = None
+    interrupted_at: int | None = None  # should_stop ended the run here
+    coverage: tuple = ()  # EpochCoverage per epoch (rows of the split seen)
 
     @property
     def examples_per_sec(self) -> float:
@@ -181,6 +187,7 @@ class Trainer:
             spec.label.name, loss_scale=self.loss_scale,
             prepare_table_grads=self._padding())
         self.executor = None
+        self.coverage_rows: int | None = None  # set by dataset_fn
         self.scratch_saves = 0
 
     def _padding(self) -> Callable[[list], list] | None:
@@ -244,16 +251,18 @@ class Trainer:
 
     # -- data and evaluation -------------------------------------------------------
 
-    def dataset_fn(self, manifest: Manifest) -> DatasetFn:
+    def dataset_fn(self, manifest: Manifest, **options) -> DatasetFn:
         """The training ``dataset_fn`` of ``manifest``; its shuffle seed is
         offset by the number of resumes so a resumed run sees a new order.
-        Under PS each worker reads the files of its own worker index."""
+        Under PS (static input) each worker reads the files of its own
+        worker index; ``options`` go to ``make_train_dataset_fn``."""
         resumes = int(self.progress.resumes.numpy())
         config = dataclasses.replace(
             self.input_config, seed=self.input_config.seed + 7919 * resumes)
+        self.coverage_rows = manifest.rows("train")
         return make_train_dataset_fn(
             manifest, self.spec, config,
-            ps_workers=self.num_workers if self.is_ps else None)
+            ps_workers=self.num_workers if self.is_ps else None, **options)
 
     def evaluate(self, manifest: Manifest, batch_size: int | None = None
                  ) -> EvalResult:
@@ -272,12 +281,13 @@ class Trainer:
 
     def _executor(self, dataset_fn: DatasetFn, loop: LoopConfig):
         def build(steps: int) -> Callable:
-            return make_train_function(self.strategy, self.step, steps,
-                                       self.micro_batches)
-        if self.is_ps:
-            return ClosureExecutor(
-                self.coordinator, build, dataset_fn, self.num_workers, loop)
-        return DirectExecutor(self.strategy, build, dataset_fn, loop)
+            return train_function_for(self.coverage_rows)(
+                self.strategy, self.step, steps, self.micro_batches)
+        executor = (ClosureExecutor(self.coordinator, build, dataset_fn,
+                                    self.num_workers, loop) if self.is_ps
+                    else DirectExecutor(self.strategy, build, dataset_fn, loop))
+        executor.tally = new_tally(self.coverage_rows)
+        return executor
 
     def best_tracker(self, loop: LoopConfig) -> BestTracker | None:
         """The chief's keeper of the best checkpoint (None: no checkpoints,
@@ -293,8 +303,10 @@ class Trainer:
               on_progress: Callable[[int, float, int], None] | None = None,
               on_boundary: Callable[[int, EvalResult | None, str | None],
                                     None] | None = None,
-              heartbeat: Callable[[], None] | None = None,
-              on_best: Callable[[BestRecord], None] | None = None
+              heartbeat: Callable[[str], None] | None = None,
+              on_best: Callable[[BestRecord], None] | None = None,
+              should_stop: Callable[[], bool] | None = None,
+              save_on_stop: Callable[[float | None], bool] | None = None
               ) -> TrainResult:
         """Trains from the current progress step up to ``loop.steps``, or
         until early stopping ends it.
@@ -310,11 +322,16 @@ class Trainer:
           on_progress: ``(step, mean loss, examples)`` per finished call.
           on_boundary: ``(step, eval result or None, checkpoint path or
             None)`` at each join boundary.
-          heartbeat: called whenever work completes (closure, eval,
-            checkpoint); feeds the stall watchdog.
+          heartbeat: ``(phase)`` whenever work completes or a phase
+            (``training``, ``eval``, ``checkpoint``) begins; feeds the stall
+            watchdogs.
           on_best: ``(record)`` when a new best checkpoint is recorded.
+          should_stop: checked before each call; True (SIGTERM) stops
+            scheduling, drains the calls in flight and ends the run there
+            (``interrupted_at``), saving a checkpoint at that step when
+            ``save_on_stop(last save's seconds or None)`` allows it.
         """
-        beat = heartbeat or (lambda: None)
+        beat = heartbeat or (lambda phase: None)
         loop = loop.resolved()
         check(not (loop.early_stop_patience and not self.is_ps
                    and self.num_workers > 1), "--early-stop-patience",
@@ -322,6 +339,8 @@ class Trainer:
               "workers of a replicated strategy (only the chief evaluates)",
               StrategyError)
         self.executor = executor = self._executor(dataset_fn, loop)
+        executor.should_stop = should_stop or (lambda: False)
+        interrupted = None
         start = int(self.progress.step.numpy())
         step, examples, last_loss = start, 0, float("nan")
         began = time.perf_counter()
@@ -342,25 +361,31 @@ class Trainer:
                 1, self.input_config.batch_size * self.micro_batches))
             self.progress.step.assign(at)
             self.progress.examples.assign_add(count)
-            beat()
+            beat("training")
             if on_progress is not None:
                 on_progress(at, last_loss, count)
 
         while step < loop.steps and stopped is None:
-            step = executor.run(step, loop.next_boundary(step), on_result)
+            beat("training")
+            boundary = loop.next_boundary(step)
+            step = executor.run(step, boundary, on_result)
+            if step < boundary:  # should_stop: drained; save and end here
+                interrupted = step
+                if save_at_stop(self, save_on_stop, beat):
+                    path = self.keeper.latest
+                break
             eval_result = None
             eval_due = evals and (step >= loop.steps
                                   or loop.is_eval_step(step))
             if has_eval and eval_due:
+                beat("eval")
                 eval_result = self.evaluate(eval_manifest)
-                beat()
             saved = None
             if step >= loop.steps or eval_due or (
                     loop.checkpoint_every and
                     step % loop.checkpoint_every == 0):
-                saved = self.save()
+                saved = timed_save(self, beat)
                 path = saved or path
-                beat()
             if on_boundary is not None:
                 on_boundary(step, eval_result, saved)
             if tracker is not None and eval_result is not None and saved:
@@ -368,7 +393,8 @@ class Trainer:
                     on_best(tracker.record)
                 if tracker.exhausted and step < loop.steps:
                     stopped = step
-        if step == start and self.keeper is not None:  # already done
+        if step == start and self.keeper is not None and (
+                interrupted is None):  # already done
             path = self.keeper.latest
             if has_eval:
                 eval_result = self.evaluate(eval_manifest)
@@ -380,25 +406,12 @@ class Trainer:
             closure_seconds=tuple(executor.closure_seconds),
             closures_per_worker=dict(executor.closures_per_pipeline),
             best=tracker.record if tracker is not None else None,
-            stopped_early_at=stopped)
+            stopped_early_at=stopped, interrupted_at=interrupted,
+            coverage=tuple(executor.tally.epochs()) if executor.tally else ())
 
     def describe_pending(self) -> str:
         """Work in flight and per-worker progress (for the watchdog)."""
-        executor = self.executor
-        if executor is None:
-            return "training loop not started"
-        now = time.monotonic()
-        done, last = executor.closures_per_pipeline, executor.last_result_at
-        workers = "; ".join(
-            f"worker {w}: {done[w]} closures finished, " + (
-                f"last {now - last[w]:.0f} s ago" if w in last else "none yet")
-            for w in (range(self.num_workers) if self.is_ps else sorted(done)))
-        unit = ("closure(s) scheduled and not collected" if self.is_ps
-                else "call(s) in flight")
-        return (f"{executor.in_flight} {unit} (the oldest is awaited); step "
-                f"{int(self.progress.step.numpy())}; "
-                f"{workers or 'no results yet'}. A worker whose last result "
-                "is oldest holds the stalled closure.")
+        return describe_pending(self)
 
 
 def table_checkpoint_keys(model: RankingModel) -> dict[str, object]:

@@ -7,6 +7,15 @@ an evaluation or a checkpoint completes. If no beat arrives for
 which workers still accept connections) and exits the process with
 ``EXIT_RETRYABLE`` -- what a Kubernetes liveness probe or psrec's own
 supervisor needs to restart a hung job instead of waiting forever.
+
+It is a thread of the process it watches, so it cannot fire while that
+process is frozen (SIGSTOP) or while its main thread blocks in a
+TensorFlow call that holds the GIL. psrec's supervisor therefore also
+watches the coordinator from outside, through the heartbeat file
+(``psrec.launch.heartbeat``), a few seconds later than this one. This one
+stays for what only it can give: the Python stacks of the stalled
+process, and a watchdog for a coordinator run without the supervisor
+(``psrec train --cluster``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from psrec.models.export import ServingModule
 from psrec.models.export import export_saved_model
 from psrec.models.export import serving_signature
 from psrec.models.ranking import build_model
+from tests._client import client_inputs
 
 UTC = datetime.timezone.utc
 
@@ -143,12 +144,7 @@ def _raw_table(rows: int = 120) -> pa.Table:
 
 
 def _serving_inputs(table: pa.Table) -> dict[str, tf.Tensor]:
-    missing = {"price": np.nan, "site": "", "app": -1, "ts": -1, "ymdh": ""}
-    dtypes = {"price": tf.float32, "site": tf.string, "app": tf.int64,
-              "ts": tf.int64, "ymdh": tf.string}
-    return {name: tf.constant([missing[name] if v is None else v
-                               for v in table.column(name).to_pylist()],
-                              dtypes[name]) for name in missing}
+    return {k: tf.constant(v) for k, v in client_inputs(table, SPEC).items()}
 
 
 def test_serving_takes_the_raw_sources_not_the_derived_columns():

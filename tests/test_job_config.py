@@ -50,7 +50,8 @@ def _mirrored_job(tmp_path: Path) -> JobConfig:
         synthetic=SyntheticData(rows=999, eval_fraction=0.3, files=3,
                                 shards=5, seed=4),
         export=False, verify_checksums=False, max_corrupt_records=5,
-        keep_checkpoints=7, stall_timeout=12.5)
+        keep_checkpoints=7, stall_timeout=12.5, connect_timeout=9.0,
+        grace_period=4.5)
 
 
 def _ps_job(tmp_path: Path) -> JobConfig:

@@ -219,15 +219,19 @@ def test_sigint_stops_the_job_and_its_roles(tmp_path, when):
 
 def test_local_cluster_stops_its_processes_on_error(tmp_path):
     pids: list[int] = []
-    cluster = LocalCluster(1, 1, log_dir=tmp_path / "logs")
+    # The test connects to the roles from its own (host) network namespace,
+    # so the cluster must start there: exposed, as --allow-exposed does.
+    cluster = LocalCluster(1, 1, log_dir=tmp_path / "logs",
+                           allow_exposed=True)
     try:
         with pytest.raises(RuntimeError, match="inside the block"):
             with cluster as started:
                 pids = started.pids()
                 assert len(pids) == 2
                 assert all(pid_alive(p) for p in pids)
-                for address in started.cluster.to_tf_cluster_dict().values():
-                    host, port = address[0].rsplit(":", 1)
+                for task in started.processes:  # (not the chief's port)
+                    host, port = started.cluster.address_of(task).rsplit(
+                        ":", 1)
                     with socket.create_connection((host, int(port)),
                                                   timeout=5):
                         pass

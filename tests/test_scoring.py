@@ -7,6 +7,7 @@ client sends them, in input order, over several files and batches."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,7 @@ import tensorflow as tf
 from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
 from psrec.errors import ConfigError
+from psrec.errors import DataError
 from psrec.features.columns import CategoricalFeature
 from psrec.features.columns import DenseFeature
 from psrec.features.columns import LabelConfig
@@ -25,6 +27,7 @@ from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
 from psrec.launch.cli import main
 from psrec.models.scoring import score_files
+from tests._client import client_inputs
 
 SPEC = FeatureSpec(
     name="scoring",
@@ -78,25 +81,9 @@ def _table(rows: int, seed: int) -> pa.Table:
 
 
 def _client_inputs(table: pa.Table) -> dict[str, np.ndarray]:
-    """The rows as a serving client sends them, built without psrec: NaN
-    for a null price, "" / -1 for null values, every list padded to the
-    longest of the whole table (wider than any one scoring batch's)."""
-    price = table.column("price").to_pylist()
-    raw = {"price": np.array([np.nan if v is None else v for v in price],
-                             np.float32)}
-    for feature in SPEC.categorical:
-        pad = -1 if feature.dtype == "int64" else ""
-        values = table.column(feature.name).to_pylist()
-        if feature.multi_hot:
-            lists = [[pad if v is None else v for v in (row or [])]
-                     for row in values]
-            width = max(len(row) for row in lists)
-            values = [row + [pad] * (width - len(row)) for row in lists]
-        else:
-            values = [pad if v is None else v for v in values]
-        raw[feature.name] = np.array(
-            values, np.int64 if feature.dtype == "int64" else object)
-    return raw
+    """Every list padded to the longest of the whole table (wider than any
+    one scoring batch's)."""
+    return client_inputs(table, SPEC)
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +176,17 @@ def test_a_missing_or_mistyped_column_is_named_with_its_file(exported,
                     label="rating")
 
 
+def test_a_label_that_does_not_fit_the_first_file_is_named(exported,
+                                                           tmp_path):
+    export, files, tables = exported
+    worded = tmp_path / "worded.parquet"
+    pq.write_table(tables[1].set_column(
+        0, "label", pa.array(["yes"] * tables[1].num_rows)), worded)
+    with pytest.raises(DataError, match=r"worded\.parquet: .*yes"):
+        score_files(export, [files[0], worded], tmp_path / "out.parquet")
+    assert not (tmp_path / "out.parquet").exists()
+
+
 def test_unlabelled_rows_are_scored_without_a_label(exported, tmp_path):
     export, files, tables = exported
     unlabelled = tmp_path / "new_rows.parquet"
@@ -199,6 +197,26 @@ def test_unlabelled_rows_are_scored_without_a_label(exported, tmp_path):
     np.testing.assert_allclose(scores.column("probability").to_numpy(),
                                _direct(export, tables[1:])["probability"],
                                rtol=0, atol=1e-6)
+
+
+def test_the_exports_own_label_column_is_copied(exported, tmp_path):
+    """``psrec export`` records the label column; score copies it without
+    ``--label`` (here renamed, as for MovieLens's ``rating``)."""
+    export, _, tables = exported
+    info = json.loads((export / "psrec_export.json").read_text())
+    assert info["label"] == "label"
+    copy = tmp_path / "export"
+    shutil.copytree(export, copy)
+    (copy / "psrec_export.json").write_text(json.dumps(
+        dict(info, label="clicked")))
+    table = tables[0].rename_columns(
+        ["clicked" if c == "label" else c for c in tables[0].column_names])
+    pq.write_table(table, tmp_path / "rows.parquet")
+    score_files(copy, [tmp_path / "rows.parquet"], tmp_path / "s.parquet")
+    scores = pq.read_table(tmp_path / "s.parquet")
+    assert scores.column_names == ["row", "clicked", "probability", "logit"]
+    assert scores.column("clicked").to_pylist() == \
+        tables[0].column("label").to_pylist()
 
 
 def test_cli_writes_csv_with_kept_columns(exported, tmp_path, capsys):
@@ -236,3 +254,18 @@ def test_cli_error_is_one_line_with_exit_2(exported, tmp_path, capsys):
     assert main(["score", str(tmp_path), str(without), "--out",
                  str(tmp_path / "s.parquet")]) == 2
     assert "is not an exported model" in capsys.readouterr().err
+
+
+def test_a_corrupted_input_is_named_and_leaves_no_output(exported, tmp_path):
+    from psrec.data.parquet_inputs import CorruptParquetError
+    export, _, tables = exported
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.concat_tables([tables[0]] * 40), path,
+                   write_page_checksum=True, row_group_size=len(tables[0]))
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 4, len(data) // 2, 97):  # pages of every
+        data[i] ^= 0x5A                                 # column
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptParquetError, match=str(path)):
+        score_files(export, [path], tmp_path / "scores.parquet")
+    assert not (tmp_path / "scores.parquet").exists()

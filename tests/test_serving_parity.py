@@ -26,6 +26,7 @@ from psrec.models.config import ModelConfig
 from psrec.models.export import ServingModule
 from psrec.models.export import export_saved_model
 from psrec.models.ranking import build_model
+from tests._client import client_inputs
 
 SPEC = FeatureSpec(
     name="parity",
@@ -84,24 +85,7 @@ def _raw_table() -> pa.Table:
 
 
 def _serving_inputs(table: pa.Table) -> dict[str, np.ndarray]:
-    """The rows as a serving client sends them: no nulls (NaN, "" or -1),
-    lists padded to the longest with "" or -1."""
-    price = table.column("price").to_pylist()
-    raw = {"price": np.array([np.nan if v is None else v for v in price],
-                             np.float32)}
-    for feature in SPEC.categorical:
-        pad = -1 if feature.dtype == "int64" else ""
-        values = table.column(feature.name).to_pylist()
-        if feature.multi_hot:
-            lists = [[pad if v is None else v for v in (row or [])]
-                     for row in values]
-            width = max(len(row) for row in lists)
-            values = [row + [pad] * (width - len(row)) for row in lists]
-        else:
-            values = [pad if v is None else v for v in values]
-        raw[feature.name] = np.array(
-            values, np.int64 if feature.dtype == "int64" else object)
-    return raw
+    return client_inputs(table, SPEC)
 
 
 def _hash(values, offset: int) -> np.ndarray:

@@ -214,3 +214,38 @@ def test_criteo_sample_infers_and_converts(tmp_path):
     result = convert(files, spec, tmp_path / "shards")
     assert result.bad_rows == 0
     assert result.rows_written["train"] == ingested.rows
+
+
+def test_time_columns_become_hour_and_weekday_sources(tmp_path):
+    """Epoch seconds, epoch milliseconds and Avazu-style YYMMDDHH ints are
+    sources of derived hour/weekday features, not dense numbers."""
+    import datetime
+
+    rng = np.random.default_rng(5)
+    rows = 400
+    seconds = rng.integers(1_400_000_000, 1_420_000_000, rows)
+    utc = datetime.timezone.utc
+    hours = [int(datetime.datetime.fromtimestamp(int(s), utc)
+                 .strftime("%y%m%d%H")) for s in seconds]
+    pq.write_table(pa.table({
+        "label": pa.array(rng.integers(0, 2, rows)),
+        "timestamp": pa.array(seconds),
+        "created_at": pa.array(seconds * 1000 + 7),
+        "hour": pa.array(hours),
+        "count": pa.array(rng.integers(0, 200, rows)),  # not a time
+    }), tmp_path / "log.parquet")
+    infer_spec([tmp_path / "log.parquet"], "label", tmp_path / "spec.yaml")
+    spec = resolve_spec(str(tmp_path / "spec.yaml"))
+    derived = {d.name: (d.kind, d.sources, d.pattern) for d in spec.derived}
+    assert derived == {
+        "timestamp_hour": ("hour_of_day", ("timestamp",), None),
+        "timestamp_weekday": ("day_of_week", ("timestamp",), None),
+        "created_at_hour": ("hour_of_day", ("created_at",), "epoch_ms"),
+        "created_at_weekday": ("day_of_week", ("created_at",), "epoch_ms"),
+        "hour_hour": ("hour_of_day", ("hour",), "YYMMDDHH"),
+        "hour_weekday": ("day_of_week", ("hour",), "YYMMDDHH")}
+    assert [f.name for f in spec.dense] == ["count"]
+    assert set(spec.columns) == {"label", "timestamp", "created_at", "hour",
+                                 "count"}
+    report = convert([tmp_path / "log.parquet"], spec, tmp_path / "data")
+    assert report.bad_rows == 0

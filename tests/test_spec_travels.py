@@ -252,9 +252,10 @@ def test_order_by_puts_the_last_values_in_eval(tmp_path, monkeypatch):
     ts = [rng.integers(0, 50, 150), rng.integers(0, 50, 250)]  # with ties
     files = [_tiny_parquet(tmp_path / "in" / f"{i}.parquet", len(t), i,
                            ts=t) for i, t in enumerate(ts)]
-    manifest = convert(files, spec, tmp_path / "out", ConversionOptions(
-        shards=2, eval_fraction=0.25, block_rows=16,
-        order_by="ts")).manifest
+    report = convert(files, spec, tmp_path / "out", ConversionOptions(
+        shards=2, eval_fraction=0.25, block_rows=16, order_by="ts"))
+    manifest = report.manifest
+    assert not report.extra_columns  # ts orders the split: not "ignored"
     assert manifest.split == {"mode": "tail", "eval_fraction": 0.25,
                               "order_by": "ts"}
     values = np.concatenate(ts)

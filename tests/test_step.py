@@ -202,7 +202,7 @@ def _check_normalisation(strategies: dict) -> dict:
             in_order_dataset_fn(data, GLOBAL_BATCH)))
         losses, examples = [], []
         for call in range(3):
-            loss_sum, count, _, _ = function(iterator)
+            loss_sum, count, _, _, _ = function(iterator)
             losses.append(float(loss_sum))
             examples.append(int(count))
             if call == 0:
@@ -295,7 +295,7 @@ def _check_fp16(strategies: dict) -> dict:
     function(iterator)  # global batch 2: finite, overflowing float16 grads
     out["after_scale_overflow"] = status(start, snapshot())
     scale.scale.assign(1024.0)
-    loss, _, _, _ = function(iterator)  # global batch 3: finite
+    loss, _, _, _, _ = function(iterator)  # global batch 3: finite
     after = snapshot()
     out["after_finite"] = {
         "tables_changed": bool(changed(start, after, "table/")),

@@ -1,0 +1,30 @@
+"""Raw rows as a serving client sends them, built without psrec's encoder:
+NaN for a null number, "" / -1 for a null string / int, lists padded to the
+longest with "" / -1 (a null element is padding, a null list is empty)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from psrec.features.spec import FeatureSpec
+
+_MISSING = {"float32": np.nan, "string": "", "int64": -1}
+_NUMPY = {"float32": np.float32, "string": object, "int64": np.int64}
+
+
+def client_inputs(table: pa.Table, spec: FeatureSpec) -> dict[str, np.ndarray]:
+    """``{column: values}`` for every raw input of ``spec``."""
+    raw = {}
+    for name, (dtype, is_list) in spec.raw_inputs.items():
+        pad = _MISSING[dtype]
+        values = table.column(name).to_pylist()
+        if is_list:
+            lists = [[pad if v is None else v for v in (row or [])]
+                     for row in values]
+            width = max(len(row) for row in lists)
+            values = [row + [pad] * (width - len(row)) for row in lists]
+        else:
+            values = [pad if v is None else v for v in values]
+        raw[name] = np.array(values, _NUMPY[dtype])
+    return raw

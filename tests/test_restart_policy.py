@@ -1,0 +1,154 @@
+"""The supervisor's decisions without a cluster: heartbeat staleness,
+per-role restart budgets, which role failed, the connect probe."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from psrec.launch.cluster_probe import unreachable_tasks
+from psrec.launch.cluster_probe import wait_reachable
+from psrec.launch.failure import classify
+from psrec.launch.failure import is_frozen
+from psrec.launch.heartbeat import HeartbeatMonitor
+from psrec.launch.heartbeat import HeartbeatWriter
+from psrec.launch.heartbeat import read_heartbeat
+from psrec.launch.restart_policy import RestartBudget
+from psrec.launch.restart_policy import RestartLimits
+from psrec.ps_cluster.errors import ClusterUnavailableError
+from psrec.ps_cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.tf_config import TaskInfo
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_budgets_are_per_role_and_refill_after_health():
+    clock = _Clock()
+    budget = RestartBudget(RestartLimits(worker=2, ps=1, coordinator=0,
+                                         refill_after=60), clock=clock)
+    assert budget.spend("worker") and budget.spend("worker")
+    assert not budget.spend("worker")  # spent...
+    assert budget.spend("ps")  # ...which leaves the PS budget whole
+    assert not budget.spend("ps")
+    assert not budget.spend("coordinator")
+    clock.now += 61  # a minute without a worker failure
+    assert budget.spend("worker")
+    assert budget.describe("worker") == "worker restart 1/2"
+
+
+def test_budget_never_refills_with_zero():
+    clock = _Clock()
+    budget = RestartBudget(RestartLimits(worker=1, refill_after=0),
+                           clock=clock)
+    assert budget.spend("worker")
+    clock.now += 1e6
+    assert not budget.spend("worker")
+
+
+def test_heartbeat_file_and_monitor(tmp_path):
+    path = tmp_path / "heartbeat.json"
+    writer = HeartbeatWriter(path, details=lambda: {"workers": {
+        "0": {"closures": 3, "last_result_s": 1.0}}})
+    writer.publish("connecting")
+    assert read_heartbeat(path)["phase"] == "connecting"
+    writer.publish("training", step=40)
+    data = read_heartbeat(path)
+    assert (data["phase"], data["step"], data["seq"]) == ("training", 40, 2)
+    assert not list(tmp_path.glob(".heartbeat.*"))  # temp files renamed
+    with pytest.raises(ValueError):
+        writer.publish("sleeping")
+    monitor = HeartbeatMonitor(path, timeout=0.0)  # stale unless it changes
+    monitor.poll()
+    assert "phase training, last step 40" in monitor.describe()
+    assert "worker 0: 3 closures" in monitor.describe()
+    assert monitor.stale()  # nothing new since
+    monitor.reset()
+    assert monitor.last is None  # an old file is not the new coordinator's
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_probe_names_exactly_the_unreachable_tasks():
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        up = listening.getsockname()[1]
+        down = _free_port()
+        cluster = ClusterSpec.from_dict({"ps": [f"127.0.0.1:{up}"],
+                                         "worker": [f"127.0.0.1:{down}"]})
+        assert unreachable_tasks(cluster) == [f"worker-0 (127.0.0.1:{down})"]
+        with pytest.raises(ClusterUnavailableError,
+                           match=rf"worker-0 \(127.0.0.1:{down}\)") as error:
+            wait_reachable(cluster, timeout=0.5)
+        assert "ps-0" not in str(error.value)
+        assert error.value.exit_code == 138
+
+
+def test_classify_names_the_failed_role(tmp_path):
+    listening = [socket.socket() for _ in range(3)]
+    processes = []
+    try:
+        for sock in listening:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+        ports = [s.getsockname()[1] for s in listening]
+        cluster = ClusterSpec.from_dict({
+            "ps": [f"127.0.0.1:{ports[0]}"],
+            "worker": [f"127.0.0.1:{p}" for p in ports[1:]]})
+        tasks = [TaskInfo("ps", 0), TaskInfo("worker", 0),
+                 TaskInfo("worker", 1)]
+        processes = [subprocess.Popen([sys.executable, "-c",
+                                       "import time; time.sleep(60)"])
+                     for _ in tasks]
+        by_task = dict(zip(tasks, processes))
+        assert classify(cluster, by_task).role == "coordinator"
+        processes[2].kill()
+        processes[2].wait()
+        failure = classify(cluster, by_task)
+        assert (failure.role, failure.tasks) == ("worker", (tasks[2],))
+        assert "worker-1 exited (-9)" in failure.seen
+        processes[0].send_signal(signal.SIGSTOP)  # a frozen PS outranks it
+        deadline = time.monotonic() + 10
+        while not is_frozen(processes[0].pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the stop is delivered asynchronously
+        failure = classify(cluster, by_task)
+        assert (failure.role, failure.tasks) == ("ps", (tasks[0],))
+        assert "ps-0 is frozen" in failure.seen
+        processes[0].send_signal(signal.SIGCONT)
+        listening[1].close()  # worker-0 alive but its port closed
+        failure = classify(cluster, by_task, pending={tasks[2]})
+        assert failure.role == "worker"
+        assert "does not accept connections" in failure.seen
+        assert "worker-1 is restarting" in failure.seen
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        for sock in listening:
+            sock.close()
+
+
+def test_flags_build_per_role_budgets():
+    from psrec.launch.cli import build_parser
+    from psrec.launch.reliability_flags import supervisor_config
+    args = build_parser().parse_args(
+        ["train", "--max-restarts", "2", "--max-ps-restarts", "5",
+         "--stall-timeout", "40", "--grace-period", "10"])
+    config = supervisor_config(args)
+    assert (config.limits.worker, config.limits.ps,
+            config.limits.coordinator) == (2, 5, 2)
+    assert config.grace_period == 10.0
+    assert config.stall_timeout == 40.0 and config.stall_deadline() > 40.0

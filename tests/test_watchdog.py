@@ -1,0 +1,226 @@
+"""Supervision that cannot be blocked: the heartbeat watchdog, the connect
+timeout, per-role restart budgets and a graceful SIGTERM.
+
+Real processes (supervisor + PS + workers + coordinator), real signals.
+Times are printed (``-s``) for the README's reliability table.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from psrec.data.convert import ConversionOptions
+from psrec.data.convert import convert
+from psrec.data.synthetic import write_synthetic_parquet
+from psrec.features import criteo
+from tests._proc import PsrecRun
+from tests._proc import assert_no_leftovers
+from tests._proc import pid_alive
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+PROGRESS = r"^step (\d+)/\d+ \["
+
+
+@pytest.fixture(scope="module")
+def manifest_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("watchdata")
+    spec = criteo()
+    files = write_synthetic_parquet(spec, root / "parquet", 20_000, files=2)
+    convert(files, spec, root / "tfrecord",
+            ConversionOptions(shards=4, eval_fraction=0.2))
+    return root / "tfrecord"
+
+
+def _train_args(workdir: Path, data: Path, *extra: str) -> list[str]:
+    return ["train", "--workdir", str(workdir), "--data", str(data),
+            "--steps", "300", "--batch-size", "128",
+            "--steps-per-closure", "5", "--checkpoint-every", "50",
+            "--log-every", "10", "--no-export", "--keep-checkpoints", "10",
+            *extra]
+
+
+def _steps_seen(run: PsrecRun, after: int = 0) -> list[int]:
+    return [int(m.group(1)) for _, line in run.lines[after:]
+            for m in [re.search(PROGRESS, line)] if m]
+
+
+def test_frozen_coordinator_is_detected_killed_and_restarted(tmp_path,
+                                                            manifest_dir):
+    timeout = 15
+    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--stall-timeout",
+                               str(timeout)))
+    frozen = None
+    try:
+        run.wait_for(r"checkpoint .*ckpt-50$", 300)
+        run.wait_for(r"^step (7\d|8\d)/", 120)
+        frozen = run.coordinator_pids[-1]
+        os.kill(frozen, signal.SIGSTOP)  # its own watchdog cannot run now
+        began = time.monotonic()
+        stall = run.wait_for(
+            r"psrec supervisor: stall: .*phase (\w+), last step (\d+).*"
+            r"frozen processes: coordinator", timeout + 60)
+        assert stall.group(1) in ("training", "checkpoint", "eval")
+        # at most one heartbeat interval behind the last progress line
+        assert int(stall.group(2)) >= 50
+        print("\n" + stall.group(0))
+        run.wait_for(r"failed role: coordinator \(stalled in phase", 30)
+        resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
+        assert run.wait(300) == 0, run.output[-3000:]
+        assert int(resumed.group(2)) >= 50
+        assert max(_steps_seen(run)) == 300
+        assert "ps-0 restarted" not in run.output  # only what failed
+        print(f"\nfrozen coordinator: stall reported "
+              f"{run.time_of('supervisor: stall') - began:.1f} s after "
+              f"SIGSTOP (--stall-timeout {timeout}); resumed at step "
+              f"{resumed.group(2)} {run.time_of('resumed from') - began:.1f} "
+              "s after SIGSTOP")
+    finally:
+        if frozen and pid_alive(frozen):
+            os.kill(frozen, signal.SIGKILL)
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_frozen_ps_is_classified_and_only_it_is_restarted(tmp_path,
+                                                          manifest_dir):
+    timeout = 15
+    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--stall-timeout",
+                               str(timeout)))
+    frozen = None
+    try:
+        run.wait_for(r"checkpoint .*ckpt-50$", 300)
+        run.wait_for(r"^step (7\d|8\d)/", 120)
+        frozen = run.role_pids[0]
+        os.kill(frozen, signal.SIGSTOP)
+        began = time.monotonic()
+        # Whichever watchdog fires (the coordinator's own when its main
+        # thread is free, else the supervisor's), the PS is named.
+        run.wait_for(r"failed role: ps \(ps-0 is frozen", timeout + 90)
+        run.wait_for(r"ps-0 restarted \(pid \d+\)", 60)
+        resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
+        assert run.wait(300) == 0, run.output[-3000:]
+        assert max(_steps_seen(run)) == 300
+        assert not pid_alive(frozen)
+        # only what failed: neither worker was replaced
+        assert not re.search(r"worker-\d restarted", run.output)
+        print(f"\nfrozen PS: resumed at step {resumed.group(2)} "
+              f"{run.time_of('resumed from') - began:.1f} s after SIGSTOP "
+              f"(--stall-timeout {timeout})")
+    finally:
+        if frozen and pid_alive(frozen):
+            os.kill(frozen, signal.SIGKILL)
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_cluster_not_up_fails_naming_the_unreachable_tasks(tmp_path,
+                                                           manifest_dir):
+    ps, worker = _free_port(), _free_port()
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"ps": [f"127.0.0.1:{ps}"],
+                                   "worker": [f"127.0.0.1:{worker}"]}))
+    run = PsrecRun(_train_args(tmp_path / "w", manifest_dir, "--cluster",
+                               str(cluster), "--connect-timeout", "5",
+                               "--stall-timeout", "30"))
+    try:
+        began = time.monotonic()
+        code = run.wait(120)  # not the 300 s silent hang of before
+        assert code == 138, run.output[-3000:]
+        assert f"ps-0 (127.0.0.1:{ps})" in run.output
+        assert f"worker-0 (127.0.0.1:{worker})" in run.output
+        assert "--connect-timeout 5" in run.output
+        print(f"\ncluster not up: failed {time.monotonic() - began:.1f} s "
+              "after start (--connect-timeout 5)")
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_worker_failures_spend_the_worker_budget_only(tmp_path,
+                                                      manifest_dir):
+    run = PsrecRun(_train_args(
+        tmp_path, manifest_dir, "--steps", "2000", "--max-restarts", "0",
+        "--max-worker-restarts", "3", "--max-ps-restarts", "1"))
+    try:
+        run.wait_for(r"checkpoint .*ckpt-50$", 300)
+        worker = run.role_pids[2]  # ps-0, worker-0, worker-1
+        for kill in range(1, 4):
+            mark = len(run.lines)
+            os.kill(worker, signal.SIGKILL)
+            restarted = run.wait_for(r"worker-1 restarted \(pid (\d+)\)",
+                                     120, after=mark)
+            worker = int(restarted.group(1))
+            assert f"worker restart {kill}/3" in run.output
+        run.wait_for(PROGRESS, 120, after=len(run.lines))
+        last = run.wait_for(r"checkpoint .*ckpt-(\d+)$", 240,
+                            after=len(run.lines))
+        os.kill(run.role_pids[0], signal.SIGKILL)  # ps-0, after 3 workers
+        killed_at = time.monotonic()
+        run.wait_for(r"failed role: ps \(ps-0 exited", 60)
+        resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
+        assert int(resumed.group(2)) >= int(last.group(1))
+        assert "ps restart 1/1" in run.output
+        # training goes on from the checkpoint (the rest of the run is not
+        # needed: the PS restart is what a shared budget refused)
+        run.wait_for(PROGRESS, 120, after=len(run.lines))
+        assert "giving up" not in run.output
+        assert run.process.poll() is None
+        print(f"\n3 worker kills then a PS kill: resumed "
+              f"{run.time_of('resumed from') - killed_at:.1f} s after the PS "
+              "kill")
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
+
+
+def test_sigterm_saves_a_checkpoint_and_prints_one_line(tmp_path,
+                                                        manifest_dir):
+    # No boundary (checkpoint, eval) near the signal: the save is its own.
+    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--steps", "2000",
+                               "--checkpoint-every", "1000"))
+    try:
+        run.wait_for(r"^step (7\d|8\d)/", 300)
+        seen = len(run.lines)
+        before = max(_steps_seen(run))
+        os.kill(run.process.pid, signal.SIGTERM)
+        began = time.monotonic()
+        code = run.wait(120)
+        took = time.monotonic() - began
+        assert code == 143, run.output[-3000:]
+        # stdout's progress and boundary lines of the steps still running
+        # aside, one line: the coordinator's.
+        after = [line for _, line in run.lines[seen:]
+                 if not re.match(r"step \d+", line)]
+        assert len(after) == 1, after
+        saved = re.search(r"terminated \(SIGTERM\): checkpoint (\S+) at step "
+                          r"(\d+)", after[0])
+        assert saved, after
+        step = int(saved.group(2))
+        assert step >= before  # the step reached, not an older save
+        latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+        assert latest == saved.group(1)
+        assert latest.endswith(f"-{step}")
+        reader = tf.train.load_checkpoint(latest)
+        keys = [k for k in reader.get_variable_to_shape_map()
+                if k.endswith("progress/step/.ATTRIBUTES/VARIABLE_VALUE")]
+        assert len(keys) == 1 and reader.get_tensor(keys[0]) == step, keys
+        print("\n" + after[0])
+        print(f"SIGTERM: checkpoint at step {step} (last progress line "
+              f"{before}); exit {code} {took:.1f} s after the signal")
+    finally:
+        run.kill()
+        assert_no_leftovers(run, tmp_path)
