@@ -62,11 +62,11 @@ class IngestReport:
         """Returns a one-line human-readable summary of the ingest."""
         n = len(self.files)
         text = f"{self.rows:,} rows in {n} parquet file{'s' if n != 1 else ''}"
-        if self.positives is None and self.has_label:
-            text += " (unlabelled)"
-        else:
+        if self.positives is not None:
             rate = self.positives / self.rows if self.rows else 0.0
             text += f", {self.positives:,} positives ({rate:.2%})"
+        elif self.has_label:
+            text += " (unlabelled)"
         if self.files:
             text += ": " + ", ".join(self.files)
         return text

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from typing import Any
-from typing import Callable
 
 import numpy as np
-
-from psrec.ps_cluster.step import make_train_function
 
 # A finished epoch that saw fewer of the train rows than this is reported.
 WARN_BELOW = 0.99
@@ -112,14 +108,6 @@ def coverage_warning(epochs: list[EpochCoverage], mode: str) -> str | None:
            "are not re-read: the tf.data service visits at most once")
     return (f"train rows not visited: {listed} saw fewer than "
             f"{100 * WARN_BELOW:.0f}% of the train rows; {why}.")
-
-
-def train_function_for(rows: int | None) -> Callable:
-    """The train-function factory: counting rows when the train split's
-    row count is known (the input is :mod:`psrec.data.dataset`'s, whose
-    rows carry ids and epochs), else the plain one."""
-    return make_train_function if rows is None else functools.partial(
-        make_train_function, with_rows=True)
 
 
 def new_tally(rows: int | None) -> CoverageTally | None:

@@ -1,7 +1,5 @@
 """The trainer: one model, optimizers, checkpoints and loop for every
-strategy.
-
-The only strategy-specific part is how a step is executed (see
+strategy. The only strategy-specific part is how a step is executed (see
 :mod:`psrec.ps_cluster.train_loop`): closures scheduled on a
 ``ClusterCoordinator`` under ``ParameterServerStrategy``, direct calls of
 the same ``tf.function`` under the mirrored strategies, one device or none.
@@ -13,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import shutil
 import time
 from pathlib import Path
@@ -40,11 +39,11 @@ from psrec.ps_cluster.best import BestTracker
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.checkpoint import Progress
 from psrec.ps_cluster.coverage import new_tally
-from psrec.ps_cluster.coverage import train_function_for
 from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.step import DynamicLossScale
 from psrec.ps_cluster.step import TrainStep
 from psrec.ps_cluster.step import ids_per_example
+from psrec.ps_cluster.step import make_train_function
 from psrec.ps_cluster.step import pad_slices
 from psrec.ps_cluster.strategy import StrategyError
 from psrec.ps_cluster.strategy import is_chief
@@ -280,9 +279,10 @@ class Trainer:
     # -- training -------------------------------------------------------------
 
     def _executor(self, dataset_fn: DatasetFn, loop: LoopConfig):
-        def build(steps: int) -> Callable:
-            return train_function_for(self.coverage_rows)(
-                self.strategy, self.step, steps, self.micro_batches)
+        rows = self.coverage_rows is not None  # count rows: psrec's data
+        build = functools.partial(
+            make_train_function, self.strategy, self.step,
+            micro_batches=self.micro_batches, with_rows=rows)
         executor = (ClosureExecutor(self.coordinator, build, dataset_fn,
                                     self.num_workers, loop) if self.is_ps
                     else DirectExecutor(self.strategy, build, dataset_fn, loop))

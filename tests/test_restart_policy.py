@@ -152,3 +152,15 @@ def test_flags_build_per_role_budgets():
             config.limits.coordinator) == (2, 5, 2)
     assert config.grace_period == 10.0
     assert config.stall_timeout == 40.0 and config.stall_deadline() > 40.0
+
+
+def test_supervisor_status_lines_go_to_stderr(tmp_path, capsys):
+    """stdout is the run's result (``psrec train --json`` prints one JSON
+    object there); the supervisor's own lines must not land on it."""
+    from psrec.launch.supervisor import Supervisor
+    from psrec.launch.supervisor import SupervisorConfig
+    supervisor = Supervisor(None, [], SupervisorConfig(), tmp_path)
+    supervisor.log("psrec supervisor: coordinator pid 1")
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "coordinator pid 1" in captured.err
