@@ -15,9 +15,10 @@ import math
 
 import numpy as np
 
+from psrec.data.split import splitmix64
 from psrec.errors import check
 
-_SALT = np.uint64(0xD1B54A32D192ED03)  # differs from data.split's hash
+_SALT = 0xD1B54A32D192ED03  # independent of the hash eval split
 _UNIT = 2.0 ** -53
 
 
@@ -31,13 +32,9 @@ def check_neg_sample_rate(rate: float, name: str = "neg_sample_rate") -> None:
 
 def uniform_of_ids(ids: np.ndarray) -> np.ndarray:
     """A stable, well-mixed number in [0, 1) per row id (salted
-    splitmix64, pure numpy)."""
-    z = (ids.astype(np.uint64) ^ _SALT) + np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * _UNIT
+    splitmix64)."""
+    return (splitmix64(ids, _SALT) >> np.uint64(11)).astype(
+        np.float64) * _UNIT
 
 
 def kept_rows(ids: np.ndarray, labels: np.ndarray, rate: float) -> np.ndarray:

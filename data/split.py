@@ -35,13 +35,19 @@ class OrderColumnError(DataError):
     """The ``order_by`` column holds nulls."""
 
 
-def _hash_below(ids: np.ndarray, fraction: float) -> np.ndarray:
-    # splitmix64 of the id: a stable, well-mixed hash in pure numpy.
-    z = ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+def splitmix64(ids: np.ndarray, salt: int = 0) -> np.ndarray:
+    """A stable, well-mixed uint64 hash of each id (splitmix64 of ``ids
+    XOR salt``, pure numpy); different salts give independent hashes."""
+    z = (ids.astype(np.uint64) ^ np.uint64(salt)) + np.uint64(
+        0x9E3779B97F4A7C15)
     with np.errstate(over="ignore"):
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
+        return z ^ (z >> np.uint64(31))
+
+
+def _hash_below(ids: np.ndarray, fraction: float) -> np.ndarray:
+    z = splitmix64(ids)
     return (z % np.uint64(1_000_000)) < np.uint64(int(fraction * 1_000_000))
 
 

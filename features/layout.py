@@ -13,10 +13,10 @@ starting at ``row_offset``. A spec need not give offsets or table sizes:
 * a table without ``rows`` gets the end of its last range.
 
 Two ranges of one table that overlap without sharing are refused, as is a
-range that ends past ``rows``. :func:`layout_problems` returns every problem
-at once; :func:`resolve_layout` returns the parts with every offset and size
-filled in (what the spec saved beside converted data holds, so resolving it
-again changes nothing).
+range that ends past ``rows``. :func:`layout_problems` returns the parts
+with every offset and size filled in (what the spec saved beside converted
+data holds, so resolving it again changes nothing) and every problem at
+once.
 """
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ def layout_problems(categorical: Sequence[CategoricalFeature],
         resolved[feature.name] = dataclasses.replace(
             shared, row_offset=owner.row_offset)
     out = [resolved.get(f.name, f) for f in categorical]
-    problems += _overlaps(out, roots)
-    sized = [_sized(table, out, problems) for table in tables]
+    ranges = _ranges(out)  # reads each vocabulary once
+    problems += _overlaps(ranges, roots)
+    sized = [_sized(table, ranges, problems) for table in tables]
     return out, sized, problems
 
 
@@ -166,10 +167,9 @@ def _ranges(features: Sequence[CategoricalFeature]
     return ranges
 
 
-def _overlaps(features: Sequence[CategoricalFeature],
+def _overlaps(ranges: Sequence[tuple[CategoricalFeature, int, int]],
               roots: dict[str, CategoricalFeature]) -> list[str]:
     problems = []
-    ranges = _ranges(features)
     for i, (a, a_start, a_end) in enumerate(ranges):
         for b, b_start, b_end in ranges[i + 1:]:
             if a.table != b.table or a_end <= b_start or b_end <= a_start:
@@ -186,11 +186,12 @@ def _overlaps(features: Sequence[CategoricalFeature],
     return problems
 
 
-def _sized(table: TableConfig, features: Sequence[CategoricalFeature],
+def _sized(table: TableConfig,
+           ranges: Sequence[tuple[CategoricalFeature, int, int]],
            problems: list[str]) -> TableConfig:
     """``table`` with ``rows`` = the end of its last range when not given;
     a range past a given ``rows`` is a problem."""
-    ends = [(feature, end) for feature, _, end in _ranges(features)
+    ends = [(feature, end) for feature, _, end in ranges
             if feature.table == table.name]
     if table.rows is None:
         rows = max((end for _, end in ends), default=0)
@@ -208,18 +209,3 @@ def _sized(table: TableConfig, features: Sequence[CategoricalFeature],
                 "leave out its `rows` (sized automatically) or lower the "
                 "buckets.")
     return table
-
-
-def resolve_layout(categorical: Sequence[CategoricalFeature],
-                   tables: Sequence[TableConfig]
-                   ) -> tuple[tuple[CategoricalFeature, ...],
-                              tuple[TableConfig, ...]]:
-    """The parts with every offset and table size filled in.
-
-    Raises:
-      SpecError: listing every layout problem.
-    """
-    features, sized, problems = layout_problems(categorical, tables)
-    if problems:
-        raise SpecError.of(problems)
-    return tuple(features), tuple(sized)

@@ -25,10 +25,6 @@ from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TaskInfo
 
 
-def task_name(task: TaskInfo) -> str:
-    return f"{task.type}-{task.index}"
-
-
 def _served(cluster: ClusterSpec) -> list[TaskInfo]:
     return [t for t in cluster.tasks() if t.type in ("ps", "worker")]
 
@@ -47,7 +43,7 @@ def accepts(address: str, timeout: float = 1.0) -> bool:
 def unreachable_tasks(cluster: ClusterSpec, timeout: float = 1.0
                       ) -> list[str]:
     """``"ps-0 (127.0.0.1:2222)"`` for each task whose port refuses."""
-    return [f"{task_name(t)} ({cluster.address_of(t)})"
+    return [f"{t.name} ({cluster.address_of(t)})"
             for t in _served(cluster)
             if not accepts(cluster.address_of(t), timeout)]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,13 +23,14 @@ from typing import Iterator
 from psrec.errors import EXIT_OK
 from psrec.launch.argtypes import non_negative
 from psrec.launch.cli_support import UsageError
-from psrec.launch.local import RoleStartError
 from psrec.launch.local import die_with_parent
 from psrec.launch.local import stop_processes
-from psrec.launch.local import tail_log
+from psrec.launch.local import wait_listening
 from psrec.ps_cluster.addresses import free_loopback_ports
 from psrec.ps_cluster.data_service import ADDRESS_ENV
 from psrec.runtime import role_environment
+
+_START_TIMEOUT = 120.0  # seconds for the tf.data roles to listen
 
 
 def add_input_flags(group) -> None:
@@ -83,8 +83,10 @@ def local_data_service(config, log=print) -> Iterator[None]:
                     stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=role_environment(),
                     preexec_fn=die_with_parent)))
+        deadline = time.monotonic() + _START_TIMEOUT
         for (name, process), (_, port, _) in zip(processes, roles):
-            _wait_listening(name, process, port, logs / f"{name}.log")
+            wait_listening(name, process, f"127.0.0.1:{port}",
+                           logs / f"{name}.log", deadline, _START_TIMEOUT)
         log(f"tf.data service: dispatcher {dispatcher} + {config.workers} "
             f"tf.data workers (data pids "
             f"{', '.join(str(p.pid) for _, p in processes)})")
@@ -93,26 +95,6 @@ def local_data_service(config, log=print) -> Iterator[None]:
     finally:
         os.environ.pop(ADDRESS_ENV, None)
         stop_processes([p for _, p in processes])
-
-
-def _wait_listening(name: str, process: subprocess.Popen, port: int,
-                    log: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            pass
-        try:
-            code = process.wait(timeout=0.05)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code is not None or time.monotonic() > deadline:
-            raise RoleStartError(
-                f"{name} did not listen on 127.0.0.1:{port} "
-                f"({'exit ' + str(code) if code is not None else 'timeout'}"
-                f"); log tail:\n{tail_log(log)}")
 
 
 def _cmd_data_server(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ def task_state(cluster: ClusterSpec, task: TaskInfo,
                process: subprocess.Popen | None, probe: bool = True
                ) -> str | None:
     """What is wrong with one role process, or None when it is healthy."""
-    name = f"{task.type}-{task.index}"
+    name = task.name
     if process is None:
         return f"{name} is not running"
     if process.poll() is not None:
@@ -68,7 +68,7 @@ def classify(cluster: ClusterSpec,
                 continue
             if task in pending:
                 bad.append(task)
-                seen.append(f"{task.type}-{task.index} is restarting")
+                seen.append(f"{task.name} is restarting")
                 continue
             state = task_state(cluster, task, processes.get(task))
             if state is not None:
@@ -81,5 +81,5 @@ def classify(cluster: ClusterSpec,
 
 def frozen_roles(processes: dict[TaskInfo, subprocess.Popen]) -> str:
     """``ps-0, worker-1`` for the role processes that are frozen."""
-    return ", ".join(f"{t.type}-{t.index}" for t, p in processes.items()
+    return ", ".join(t.name for t, p in processes.items()
                      if p.poll() is None and is_frozen(p.pid)) or "none"

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 from typing import Callable
+
+from psrec.data.files import atomic_output
 
 HEARTBEAT_FILE = "heartbeat.json"
 MIN_INTERVAL = 0.5  # seconds between writes within one phase
@@ -90,14 +91,10 @@ class HeartbeatWriter:
                 data.update(self.details())
             except Exception as error:  # noqa: BLE001 -- never stop training
                 data["details_error"] = repr(error)
-        handle, temp = tempfile.mkstemp(prefix=".heartbeat.", suffix=".tmp",
-                                        dir=self.path.parent)
         try:
-            with os.fdopen(handle, "w") as out:
-                json.dump(data, out)
-            os.replace(temp, self.path)
+            with atomic_output(self.path) as temp:
+                temp.write_text(json.dumps(data))
         except OSError:
-            Path(temp).unlink(missing_ok=True)
             return  # a full disk must not stop training; staleness shows it
         self._written = now
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import Iterable
 from psrec.errors import ConfigError
 from psrec.errors import RetryableError
 from psrec.errors import is_retryable
+from psrec.launch.cluster_probe import accepts
 from psrec.launch.netns import exposed_warning
 from psrec.launch.netns import exposure
 from psrec.ps_cluster.tf_config import ClusterSpec
@@ -87,6 +87,31 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
             _PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass  # not Linux: the launcher's own cleanup still applies
+
+
+def wait_listening(name: str, process: subprocess.Popen, address: str,
+                   log: Path, deadline: float, within: float) -> None:
+    """Blocks until ``address`` accepts a TCP connection, waiting on the
+    role's process between attempts (no fixed sleeps).
+
+    Raises:
+      RoleStartError: not listening by ``deadline`` (``time.monotonic``;
+        ``within``: its seconds from the start, for the message),
+        or the process exited with a retryable code before listening.
+      RoleConfigError: it exited with a permanent code before listening.
+    """
+    while not accepts(address):
+        if time.monotonic() > deadline:
+            raise RoleStartError(
+                f"{name} did not listen on {address} within {within:.0f} s; "
+                f"log tail:\n{tail_log(log)}")
+        try:  # wait on the process itself between attempts
+            code = process.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            continue
+        error = RoleStartError if is_retryable(code) else RoleConfigError
+        raise error(f"{name} exited with code {code} before listening; log "
+                    f"tail:\n{tail_log(log)}")
 
 
 def tail_log(path: Path, lines: int = 20) -> str:
@@ -166,7 +191,7 @@ class LocalCluster:
                                 self._gpus)
             if share is not None:
                 env["CUDA_VISIBLE_DEVICES"] = share
-        log = open(self.log_dir / f"{task.type}-{task.index}.log", "ab")
+        log = open(self.log_dir / f"{task.name}.log", "ab")
         # -P: the working directory is not put on sys.path, so no file of
         # the user's (a models.py, a data.py) can shadow a module psrec or a
         # library it uses imports.
@@ -182,36 +207,18 @@ class LocalCluster:
         """Blocks until each task's port accepts a TCP connection."""
         deadline = time.monotonic() + self.start_timeout
         for task in tasks or list(self.processes):
-            host, port = self.cluster.address_of(task).rsplit(":", 1)
-            process = self.processes[task]
-            while True:
-                try:
-                    with socket.create_connection((host, int(port)), timeout=1):
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RoleStartError(
-                        f"{task.type}-{task.index} did not listen on "
-                        f"{host}:{port} within {self.start_timeout:.0f} s; log "
-                        f"tail:\n{tail_log(self.log_dir / f'{task.type}-{task.index}.log')}")
-                try:  # wait on the process itself between attempts
-                    code = process.wait(timeout=0.05)
-                except subprocess.TimeoutExpired:
-                    continue
-                error = (RoleStartError if is_retryable(code)
-                         else RoleConfigError)
-                raise error(
-                    f"{task.type}-{task.index} exited with code {code} before "
-                    f"listening; log tail:\n"
-                    f"{tail_log(self.log_dir / f'{task.type}-{task.index}.log')}")
+            name = task.name
+            wait_listening(name, self.processes[task],
+                           self.cluster.address_of(task),
+                           self.log_dir / f"{name}.log", deadline,
+                           self.start_timeout)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes.values()]
 
     def exposed_warning(self) -> str:
         """Every port of the cluster and who can reach it (``exposed``)."""
-        ports = {"coordinator" if t.type == "chief" else f"{t.type}-{t.index}":
+        ports = {"coordinator" if t.type == "chief" else t.name:
                  int(self.cluster.address_of(t).rsplit(":", 1)[1])
                  for t in self.cluster.tasks()}
         return exposed_warning(ports, self.exposed or "")

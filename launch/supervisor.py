@@ -374,7 +374,7 @@ class Supervisor:
         time.sleep(self.budget.backoff(role, self.config.backoff))
         for task in tasks:
             process = self.cluster.start_task(task)
-            self.log(f"psrec supervisor: {task.type}-{task.index} restarted "
+            self.log(f"psrec supervisor: {task.name} restarted "
                      f"(pid {process.pid})")
         self.cluster.wait_ready(tasks)
 

@@ -83,6 +83,11 @@ class TaskInfo:
     def __str__(self) -> str:
         return f"{self.type}[{self.index}]"
 
+    @property
+    def name(self) -> str:
+        """``ps-0``, ``worker-1``: how logs and messages name the task."""
+        return f"{self.type}-{self.index}"
+
 
 @dataclass(frozen=True, repr=False)
 class ClusterSpec:

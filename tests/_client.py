@@ -7,6 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from psrec.features.columns import CategoricalFeature
+from psrec.features.columns import DenseFeature
+from psrec.features.columns import LabelConfig
+from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
 
 _MISSING = {"float32": np.nan, "string": "", "int64": -1}
@@ -28,3 +32,24 @@ def client_inputs(table: pa.Table, spec: FeatureSpec) -> dict[str, np.ndarray]:
             values = [pad if v is None else v for v in values]
         raw[name] = np.array(values, _NUMPY[dtype])
     return raw
+
+
+def mixed_spec(name: str) -> FeatureSpec:
+    """A dense feature and string/int, single/multi-hot categoricals in one
+    table: every kind of raw value (and its missing form) at once."""
+    return FeatureSpec(
+        name=name,
+        label=LabelConfig("label"),
+        dense=(DenseFeature("price", transform="log1p", default=1.0),),
+        categorical=(
+            CategoricalFeature("city", table="ids", hash_buckets=50),
+            CategoricalFeature("user", table="ids", dtype="int64",
+                               hash_buckets=50, row_offset=50),
+            CategoricalFeature("tags", table="ids", hash_buckets=50,
+                               row_offset=100, max_length=3, combiner="mean"),
+            CategoricalFeature("codes", table="ids", dtype="int64",
+                               hash_buckets=50, row_offset=150, max_length=3,
+                               combiner="sum"),
+        ),
+        tables=(TableConfig("ids", rows=200, dim=4),),
+    )

@@ -24,19 +24,17 @@ The harness imports no TensorFlow.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Mapping
 from typing import Sequence
 
 import pytest
 
+from tests._proc import WatchedProcess
 from tests._proc import kill_pids
 from tests._proc import wait_gone
 
@@ -52,7 +50,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-class HostProcess:
+class HostProcess(WatchedProcess):
     """A command running inside a host's namespace, in its own session;
     merged stdout/stderr collected line by line (with arrival times) by a
     reader thread, and also appended to ``log_file`` when given."""
@@ -62,69 +60,13 @@ class HostProcess:
                  log_file: Path | None = None) -> None:
         self.host = host
         self.argv = [str(a) for a in argv]
-        self.lines: list[tuple[float, str]] = []
-        self._cond = threading.Condition()
-        self._log = open(log_file, "a") if log_file else None  # noqa: SIM115
-        self.process = subprocess.Popen(
+        log = open(log_file, "a") if log_file else None  # noqa: SIM115
+        super().__init__(subprocess.Popen(
             ["ip", "netns", "exec", namespace, *self.argv], cwd=cwd,
             env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True, bufsize=1,
-            start_new_session=True)
+            start_new_session=True), label=f"{host}: ", log=log)
         self.pid = self.process.pid
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self._cond:
-                self.lines.append((time.monotonic(), line.rstrip("\n")))
-                if self._log:
-                    self._log.write(line)
-                    self._log.flush()
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    @property
-    def output(self) -> str:
-        with self._cond:
-            return "\n".join(line for _, line in self.lines)
-
-    def wait_for(self, pattern: str, timeout: float,
-                 after: int = 0) -> re.Match:
-        """The first output line (from index ``after``) matching
-        ``pattern``; fails when none comes within ``timeout`` s or the
-        process ends without one."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        seen = after
-        with self._cond:
-            while True:
-                for _, line in self.lines[seen:]:
-                    match = regex.search(line)
-                    if match:
-                        return match
-                seen = len(self.lines)
-                ended = (self.process.poll() is not None
-                         and not self._reader.is_alive())
-                left = deadline - time.monotonic()
-                if left <= 0 or ended:
-                    why = (f"it exited {self.process.returncode}" if ended
-                           else f"none within {timeout} s")
-                    raise AssertionError(
-                        f"{self.host}: no line matching {pattern!r} ({why}); "
-                        f"output:\n{self.output[-4000:]}")
-                self._cond.wait(min(left, 0.5))
-
-    def time_of(self, pattern: str) -> float:
-        """When the first line matching ``pattern`` arrived (monotonic)."""
-        regex = re.compile(pattern)
-        with self._cond:
-            for stamp, line in self.lines:
-                if regex.search(line):
-                    return stamp
-        raise AssertionError(f"{self.host}: no line matching {pattern!r}")
 
     def wait(self, timeout: float) -> int:
         """The exit code, once the process and its output have ended; past

@@ -112,29 +112,19 @@ def processes_matching(needles: Iterable[str]) -> dict[int, str]:
 # -- psrec runs -----------------------------------------------------------------
 
 
-class PsrecRun:
-    """``python -m psrec ARGS`` in its own session (process group), its
-    merged stdout/stderr collected line by line, with arrival times, by a
-    reader thread.
+class WatchedProcess:
+    """A started process whose merged stdout/stderr a reader thread
+    collects line by line with arrival times (``lines``), optionally also
+    appended to ``log``; :meth:`wait_for` and :meth:`time_of` search it.
+    ``label`` prefixes failure messages."""
 
-    Use either directly (call :meth:`kill` in a ``finally``) or as a context
-    manager: on exit the process group is SIGKILLed if psrec still runs, and
-    every role, coordinator or restarted pid it announced is killed by pid.
-    """
-
-    def __init__(self, args: Sequence[object], cwd: Path | None = None
-                 ) -> None:
-        self.args = [str(a) for a in args]
+    def __init__(self, process: subprocess.Popen, label: str = "",
+                 log=None) -> None:
+        self.process = process
+        self.label = label
         self.lines: list[tuple[float, str]] = []
         self._cond = threading.Condition()
-        self.started = time.monotonic()
-        env = role_environment()
-        env["PYTHONUNBUFFERED"] = "1"  # lines arrive as they are printed
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "psrec", *self.args], cwd=cwd or REPO,
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True, bufsize=1,
-            start_new_session=True)
+        self._log = log
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -143,24 +133,12 @@ class PsrecRun:
         for line in self.process.stdout:
             with self._cond:
                 self.lines.append((time.monotonic(), line.rstrip("\n")))
+                if self._log:
+                    self._log.write(line)
+                    self._log.flush()
                 self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()
-
-    def __enter__(self) -> "PsrecRun":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait(timeout=30)
-        self._reader.join(timeout=10)
-        kill_pids(self.pids() - {self.process.pid})
-
-    # -- output ---------------------------------------------------------------
 
     @property
     def output(self) -> str:
@@ -169,7 +147,9 @@ class PsrecRun:
 
     def wait_for(self, pattern: str, timeout: float,
                  after: int = 0) -> re.Match:
-        """The first line (from index ``after``) matching ``pattern``."""
+        """The first line (from index ``after``) matching ``pattern``;
+        fails when none comes within ``timeout`` s or the output ends
+        without one."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
         seen = after
@@ -187,7 +167,7 @@ class PsrecRun:
                     why = (f"output ended (exit {self.process.returncode})"
                            if ended else f"none within {timeout} s")
                     raise AssertionError(
-                        f"no line matching {pattern!r}: {why}; "
+                        f"{self.label}no line matching {pattern!r}: {why}; "
                         f"output:\n{self.output[-4000:]}")
                 self._cond.wait(min(left, 0.5))
 
@@ -198,7 +178,43 @@ class PsrecRun:
             for stamp, line in self.lines:
                 if regex.search(line):
                     return stamp
-        raise AssertionError(f"no line matching {pattern!r}")
+        raise AssertionError(f"{self.label}no line matching {pattern!r}")
+
+
+class PsrecRun(WatchedProcess):
+    """``python -m psrec ARGS`` in its own session (process group), its
+    merged stdout/stderr collected line by line, with arrival times, by a
+    reader thread.
+
+    Use either directly (call :meth:`kill` in a ``finally``) or as a context
+    manager: on exit the process group is SIGKILLed if psrec still runs, and
+    every role, coordinator or restarted pid it announced is killed by pid.
+    """
+
+    def __init__(self, args: Sequence[object], cwd: Path | None = None
+                 ) -> None:
+        self.args = [str(a) for a in args]
+        self.started = time.monotonic()
+        env = role_environment()
+        env["PYTHONUNBUFFERED"] = "1"  # lines arrive as they are printed
+        super().__init__(subprocess.Popen(
+            [sys.executable, "-m", "psrec", *self.args], cwd=cwd or REPO,
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, bufsize=1,
+            start_new_session=True))
+
+    def __enter__(self) -> "PsrecRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=30)
+        self._reader.join(timeout=10)
+        kill_pids(self.pids() - {self.process.pid})
 
     # -- pids -----------------------------------------------------------------
 

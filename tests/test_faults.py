@@ -17,38 +17,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
 from psrec.data.manifest import Manifest
-from psrec.data.synthetic import write_synthetic_parquet
-from psrec.features import criteo
+from tests._fault_data import EVERY
+from tests._fault_data import STEPS
+from tests._fault_data import synthetic_run_data
+from tests._fault_data import train_args
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
 from tests._proc import pid_alive
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-STEPS = 300
-EVERY = 50
 PROGRESS = r"^step (\d+)/\d+ \[.*workers \{(.*)\}"
 
 
 @pytest.fixture(scope="module")
 def manifest_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("faultdata")
-    spec = criteo()
-    files = write_synthetic_parquet(spec, root / "parquet", 20_000, files=2)
-    convert(files, spec, root / "tfrecord",
-            ConversionOptions(shards=4, eval_fraction=0.2))
-    return root / "tfrecord"
-
-
-def _train_args(workdir: Path, data: Path, *extra: str) -> list[str]:
-    return ["train", "--workdir", str(workdir), "--data", str(data),
-            "--steps", str(STEPS), "--batch-size", "128",
-            "--steps-per-closure", "5", "--checkpoint-every", str(EVERY),
-            "--log-every", "10", "--no-export", "--keep-checkpoints", "10",
-            *extra]
+    return synthetic_run_data(tmp_path_factory.mktemp("faultdata"))
 
 
 def _steps_seen(run: PsrecRun) -> list[int]:
@@ -72,7 +57,7 @@ def _role_pid(run: PsrecRun, index: int) -> int:
 
 def test_worker_killed_and_not_restarted_run_completes(tmp_path,
                                                        manifest_dir):
-    run = PsrecRun(_train_args(tmp_path, manifest_dir,
+    run = PsrecRun(train_args(tmp_path, manifest_dir,
                                "--no-restart-workers"))
     try:
         run.wait_for(r"^step (7\d|8\d|9\d)/", 240)  # about a quarter
@@ -95,7 +80,7 @@ def test_worker_killed_and_not_restarted_run_completes(tmp_path,
 def test_worker_killed_and_restarted_works_again(tmp_path, manifest_dir):
     # Long enough that the restarted worker has work left after it rejoins.
     steps = 1200
-    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--steps", str(steps)))
+    run = PsrecRun(train_args(tmp_path, manifest_dir, "--steps", str(steps)))
     try:
         run.wait_for(r"^step (2[5-9]\d|3[0-4]\d)/", 240)
         os.kill(_role_pid(run, 2), signal.SIGKILL)
@@ -119,7 +104,7 @@ def test_worker_killed_and_restarted_works_again(tmp_path, manifest_dir):
 
 
 def test_ps_killed_supervisor_restores_and_finishes(tmp_path, manifest_dir):
-    run = PsrecRun(_train_args(tmp_path, manifest_dir))
+    run = PsrecRun(train_args(tmp_path, manifest_dir))
     try:
         run.wait_for(r"checkpoint .*ckpt-100$", 300)
         run.wait_for(r"^step 1[2-4]\d/", 120)
@@ -149,7 +134,7 @@ def test_ps_killed_supervisor_restores_and_finishes(tmp_path, manifest_dir):
 
 
 def _kill_whole_job_then_rerun(tmp_path, manifest_dir, trigger) -> None:
-    first = PsrecRun(_train_args(tmp_path, manifest_dir))
+    first = PsrecRun(train_args(tmp_path, manifest_dir))
     try:
         trigger(first)
         first.process.kill()  # the supervisor: its children follow it
@@ -160,7 +145,7 @@ def _kill_whole_job_then_rerun(tmp_path, manifest_dir, trigger) -> None:
         saved_step = int(latest.rsplit("-", 1)[1])
     finally:
         first.kill()
-    again = PsrecRun(_train_args(tmp_path, manifest_dir))
+    again = PsrecRun(train_args(tmp_path, manifest_dir))
     try:
         began = time.monotonic()
         resumed = again.wait_for(r"resumed from (\S+) at step (\d+)", 240)
@@ -203,7 +188,7 @@ def test_coordinator_killed_during_checkpoint_save_rerun_resumes(
 def test_stalled_worker_trips_watchdog_with_retryable_exit(tmp_path,
                                                            manifest_dir):
     timeout = 12
-    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--stall-timeout",
+    run = PsrecRun(train_args(tmp_path, manifest_dir, "--stall-timeout",
                                str(timeout), "--max-restarts", "0"))
     stopped = None
     try:
@@ -250,7 +235,7 @@ def test_wrong_sha256_in_manifest_is_refused_before_servers(tmp_path,
     manifest = json.loads((data / "manifest.json").read_text())
     manifest["shards"]["train"][1]["sha256"] = "0" * 64
     (data / "manifest.json").write_text(json.dumps(manifest))
-    run = PsrecRun(_train_args(tmp_path / "work", data))
+    run = PsrecRun(train_args(tmp_path / "work", data))
     try:
         assert run.wait(120) == 2
         assert "train-00001-of-00004.tfrecord" in run.output
@@ -266,7 +251,7 @@ def test_corrupted_record_during_training_names_the_file(tmp_path,
     data = _copy_manifest_dir(manifest_dir, tmp_path / "data")
     bad = data / "train-00002-of-00004.tfrecord"
     _flip_byte_in_record(bad, 3)
-    run = PsrecRun(_train_args(tmp_path / "work", data,
+    run = PsrecRun(train_args(tmp_path / "work", data,
                                "--no-verify-checksums"))
     try:
         assert run.wait(300) == 1, run.output[-3000:]
@@ -282,7 +267,7 @@ def test_bounded_skip_counts_exactly_the_corrupted_records(tmp_path,
     _flip_byte_in_record(data / "train-00000-of-00004.tfrecord", 1)
     _flip_byte_in_record(data / "train-00003-of-00004.tfrecord", 4)
     _flip_byte_in_record(data / "train-00003-of-00004.tfrecord", 7)
-    refused = PsrecRun(_train_args(tmp_path / "w1", data,
+    refused = PsrecRun(train_args(tmp_path / "w1", data,
                                    "--max-corrupt-records", "2"))
     try:
         assert refused.wait(120) == 2
@@ -292,7 +277,7 @@ def test_bounded_skip_counts_exactly_the_corrupted_records(tmp_path,
     finally:
         refused.kill()
         assert_no_leftovers(refused, tmp_path)
-    run = PsrecRun(_train_args(tmp_path / "w2", data, "--max-corrupt-records",
+    run = PsrecRun(train_args(tmp_path / "w2", data, "--max-corrupt-records",
                                "3", "--steps", "60"))
     try:
         assert run.wait(300) == 0, run.output[-3000:]
@@ -316,7 +301,7 @@ def test_non_loopback_cluster_refused_without_allow_remote(tmp_path,
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps({"ps": ["10.0.0.5:2222"],
                                    "worker": ["10.0.0.6:2222"]}))
-    run = PsrecRun(_train_args(tmp_path / "w", manifest_dir, "--cluster",
+    run = PsrecRun(train_args(tmp_path / "w", manifest_dir, "--cluster",
                                str(cluster)))
     try:
         assert run.wait(120) == 2

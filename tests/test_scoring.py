@@ -20,31 +20,12 @@ from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
 from psrec.errors import ConfigError
 from psrec.errors import DataError
-from psrec.features.columns import CategoricalFeature
-from psrec.features.columns import DenseFeature
-from psrec.features.columns import LabelConfig
-from psrec.features.columns import TableConfig
-from psrec.features.spec import FeatureSpec
 from psrec.launch.cli import main
 from psrec.models.scoring import score_files
 from tests._client import client_inputs
+from tests._client import mixed_spec
 
-SPEC = FeatureSpec(
-    name="scoring",
-    label=LabelConfig("label"),
-    dense=(DenseFeature("price", transform="log1p", default=1.0),),
-    categorical=(
-        CategoricalFeature("city", table="ids", hash_buckets=50),
-        CategoricalFeature("user", table="ids", dtype="int64",
-                           hash_buckets=50, row_offset=50),
-        CategoricalFeature("tags", table="ids", hash_buckets=50,
-                           row_offset=100, max_length=3, combiner="mean"),
-        CategoricalFeature("codes", table="ids", dtype="int64",
-                           hash_buckets=50, row_offset=150, max_length=3,
-                           combiner="sum"),
-    ),
-    tables=(TableConfig("ids", rows=200, dim=4),),
-)
+SPEC = mixed_spec("scoring")
 ROWS_PER_FILE = (150, 90)  # two input files
 
 

@@ -15,35 +15,16 @@ from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
 from psrec.data.dataset import InputConfig
 from psrec.data.dataset import make_train_dataset_fn
-from psrec.features.columns import CategoricalFeature
-from psrec.features.columns import DenseFeature
-from psrec.features.columns import LabelConfig
-from psrec.features.columns import TableConfig
 from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import ID_COLUMN
-from psrec.features.spec import FeatureSpec
 from psrec.models.config import ModelConfig
 from psrec.models.export import ServingModule
 from psrec.models.export import export_saved_model
 from psrec.models.ranking import build_model
 from tests._client import client_inputs
+from tests._client import mixed_spec
 
-SPEC = FeatureSpec(
-    name="parity",
-    label=LabelConfig("label"),
-    dense=(DenseFeature("price", transform="log1p", default=1.0),),
-    categorical=(
-        CategoricalFeature("city", table="ids", hash_buckets=50),
-        CategoricalFeature("user", table="ids", dtype="int64",
-                           hash_buckets=50, row_offset=50),
-        CategoricalFeature("tags", table="ids", hash_buckets=50,
-                           row_offset=100, max_length=3, combiner="mean"),
-        CategoricalFeature("codes", table="ids", dtype="int64",
-                           hash_buckets=50, row_offset=150, max_length=3,
-                           combiner="sum"),
-    ),
-    tables=(TableConfig("ids", rows=200, dim=4),),
-)
+SPEC = mixed_spec("parity")
 # Hand-made rows first (checked value by value below), then random ones.
 CITY = ["a", None, "", "b", "a", "c", None]
 USER = [1, None, -1, 7, 1, 2, 3]

@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.synthetic import write_synthetic_parquet
-from psrec.features import criteo
+from tests._fault_data import synthetic_run_data
+from tests._fault_data import train_args
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
 from tests._proc import pid_alive
@@ -31,20 +29,13 @@ PROGRESS = r"^step (\d+)/\d+ \["
 
 @pytest.fixture(scope="module")
 def manifest_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("watchdata")
-    spec = criteo()
-    files = write_synthetic_parquet(spec, root / "parquet", 20_000, files=2)
-    convert(files, spec, root / "tfrecord",
-            ConversionOptions(shards=4, eval_fraction=0.2))
-    return root / "tfrecord"
+    return synthetic_run_data(tmp_path_factory.mktemp("watchdata"))
 
 
-def _train_args(workdir: Path, data: Path, *extra: str) -> list[str]:
-    return ["train", "--workdir", str(workdir), "--data", str(data),
-            "--steps", "300", "--batch-size", "128",
-            "--steps-per-closure", "5", "--checkpoint-every", "50",
-            "--log-every", "10", "--no-export", "--keep-checkpoints", "10",
-            *extra]
+def _past_first_checkpoint(run: PsrecRun) -> None:
+    """Waits until the run has saved ckpt-50 and trained on past it."""
+    run.wait_for(r"checkpoint .*ckpt-50$", 300)
+    run.wait_for(r"^step (7\d|8\d)/", 120)
 
 
 def _steps_seen(run: PsrecRun, after: int = 0) -> list[int]:
@@ -55,12 +46,11 @@ def _steps_seen(run: PsrecRun, after: int = 0) -> list[int]:
 def test_frozen_coordinator_is_detected_killed_and_restarted(tmp_path,
                                                             manifest_dir):
     timeout = 15
-    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--stall-timeout",
+    run = PsrecRun(train_args(tmp_path, manifest_dir, "--stall-timeout",
                                str(timeout)))
     frozen = None
     try:
-        run.wait_for(r"checkpoint .*ckpt-50$", 300)
-        run.wait_for(r"^step (7\d|8\d)/", 120)
+        _past_first_checkpoint(run)
         frozen = run.coordinator_pids[-1]
         os.kill(frozen, signal.SIGSTOP)  # its own watchdog cannot run now
         began = time.monotonic()
@@ -92,12 +82,11 @@ def test_frozen_coordinator_is_detected_killed_and_restarted(tmp_path,
 def test_frozen_ps_is_classified_and_only_it_is_restarted(tmp_path,
                                                           manifest_dir):
     timeout = 15
-    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--stall-timeout",
+    run = PsrecRun(train_args(tmp_path, manifest_dir, "--stall-timeout",
                                str(timeout)))
     frozen = None
     try:
-        run.wait_for(r"checkpoint .*ckpt-50$", 300)
-        run.wait_for(r"^step (7\d|8\d)/", 120)
+        _past_first_checkpoint(run)
         frozen = run.role_pids[0]
         os.kill(frozen, signal.SIGSTOP)
         began = time.monotonic()
@@ -133,7 +122,7 @@ def test_cluster_not_up_fails_naming_the_unreachable_tasks(tmp_path,
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps({"ps": [f"127.0.0.1:{ps}"],
                                    "worker": [f"127.0.0.1:{worker}"]}))
-    run = PsrecRun(_train_args(tmp_path / "w", manifest_dir, "--cluster",
+    run = PsrecRun(train_args(tmp_path / "w", manifest_dir, "--cluster",
                                str(cluster), "--connect-timeout", "5",
                                "--stall-timeout", "30"))
     try:
@@ -152,7 +141,7 @@ def test_cluster_not_up_fails_naming_the_unreachable_tasks(tmp_path,
 
 def test_worker_failures_spend_the_worker_budget_only(tmp_path,
                                                       manifest_dir):
-    run = PsrecRun(_train_args(
+    run = PsrecRun(train_args(
         tmp_path, manifest_dir, "--steps", "2000", "--max-restarts", "0",
         "--max-worker-restarts", "3", "--max-ps-restarts", "1"))
     try:
@@ -190,7 +179,7 @@ def test_worker_failures_spend_the_worker_budget_only(tmp_path,
 def test_sigterm_saves_a_checkpoint_and_prints_one_line(tmp_path,
                                                         manifest_dir):
     # No boundary (checkpoint, eval) near the signal: the save is its own.
-    run = PsrecRun(_train_args(tmp_path, manifest_dir, "--steps", "2000",
+    run = PsrecRun(train_args(tmp_path, manifest_dir, "--steps", "2000",
                                "--checkpoint-every", "1000"))
     try:
         run.wait_for(r"^step (7\d|8\d)/", 300)
