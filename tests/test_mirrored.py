@@ -50,6 +50,12 @@ def _run_check(name: str, *args: str, timeout: float = 240) -> dict:
     return json.loads(lines[-1])
 
 
+# The stall check's timeout: long enough that building the input pipeline
+# on a loaded 2-core CI machine never counts as a stall (1 s did, once),
+# short against the hung call (20x as long).
+_STALL_TIMEOUT = 6.0
+
+
 # -- tests -----------------------------------------------------------------------
 
 
@@ -157,7 +163,7 @@ def test_mirrored_job_stall_fires_the_watchdog_with_the_pending_call(
     err = done.stderr
     assert done.returncode == 138, err[-3000:]
     assert "psrec watchdog: no training progress for" in err
-    assert "(--stall-timeout 1)" in err
+    assert f"(--stall-timeout {_STALL_TIMEOUT:g})" in err
     assert ("1 call(s) in flight (the oldest is awaited); step 0; "
             "no results yet") in err
     assert "psrec watchdog: exiting with retryable code 138" in err
@@ -524,12 +530,12 @@ def _check_stall(workdir: str) -> dict:
         function = original(*args, **kwargs)
 
         def stalled_call(iterator):  # named in the watchdog's stack dump
-            time.sleep(30)
+            time.sleep(20 * _STALL_TIMEOUT)
             return function(iterator)
         return stalled_call
 
     trainer_module.make_train_function = hanging
-    config = dataclasses.replace(_job_config(workdir), stall_timeout=1.0,
+    config = dataclasses.replace(_job_config(workdir), stall_timeout=_STALL_TIMEOUT,
                                  export=False)
     run_job(config, log=lambda text: None)
     print("NOT REACHED", flush=True)
