@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
+from psrec.data.catalogue import CatalogueCollector
 from psrec.data.conversion_report import ConversionReport
 from psrec.data.input_checks import categorical_values
 from psrec.data.input_checks import check_schema
@@ -64,6 +65,9 @@ from psrec.features.transforms import CategoricalEncoder
 from psrec.features.transforms import derive_all
 from psrec.progress import SILENT
 from psrec.progress import Progress
+from psrec.uri import require_tf_filesystem
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 
 class BadDataError(DataError):
@@ -203,7 +207,7 @@ def _warnings(rows_written: dict[str, int],
             "selected no row; raise --eval-fraction.",)
 
 
-def _clean_previous(out_dir: Path) -> None:
+def _clean_previous(out_dir: Path | UriPath) -> None:
     """Removes the old manifest first, so stale shards are never published."""
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     (out_dir / SPEC_FILE_NAME).unlink(missing_ok=True)
@@ -211,11 +215,11 @@ def _clean_previous(out_dir: Path) -> None:
         path.unlink()
 
 
-def _save_spec(spec: FeatureSpec, out_dir: Path) -> str:
+def _save_spec(spec: FeatureSpec, out_dir: Path | UriPath) -> str:
     """Saves the spec beside the data (temp file + rename)."""
     tmp = out_dir / f".spec.tmp-{os.getpid()}.yaml"
     try:
-        os.replace(spec.save(tmp), out_dir / SPEC_FILE_NAME)
+        spec.save(tmp).replace(out_dir / SPEC_FILE_NAME)
     finally:
         tmp.unlink(missing_ok=True)
     return SPEC_FILE_NAME
@@ -232,7 +236,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         it), or folders of them (see
         :func:`~psrec.data.parquet_inputs.parquet_files`).
       spec: the feature spec.
-      out_dir: output folder (created).
+      out_dir: output folder (created): a local path or a URI TensorFlow
+        writes (``gs://``, ``ram://``; inputs may also be ``s3://``).
       options: see :class:`ConversionOptions`.
       progress: told the input rows as they are read (one pass).
 
@@ -246,6 +251,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         quarantine is still written; no shard or manifest is published).
     """
     start = time.perf_counter()
+    require_tf_filesystem(out_dir, "output folder")
     paths = parquet_files(list(parquet_paths))
     if not paths:
         raise ValueError("give at least one Parquet file to convert.")
@@ -267,7 +273,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                        order_by=options.order_by,
                        eval_files=options.eval_files)
 
-    out = Path(out_dir)
+    out = as_path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     _clean_previous(out)
@@ -282,6 +288,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     truncated: collections.Counter = collections.Counter()
     positives = dict.fromkeys(SPLITS, 0)
     next_id = 0
+    catalogue = CatalogueCollector(spec) if spec.towers else None
     task = progress.task("convert", total_rows, "rows")
     try:
         for path in paths:
@@ -308,6 +315,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                                                 options.neg_sample_rate)
                 positives["train"] += np.count_nonzero(label[to_train])
                 positives["eval"] += np.count_nonzero(label[to_eval])
+                if catalogue is not None:  # retrieval: candidates, counts
+                    catalogue.add(batch, columns, to_train)
                 writers["train"].add({k: v[to_train]
                                       for k, v in columns.items()})
                 if "eval" in writers:
@@ -346,6 +355,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         if SHARD_NAME_RE.match(stale.name) and not any(
                 stale.name == s.file for v in shards.values() for s in v):
             stale.unlink()
+    if catalogue is not None:
+        catalogue.write(out)
     manifest = Manifest(
         root=out, spec_name=spec.name, spec_hash=spec.fingerprint(),
         block_rows=options.block_rows, shards=shards,

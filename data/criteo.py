@@ -55,7 +55,7 @@ def criteo_schema(*, labelled: bool = True) -> pa.Schema:
 def _criteo_is_labelled(path: Path) -> bool:
     """Tells the labelled (40-field) from the unlabelled (39-field) layout by
     the first line; the parser checks every other line against it."""
-    with pa.input_stream(str(path), compression="detect") as stream:
+    with open_input(path) as (_, stream):  # a local path or a URI
         head = stream.read(_SNIFF_BYTES)
     if not head.strip():
         raise IngestError(f"Criteo file {str(path)!r} is empty; check the "
@@ -116,7 +116,7 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
                 convert_options=pa_csv.ConvertOptions(
                     column_types={field.name: field.type for field in schema},
                     null_values=[""], strings_can_be_null=True))
-            with pq.ParquetWriter(tmp_path, schema) as writer:
+            with pq.ParquetWriter(str(tmp_path), schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
                     rows += batch.num_rows

@@ -24,9 +24,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from psrec.data.files import open_arrow_input
 from psrec.errors import ConfigError
 from psrec.progress import Progress
 from psrec.progress import Task
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 
 class IngestError(ConfigError):
@@ -72,9 +75,10 @@ class IngestReport:
         return text
 
 
-def prepare_out_dir(out_dir: str | Path) -> Path:
-    """``out_dir`` as a :class:`Path`, created if needed."""
-    path = Path(out_dir)
+def prepare_out_dir(out_dir: str | Path) -> Path | UriPath:
+    """``out_dir`` as a :class:`Path` (or a :class:`UriPath` for a URI:
+    ``s3://`` is written through ``pyarrow.fs``), created if needed."""
+    path = as_path(out_dir)
     if path.exists() and not path.is_dir():
         raise IngestError(
             f"Output path {str(path)!r} exists and is not a folder; pass a "
@@ -113,7 +117,7 @@ def output_stem(path: Path) -> str:
 def check_sources(paths: Sequence[str | Path], what: str) -> list[Path]:
     """The inputs as paths: at least one, each an existing file, their
     output stems distinct (one Parquet file per input)."""
-    sources = [Path(p) for p in paths]
+    sources = [as_path(p) for p in paths]  # local paths or URIs
     if not sources:
         raise IngestError(f"no {what} given; pass at least one input file.")
     for src in sources:
@@ -133,8 +137,8 @@ def open_input(path: Path) -> Iterator[tuple[pa.NativeFile, pa.NativeFile]]:
     """Yields ``(raw, stream)``: the file as stored and the byte stream to
     parse, decompressed on the fly when the suffix says so. ``raw.tell()``
     is how far into the stored file the reader has got (for progress, see
-    :class:`ReadMeter`)."""
-    with pa.OSFile(str(path), "rb") as raw:
+    :class:`ReadMeter`). ``path`` may be a URI (``s3://``: pyarrow.fs)."""
+    with open_arrow_input(path) as raw:
         codec = compression_of(path)
         if codec is None:
             yield raw, raw

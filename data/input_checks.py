@@ -156,7 +156,7 @@ def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
     flag(~np.isfinite(values), f"non-finite label {spec.label.name!r}")
     flag(~_finite_float32(values),
          f"label {spec.label.name!r} overflows float32")
-    if spec.label.threshold is None:
+    if spec.label.threshold is None and spec.label.loss != "mse":
         bad = np.isfinite(values) & (values != 0) & (values != 1)
         for value in np.unique(values[bad & (reasons == None)]):  # noqa: E711
             flag(bad & (values == value),

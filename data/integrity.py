@@ -33,6 +33,7 @@ from psrec.features.spec import ID_COLUMN
 from psrec.progress import SILENT
 from psrec.progress import Progress
 from psrec.progress import Task
+from psrec.uri_path import as_path
 
 
 class SplitOverlapError(ConfigError):
@@ -218,10 +219,10 @@ def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
                             "--max-corrupt-records N)")
     losses, replaced = [], {}
     for split, shard, message in problems:
-        path = manifest.root / shard.file
+        path = manifest.path_of(shard.file)
         if not path.is_file():
             raise ManifestError(message)
-        repaired = Path(out_dir) / shard.file
+        repaired = as_path(out_dir) / shard.file
         scan = scan_records(path, repaired)
         if scan.clean:  # same records, other bytes: not corruption
             raise ManifestError(message)

@@ -132,7 +132,7 @@ def _ingest_file(src: Path, dst: Path, schema: pa.Schema,
             for batch in reader:
                 table = _flatten(pa.Table.from_batches([batch]))
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp_path, table.schema)
+                    writer = pq.ParquetWriter(str(tmp_path), table.schema)
                 writer.write_table(table)
                 meter.add(batch.num_rows)
             meter.finish()
@@ -142,7 +142,7 @@ def _ingest_file(src: Path, dst: Path, schema: pa.Schema,
             if writer is not None:
                 writer.close()
         if writer is None:
-            pq.write_table(_flatten(schema.empty_table()), tmp_path)
+            pq.write_table(_flatten(schema.empty_table()), str(tmp_path))
     return meter.rows
 
 

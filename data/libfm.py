@@ -31,7 +31,6 @@ fields.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -228,7 +227,7 @@ def _ingest_file(src: Path, dst: Path, names: list[str] | None,
                 for block in _read_lines(stream, block_size_bytes):
                     batch = _batch(block.column(0), st)
                     if writer is None:
-                        writer = pq.ParquetWriter(work, batch.schema)
+                        writer = pq.ParquetWriter(str(work), batch.schema)
                     writer.write_batch(batch)
                     positives += int(pc.sum(batch.column(0)).as_py() or 0)
                     st.lines_before += batch.num_rows
@@ -248,12 +247,12 @@ def _ingest_file(src: Path, dst: Path, names: list[str] | None,
             drop = {f"{n}_value" for n, non_one in zip(st.names, st.non_one)
                     if not non_one}
             if not drop:
-                os.replace(work, tmp)
+                work.replace(tmp)
             else:
-                parquet = pq.ParquetFile(work)
+                parquet = pq.ParquetFile(str(work))
                 schema = parquet.schema_arrow
                 keep = [n for n in schema.names if n not in drop]
-                with pq.ParquetWriter(tmp, pa.schema(
+                with pq.ParquetWriter(str(tmp), pa.schema(
                         [schema.field(n) for n in keep])) as slim:
                     for group in range(parquet.num_row_groups):
                         slim.write_table(parquet.read_row_group(group, keep))

@@ -24,6 +24,9 @@ from psrec.features.presets import PRESETS
 from psrec.features.presets import resolve_spec
 from psrec.features.presets import with_absolute_vocabularies
 from psrec.features.spec import FeatureSpec
+from psrec.uri import is_uri
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 MANIFEST_NAME = "manifest.json"
 SPEC_FILE_NAME = "spec.yaml"
@@ -70,7 +73,7 @@ class Manifest:
         trained on the data corrects its logits by ``log(rate)``.
     """
 
-    root: Path
+    root: Path | UriPath
     spec_name: str
     spec_hash: str
     block_rows: int
@@ -86,7 +89,13 @@ class Manifest:
     def files(self, split: str = "train") -> list[str]:
         """Absolute paths of a split's shards, in order."""
         _check_split(split)
-        return [str(self.root / s.file) for s in self.shards[split]]
+        return [str(self.path_of(s.file)) for s in self.shards[split]]
+
+    def path_of(self, file: str) -> Path | UriPath:
+        """A shard's location: ``file`` under ``root``, or ``file`` itself
+        when it is absolute or a URI (a repaired copy, see
+        :meth:`with_files`)."""
+        return as_path(file) if is_uri(file) else self.root / file
 
     def rows(self, split: str = "train") -> int:
         _check_split(split)
@@ -128,14 +137,15 @@ class Manifest:
             "negatives_dropped": self.negatives_dropped,
         }
 
-    def write(self) -> Path:
+    def write(self) -> Path | UriPath:
         """Writes ``manifest.json`` atomically (temp file + rename)."""
         return write_json_atomic(self.root / MANIFEST_NAME, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> "Manifest":
-        """Reads a manifest file, or the manifest inside a folder."""
-        path = Path(path)
+        """Reads a manifest file, or the manifest inside a folder (a local
+        path or a URI)."""
+        path = as_path(path)
         if path.is_dir():
             path = path / MANIFEST_NAME
         if not path.is_file():
@@ -222,7 +232,7 @@ class Manifest:
         found = []
         for split in SPLITS:
             for shard in self.shards[split]:
-                path = self.root / shard.file
+                path = self.path_of(shard.file)
                 if not path.is_file():
                     message = (f"shard {path} listed in the manifest is "
                                "missing.")
@@ -338,7 +348,7 @@ def _rate(value: Any) -> float:
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with as_path(path).open("rb") as handle:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()

@@ -189,6 +189,6 @@ def ingest_movielens(ml_dir: str | Path, out_dir: str | Path) -> IngestReport:
 
     dst = prepare_out_dir(out_dir) / MOVIELENS_FILE_NAME
     with atomic_output(dst) as tmp_path:
-        pq.write_table(table, tmp_path)
+        pq.write_table(table, str(tmp_path))
     return IngestReport(files=(str(dst),), rows=table.num_rows,
                         positives=positives or 0)

@@ -6,47 +6,79 @@ file is a one-line :class:`CorruptParquetError` naming it."""
 from __future__ import annotations
 
 from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Iterator
 from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from psrec.data.files import open_arrow_input
 from psrec.errors import ConfigError
 from psrec.errors import DataError
+from psrec.uri import arrow_filesystem
+from psrec.uri import arrow_supports
+from psrec.uri import is_uri
+from psrec.uri import name as uri_name
+from psrec.uri_path import as_path
 
 
 def parquet_files(paths: Sequence[str | Path]) -> list[str]:
     """Input paths as Parquet files, as pyarrow's dataset discovery finds
     them: a folder expands to every ``*.parquet`` file below it (recursive,
     sorted, skipping names that start with ``.`` or ``_``); files stay in the
-    given order.
+    given order. A path may be a URI (``s3://bucket/logs/``): folders are
+    listed through ``pyarrow.fs`` (``psrec.uri``).
 
     Raises:
       FileNotFoundError: a path does not exist.
       ConfigError: a folder holds no ``*.parquet`` file.
     """
     files: list[str] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found = sorted(
-                file.relative_to(path).as_posix()
-                for file in path.rglob("*.parquet") if file.is_file()
-                and not any(part.startswith((".", "_"))
-                            for part in file.relative_to(path).parts))
+    for path in paths:
+        kind, found = _listing(path)
+        if kind == "dir":
             if not found:
                 raise ConfigError(
                     f"input folder {path} holds no *.parquet file; pass "
                     "Parquet files or a folder of them (`psrec ingest` "
-                    "turns CSV, libFM, JSON lines, Criteo TSV or MovieLens files into "
-                    "Parquet).")
-            files += [str(path / name) for name in found]
-        elif path.is_file():
-            files.append(str(path))
+                    "turns CSV, libFM, JSON lines, Criteo TSV or MovieLens "
+                    "files into Parquet).")
+            files += [str(as_path(path) / name) for name in found]
+        elif kind == "file":
+            files.append(str(as_path(path)))
         else:
             raise FileNotFoundError(
                 f"input Parquet file {path} does not exist.")
     return files
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
+def _listing(path: str | Path) -> tuple[str, list[str]]:
+    """``("dir", sorted relative *.parquet names)``, ``("file", [])`` or
+    ``("missing", [])``."""
+    if not is_uri(path) or not arrow_supports(path):
+        folder = as_path(path)
+        if folder.is_dir():
+            return "dir", sorted(
+                found.relative_to(folder).as_posix()
+                for found in folder.rglob("*.parquet") if found.is_file()
+                and not _hidden(found.relative_to(folder).as_posix()))
+        return ("file" if folder.is_file() else "missing"), []
+    import pyarrow.fs as pafs
+    filesystem, inner = arrow_filesystem(path)
+    info = filesystem.get_file_info(inner)
+    if info.type == pafs.FileType.Directory:
+        below = filesystem.get_file_info(pafs.FileSelector(
+            inner, recursive=True))
+        return "dir", sorted(
+            rel for rel in (i.path[len(inner.rstrip("/")) + 1:] for i in below
+                            if i.type == pafs.FileType.File)
+            if rel.endswith(".parquet") and not _hidden(rel))
+    return ("file" if info.type == pafs.FileType.File else "missing"), []
 
 
 class CorruptParquetError(DataError):
@@ -74,9 +106,12 @@ def read_metadata(path: str) -> pq.FileMetaData:
     command to run when the file is no Parquet, CorruptParquetError when
     it starts as Parquet but its footer is cut or broken."""
     try:
-        return pq.read_metadata(path)
+        with open_arrow_input(path) as file:
+            return pq.read_metadata(file)
     except (pa.ArrowException, OSError) as error:
-        with open(path, "rb") as file:
+        if isinstance(error, FileNotFoundError):
+            raise
+        with open_arrow_input(path) as file:
             if file.read(len(_MAGIC)) == _MAGIC:
                 raise CorruptParquetError(path, error) from error
         reason = _reason(error)
@@ -92,10 +127,11 @@ def parquet_batches(path: str, **options) -> Iterator[pa.RecordBatch]:
     the damage, never a bare ``OSError`` from pyarrow."""
     rows = 0
     try:
-        parquet = pq.ParquetFile(path, page_checksum_verification=True)
-        for batch in parquet.iter_batches(**options):
-            rows += batch.num_rows
-            yield batch
+        with open_arrow_input(path) as file:
+            parquet = pq.ParquetFile(file, page_checksum_verification=True)
+            for batch in parquet.iter_batches(**options):
+                rows += batch.num_rows
+                yield batch
     except (pa.ArrowException, OSError) as error:
         raise CorruptParquetError(
             path, error, f" after row {rows}" if rows else "") from error
@@ -108,7 +144,7 @@ _INGEST_BY_SUFFIX = {".csv": "csv", ".tsv": "csv (or criteo)", ".txt": "csv",
 
 def _ingest_hint(path: str) -> str:
     """The ``psrec ingest`` command that reads a file like ``path``."""
-    suffixes = [s for s in Path(path).suffixes
+    suffixes = [s for s in PurePosixPath(uri_name(path)).suffixes
                 if s not in (".gz", ".bz2", ".zst", ".lz4")]
     kind = _INGEST_BY_SUFFIX.get(suffixes[-1].lower() if suffixes else "")
     return (f"`psrec ingest {kind}`" if kind else

@@ -17,6 +17,7 @@ import struct
 from pathlib import Path
 
 from psrec.data.files import atomic_output
+from psrec.uri_path import as_path
 
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
 _MASK_DELTA = 0xA282EAD8
@@ -79,7 +80,7 @@ def scan_records(path: str | Path, repaired: str | Path | None = None
       repaired: when given, the good records are written there (framed as
         TFRecords, written under a temporary name and renamed).
     """
-    data = Path(path).read_bytes()
+    data = as_path(path).read_bytes()
     out = bytearray()
     good = corrupted = 0
     offset, unreadable = 0, None

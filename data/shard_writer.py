@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 from pathlib import Path
 
@@ -15,10 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tensorflow as tf
 
+from psrec.data.files import open_sink
 from psrec.data.manifest import ShardInfo
 from psrec.data.manifest import sha256_file
 from psrec.data.records import encode_block
 from psrec.features.spec import ID_COLUMN
+from psrec.uri import arrow_supports
+from psrec.uri_path import UriPath
 
 QUARANTINE_NAME = "quarantine.parquet"
 SHARD_NAME_RE = re.compile(r"^(train|eval)-\d{5}-of-\d{5}\.tfrecord$")
@@ -34,7 +36,7 @@ def shard_name(split: str, index: int, num_shards: int) -> str:
 class ShardWriter:
     """Cuts a stream of rows into blocks written round-robin to shards."""
 
-    def __init__(self, out_dir: Path, split: str, num_shards: int,
+    def __init__(self, out_dir: Path | UriPath, split: str, num_shards: int,
                  block_rows: int) -> None:
         self.names = [shard_name(split, i, num_shards)
                       for i in range(num_shards)]
@@ -79,13 +81,13 @@ class ShardWriter:
         for writer in self._writers:
             writer.close()
 
-    def publish(self, out_dir: Path) -> tuple[ShardInfo, ...]:
+    def publish(self, out_dir: Path | UriPath) -> tuple[ShardInfo, ...]:
         infos = []
         for name, tmp, rows in zip(self.names, self.tmp_paths, self._rows):
             infos.append(ShardInfo(file=name, rows=rows,
                                    bytes=tmp.stat().st_size,
                                    sha256=sha256_file(tmp)))
-            os.replace(tmp, out_dir / name)
+            tmp.replace(out_dir / name)
         return tuple(infos)
 
     def discard(self) -> None:
@@ -94,12 +96,14 @@ class ShardWriter:
 
 
 class Quarantine:
-    """Streams bad rows to a Parquet file under a temporary name."""
+    """Streams bad rows to a Parquet file under a temporary name (through
+    ``tf.io.gfile`` on a store only TensorFlow reaches, e.g. ``ram://``)."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path | UriPath) -> None:
         self.path = out_dir / QUARANTINE_NAME
         self._tmp = out_dir / f".{QUARANTINE_NAME}.tmp"
         self._writer: pq.ParquetWriter | None = None
+        self._handle = None  # the gfile the writer writes to, if any
         self.reasons: collections.Counter = collections.Counter()
 
     def add(self, source: str, first_row: int, rows: np.ndarray,
@@ -114,7 +118,10 @@ class Quarantine:
                           "reason": reasons.tolist(), "record": records},
                          schema=_QUARANTINE_SCHEMA)
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._tmp, _QUARANTINE_SCHEMA)
+            sink = str(self._tmp)
+            if not arrow_supports(sink):
+                sink = self._handle = open_sink(self._tmp)
+            self._writer = pq.ParquetWriter(sink, _QUARANTINE_SCHEMA)
         self._writer.write_table(table)
 
     @property
@@ -125,11 +132,16 @@ class Quarantine:
         if self._writer is None:
             self.path.unlink(missing_ok=True)
             return None
-        self._writer.close()
-        os.replace(self._tmp, self.path)
+        self._close_writer()
+        self._tmp.replace(self.path)
         return str(self.path)
+
+    def _close_writer(self) -> None:
+        self._writer.close()
+        if self._handle is not None:
+            self._handle.close()
 
     def discard(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            self._close_writer()
         self._tmp.unlink(missing_ok=True)

@@ -24,11 +24,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from psrec.data.files import atomic_output
+from psrec.data.files import parquet_sink
 from psrec.errors import check
 from psrec.features.columns import CategoricalFeature
 from psrec.features.columns import DenseFeature
 from psrec.features.derived import EPOCH_MS
 from psrec.features.spec import FeatureSpec
+from psrec.uri_path import as_path
 
 _CHUNK_ROWS = 50_000
 _ZIPF_EXPONENT = 1.15
@@ -213,7 +215,7 @@ def write_synthetic_parquet(spec: FeatureSpec, out_dir: str | Path,
     """
     check(rows >= 1, "rows", rows, "must be >= 1")
     check(files >= 1, "files", files, "must be >= 1")
-    out = Path(out_dir)
+    out = as_path(out_dir)  # a local path or a URI
     out.mkdir(parents=True, exist_ok=True)
     truth = _truth(spec, seed)
     per_file = -(-rows // files)
@@ -223,14 +225,14 @@ def write_synthetic_parquet(spec: FeatureSpec, out_dir: str | Path,
         if count <= 0:
             break
         path = out / f"{spec.name}-synthetic-{f:03d}.parquet"
-        with atomic_output(path) as tmp:
+        with atomic_output(path) as tmp, parquet_sink(tmp) as sink:
             writer = None
             for start in range(0, count, _CHUNK_ROWS):
                 table = _chunk(spec, truth, seed, chunk_index,
                                min(_CHUNK_ROWS, count - start))
                 chunk_index += 1
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema)
+                    writer = pq.ParquetWriter(sink, table.schema)
                 writer.write_table(table)
             writer.close()
         paths.append(str(path))

@@ -183,7 +183,7 @@ def _ingest_file(src: Path, dst: Path, names: list[str],
         try:
             reader = pa_csv.open_csv(stream, **_options(
                 names, full_types, invalid_row_handler=on_invalid_row, **read))
-            with pq.ParquetWriter(tmp_path, schema) as writer:
+            with pq.ParquetWriter(str(tmp_path), schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
                     meter.add(batch.num_rows)

@@ -15,6 +15,7 @@ from psrec.features.presets import criteo
 from psrec.features.presets import movielens
 from psrec.features.presets import resolve_spec
 from psrec.features.spec import FeatureSpec
+from psrec.features.towers import TowersConfig
 
 __all__ = [
     "PRESETS",
@@ -25,6 +26,7 @@ __all__ = [
     "LabelConfig",
     "SpecError",
     "TableConfig",
+    "TowersConfig",
     "criteo",
     "movielens",
     "resolve_spec",

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any
 from typing import Sequence
 
 from psrec.errors import ConfigError
+from psrec.uri_path import as_path
 
 DENSE_TRANSFORMS = ("none", "log1p", "standardize")
 COMBINERS = ("sum", "mean")
 CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
+LOSSES = ("logloss", "mse")
 
 class SpecError(ConfigError):
     """A feature spec is malformed; the message names the key and the value.
@@ -277,7 +278,7 @@ class CategoricalFeature:
         ignored)."""
         if self.vocabulary_file is None:
             raise SpecError(f"feature {self.name!r} has no vocabulary_file.")
-        path = Path(self.vocabulary_file)
+        path = as_path(self.vocabulary_file)
         if not path.is_file():
             raise SpecError(
                 f"categorical feature {self.name!r}: `vocabulary_file` = "
@@ -308,12 +309,21 @@ class LabelConfig:
         threshold: when given, label = ``value >= threshold`` (e.g. rating
             >= 4); otherwise the column must hold 0/1 and anything else is a
             bad row.
+        loss: ``logloss`` (a 0/1 label, click-through models) or ``mse``
+            (regression on the raw value, e.g. a rating; evaluated by RMSE;
+            any finite value is a label, no threshold).
     """
 
     name: str = "label"
     threshold: float | None = None
+    loss: str = "logloss"
 
     def __post_init__(self) -> None:
         raise_problems(_check_name("label", self.name)
                        + _check_number("label", "threshold", self.threshold,
-                                       optional=True))
+                                       optional=True)
+                       + _check_choice("label", "loss", self.loss, LOSSES)
+                       + (["label: `threshold` makes a 0/1 label, which `loss`"
+                           " = 'mse' does not take: drop one of them."]
+                          if self.loss == "mse" and self.threshold is not None
+                          else []))

@@ -1,4 +1,5 @@
-"""Named feature specs shipped with psrec: ``criteo`` and ``movielens``.
+"""Named feature specs shipped with psrec: ``criteo``, ``movielens``,
+``movielens-retrieval`` and ``movielens-rating``.
 
 Presets are built in code from one pattern each (no copied variants),
 ``resolve_spec`` turns a preset name or a spec file path into a spec and
@@ -18,6 +19,8 @@ from psrec.features.columns import LabelConfig
 from psrec.features.columns import SpecError
 from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
+from psrec.features.towers import TowersConfig
+from psrec.uri_path import as_path
 
 CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
 CRITEO_CATEGORICAL = tuple(f"C{i}" for i in range(1, 27))
@@ -81,9 +84,45 @@ def movielens(dim: int = 16) -> FeatureSpec:
     )
 
 
+def movielens_retrieval(dim: int = 32) -> FeatureSpec:
+    """MovieLens-100k for two-tower retrieval: every rating is a positive
+    (user, movie) pair (label = rating >= 1).
+
+    Query tower: the user id and demographics (age standardised as in
+    :func:`movielens`); candidate tower: the movie id and its genres.
+    The id tables are hashed ~50x wider than the ids they hold, so few
+    users or movies share a row (a shared row makes two movies one).
+    """
+    base = movielens(dim)
+    wide_ids = {"user_id": 50_000, "item_id": 100_000}
+    categorical = tuple(
+        dataclasses.replace(f, hash_buckets=wide_ids.get(f.name,
+                                                         f.hash_buckets))
+        for f in base.categorical)
+    tables = tuple(
+        dataclasses.replace(t, rows=wide_ids[f"{t.name}_id"])
+        if f"{t.name}_id" in wide_ids else t for t in base.tables)
+    return dataclasses.replace(
+        base, name="movielens-retrieval",
+        label=LabelConfig("rating", threshold=1),
+        categorical=categorical, tables=tables,
+        towers=TowersConfig(
+            query=("user_id", "age", "gender", "occupation", "zip"),
+            candidate=("item_id", "genres"), candidate_id="item_id"))
+
+
+def movielens_rating(dim: int = 16) -> FeatureSpec:
+    """MovieLens-100k rating regression: :func:`movielens`'s features,
+    the rating itself as the label (``loss: mse``, evaluated by RMSE)."""
+    return dataclasses.replace(movielens(dim), name="movielens-rating",
+                               label=LabelConfig("rating", loss="mse"))
+
+
 PRESETS: dict[str, Callable[[], FeatureSpec]] = {
     "criteo": criteo,
     "movielens": movielens,
+    "movielens-retrieval": movielens_retrieval,
+    "movielens-rating": movielens_rating,
 }
 
 
@@ -98,7 +137,7 @@ def resolve_spec(spec: str | Path | FeatureSpec) -> FeatureSpec:
     text = str(spec)
     if text in PRESETS:
         return PRESETS[text]()
-    if Path(text).is_file():
+    if as_path(text).is_file():
         return FeatureSpec.load(text)
     raise SpecError(
         f"`--spec` = {text!r} is neither a preset ({', '.join(PRESETS)}) "
@@ -114,9 +153,10 @@ def with_absolute_vocabularies(spec: FeatureSpec) -> FeatureSpec:
     as is."""
     categorical = tuple(
         dataclasses.replace(
-            feature, vocabulary_file=str(Path(feature.vocabulary_file).absolute()))
+            feature, vocabulary_file=str(
+                as_path(feature.vocabulary_file).absolute()))
         if feature.vocabulary_file is not None
-        and not Path(feature.vocabulary_file).is_absolute() else feature
+        and not as_path(feature.vocabulary_file).is_absolute() else feature
         for feature in spec.categorical)
     if categorical == spec.categorical:
         return spec

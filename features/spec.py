@@ -44,6 +44,10 @@ from psrec.features.derived import DerivedFeature
 from psrec.features.derived import derived_problems
 from psrec.features.derived import raw_inputs
 from psrec.features.layout import layout_problems
+from psrec.features.towers import TowersConfig
+from psrec.features.towers import towers_from_dict
+from psrec.features.towers import towers_problems
+from psrec.uri_path import as_path
 
 # Reserved names of the record columns psrec adds itself.
 ID_COLUMN = "psrec__id"
@@ -65,6 +69,8 @@ class FeatureSpec:
         tables: embedding tables referenced by the categorical features.
         derived: columns computed from raw columns (``features.derived``),
             each used by the categorical feature of its name.
+        towers: the query/candidate split of the features for two-tower
+            retrieval (``features.towers``); None: ranking only.
 
     Row offsets and table sizes left out are laid out on construction
     (``features.layout``), so a spec's parts always hold them.
@@ -76,6 +82,7 @@ class FeatureSpec:
     categorical: tuple[CategoricalFeature, ...]
     tables: tuple[TableConfig, ...]
     derived: tuple[DerivedFeature, ...] = ()
+    towers: TowersConfig | None = None
 
     def __post_init__(self) -> None:
         for key in ("dense", "categorical", "tables", "derived"):
@@ -87,7 +94,8 @@ class FeatureSpec:
         raise_problems(problems + _cross_problems(
             self.label, self.dense, self.categorical, self.tables)
             + derived_problems(self.label.name, self.dense, self.categorical,
-                               self.derived))
+                               self.derived)
+            + towers_problems(self.towers, self.dense, self.categorical))
 
     # -- derived views -----------------------------------------------------
 
@@ -151,7 +159,9 @@ class FeatureSpec:
         categorical = [{key: value for key, value in asdict(f).items()
                         if value is not None or key != "share"}
                        for f in self.categorical]
-        data = {"name": self.name, "label": asdict(self.label),
+        label = {key: value for key, value in asdict(self.label).items()
+                 if key != "loss" or value != "logloss"}  # fingerprints kept
+        data = {"name": self.name, "label": label,
                 "tables": [asdict(t) for t in self.tables],
                 "dense": dense, "categorical": categorical}
         if self.derived:
@@ -159,6 +169,8 @@ class FeatureSpec:
                 {key: list(value) if isinstance(value, tuple) else value
                  for key, value in asdict(f).items() if value is not None}
                 for f in self.derived]
+        if self.towers is not None:
+            data["towers"] = self.towers.to_dict()
         return data
 
     def fingerprint(self) -> str:
@@ -192,7 +204,8 @@ class FeatureSpec:
             raise SpecError("spec: expected a mapping at the top level, got "
                             f"{type(data).__name__}.")
         problems = _unknown_keys("spec", data, (
-            "name", "label", "tables", "dense", "categorical", "derived"))
+            "name", "label", "tables", "dense", "categorical", "derived",
+            "towers"))
         if "name" not in data:
             problems.append("spec: missing key `name`; give the dataset a "
                             "short name.")
@@ -204,6 +217,7 @@ class FeatureSpec:
         tables, broken_tables = _build_list(TableConfig, data, "tables",
                                             problems)
         derived, _ = _build_list(DerivedFeature, data, "derived", problems)
+        towers = towers_from_dict(data.get("towers"), problems)
         categorical = [_resolve_vocabulary(f, base_dir) for f in categorical]
         categorical, tables, found = layout_problems(categorical, tables)
         problems += found
@@ -215,15 +229,16 @@ class FeatureSpec:
             broken_features=len(broken_dense) + len(broken_categorical),
             broken_tables={item.get("name") for item in broken_tables},
             broken_refs={item.get("table") for item in broken_categorical})
+        problems += towers_problems(towers, dense, categorical)
         raise_problems(problems)
         return cls(name=data["name"], label=label, dense=tuple(dense),
                    categorical=tuple(categorical), tables=tuple(tables),
-                   derived=tuple(derived))
+                   derived=tuple(derived), towers=towers)
 
     def save(self, path: str | Path) -> Path:
         """Writes the spec as YAML (``.yaml``/``.yml``) or JSON (anything
-        else)."""
-        path = Path(path)
+        else); ``path`` may be a URI (``psrec.uri``)."""
+        path = as_path(path)
         data = self.to_dict()
         if path.suffix in (".yaml", ".yml"):
             text = yaml.safe_dump(data, sort_keys=False)
@@ -234,8 +249,8 @@ class FeatureSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> FeatureSpec:
-        """Reads a YAML or JSON spec file."""
-        path = Path(path)
+        """Reads a YAML or JSON spec file (a local path or a URI)."""
+        path = as_path(path)
         if not path.is_file():
             raise SpecError(f"spec file {str(path)!r} does not exist.")
         text = path.read_text(encoding="utf-8")
@@ -373,8 +388,8 @@ def _without_legacy_statistics(item: Mapping[str, Any]) -> Mapping[str, Any]:
 def _resolve_vocabulary(feature: CategoricalFeature,
                         base_dir: str | Path | None) -> CategoricalFeature:
     vocabulary = feature.vocabulary_file
-    if vocabulary and base_dir is not None and not Path(
+    if vocabulary and base_dir is not None and not as_path(
             vocabulary).is_absolute():
         return dataclasses.replace(
-            feature, vocabulary_file=str(Path(base_dir) / vocabulary))
+            feature, vocabulary_file=str(as_path(base_dir) / vocabulary))
     return feature

@@ -63,3 +63,32 @@ positive_fraction = _typed(float, "a number in (0, 1]",
 proper_fraction = _typed(float, "a number in [0, 1)",
                          lambda v: 0.0 <= v < 1.0, "proper_fraction")
 """A share in [0, 1) (a split that leaves rows on the other side)."""
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6,
+               "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+               "tb": 10**12, "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20,
+               "mib": 1 << 20, "gi": 1 << 30, "gib": 1 << 30,
+               "ti": 1 << 40, "tib": 1 << 40}
+SIZE_HELP = ("bytes, or a number with a unit: KiB/MiB/GiB/TiB (or Ki, Mi, "
+             "Gi, Ti: powers of 1024) or K/M/G/T (KB...: powers of 1000, as "
+             "in Kubernetes)")
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``8GiB``, ``512Mi``, ``2G`` (2e9), ``1.5GiB`` or
+    ``1000000``: binary units with an ``i``, decimal ones without (the
+    Kubernetes quantities); case-insensitive. Raises ``ValueError``."""
+    stripped = text.strip().lower()
+    number = stripped.rstrip("bikmgt ")
+    unit = stripped[len(number):].strip()
+    if unit not in _SIZE_UNITS or not number:
+        raise ValueError(f"unknown size {text!r}")
+    value = float(number) * _SIZE_UNITS[unit]
+    if not math.isfinite(value):
+        raise ValueError(f"unknown size {text!r}")
+    return int(round(value))
+
+
+byte_size = _typed(parse_size, "a size >= 1 byte: " + SIZE_HELP,
+                   lambda v: v >= 1, "byte_size")
+"""A size in bytes >= 1 (``8GiB``, ``512MiB``, ``2G``, ``1000000``)."""

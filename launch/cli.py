@@ -30,7 +30,10 @@ from psrec.errors import EXIT_USAGE
 from psrec.errors import ConfigError
 from psrec.errors import PsrecError
 from psrec.launch import data_commands
+from psrec.launch import k8s_commands
 from psrec.launch import model_commands
+from psrec.launch import plan_commands
+from psrec.launch import retrieval_flags
 from psrec.launch import train_commands
 from psrec.runtime import configure_environment
 
@@ -83,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 metavar="COMMAND")
     data_commands.add_commands(sub)
     train_commands.add_commands(sub)
+    retrieval_flags.add_commands(sub)  # --task etc. on `psrec train`
     model_commands.add_commands(sub)
+    k8s_commands.add_commands(sub)
+    plan_commands.add_commands(sub)
     return parser
 
 

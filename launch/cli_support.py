@@ -14,6 +14,7 @@ from typing import Sequence
 from psrec.errors import ConfigError
 from psrec.launch.argtypes import positive
 from psrec.models.config import MODEL_PRESETS
+from psrec.uri_path import UriPath
 
 MODEL_NAMES = tuple(MODEL_PRESETS)
 
@@ -73,6 +74,8 @@ def _json_safe(value: Any) -> Any:
         return None
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    if isinstance(value, UriPath):
+        return str(value)
     return value
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from psrec.errors import EXIT_FAILURE
@@ -24,10 +23,11 @@ from psrec.launch.cli_support import print_json
 from psrec.launch.cli_support import print_result
 from psrec.launch.progress_bar import add_progress_flag
 from psrec.launch.progress_bar import progress_for
+from psrec.uri_path import as_path
 
 
 def _existing_files(paths: Sequence[str], what: str) -> list[str]:
-    missing = [p for p in paths if not Path(p).exists()]
+    missing = [p for p in paths if not as_path(p).exists()]  # or a URI
     if missing:
         raise UsageError(f"{what} not found: {', '.join(missing)}")
     return list(paths)
@@ -234,8 +234,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "(libFM/libSVM lines) or jsonl (one JSON object a line)")
     add_progress_flag(p)
     p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="input files, or the ml-100k folder")
-    p.add_argument("--out", required=True, help="output folder")
+                   help="input files (paths or s3://, gs:// URIs), or the "
+                   "ml-100k folder")
+    p.add_argument("--out", required=True, help="output folder (or URI)")
     p.add_argument("--delimiter", default=None,
                    help="csv: one-character field separator; 'tab' or "
                    "'\\t' for a tab (default: ,)")
@@ -262,10 +263,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "manifest.json.")
     p.add_argument("inputs", nargs="+", metavar="PARQUET",
                    help="Parquet files, or folders of them (every *.parquet "
-                   "below, sorted, as pyarrow's dataset discovery finds them)")
+                   "below, sorted, as pyarrow's dataset discovery finds "
+                   "them); paths or s3://, gs:// URIs")
     p.add_argument("--spec", required=True,
                    help="preset name (criteo, movielens) or YAML/JSON file")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True,
+                   help="output folder: a path or gs:// URI")
     p.add_argument("--shards", type=positive, default=4,
                    help="train shards (>= the input pipelines that read them)")
     p.add_argument("--eval-fraction", type=proper_fraction, default=0.0,

@@ -7,17 +7,24 @@ by default the best when the run recorded one, else the latest.
 A run trained on negatives kept at rate ``R`` (``psrec convert
 --neg-sample-rate``) is evaluated and exported with ``log(R)`` added to its
 logits (see :func:`~psrec.launch.job_data.training_neg_sample_rate`); the
-export records ``R`` in ``psrec_export.json`` beside ``saved_model.pb``."""
+export records ``R`` in ``psrec_export.json`` beside ``saved_model.pb``.
+
+Exports are versioned as TF Serving expects: ``OUT/<version>/`` (published
+atomically, never overwritten; :mod:`psrec.models.versions`), each with
+warmup requests built from the run's eval rows
+(:mod:`psrec.models.warmup`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from psrec.data.dataset import make_eval_dataset
-from psrec.data.files import write_json_atomic
 from psrec.data.manifest import Manifest
 from psrec.data.records import corruption_named
 from psrec.data.sampling import logit_shift
@@ -25,9 +32,14 @@ from psrec.errors import ConfigError
 from psrec.features.spec import ID_COLUMN
 from psrec.launch.job_config import JobConfig
 from psrec.launch.job_data import training_neg_sample_rate
+from psrec.launch.retrieval_exporting import evaluate_retrieval
+from psrec.launch.retrieval_exporting import publish_retrieval
 from psrec.models.export import export_saved_model
 from psrec.models.ranking import RankingModel
-from psrec.models.ranking import build_model
+from psrec.models.tasks import build_model
+from psrec.models.versions import publish
+from psrec.models.warmup import write_warmup
+from psrec.models.warmup_rows import warmup_rows
 from psrec.progress import SILENT
 from psrec.progress import Progress
 from psrec.ps_cluster.best import choose_checkpoint
@@ -35,6 +47,7 @@ from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.metrics import batch_statistics
 from psrec.ps_cluster.metrics import merge
+from psrec.uri_path import as_path
 
 
 def restore_plain_model(checkpoint_dir: str | Path,
@@ -49,7 +62,7 @@ def restore_plain_model(checkpoint_dir: str | Path,
       FileNotFoundError: no job.json or no checkpoint in the directory.
     """
     record = JobConfig.read(checkpoint_dir)
-    model = build_model(record.spec, record.model)
+    model = build_model(record.spec, record.retrieval or record.model)
     keeper = CheckpointKeeper(checkpoint_dir, tf.train.Checkpoint(model=model))
     path = keeper.restore(checkpoint, model_only=True)
     if path is None:
@@ -64,28 +77,94 @@ def _chosen(checkpoint_dir: str | Path, checkpoint: str | None) -> str:
     return choose_checkpoint(checkpoint_dir, checkpoint).path
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportReport:
+    """One published export version.
+
+    Attributes:
+      path: the version folder (``root/<version>``), a SavedModel.
+      version: its version number.
+      root: the versioned export folder.
+      checkpoint: the checkpoint exported.
+      neg_sample_rate: the training data's negative sampling rate (the
+        serving logits are corrected by its log).
+      warmup: where the warmup requests' rows came from.
+    """
+
+    path: str
+    version: int
+    root: str
+    checkpoint: str
+    neg_sample_rate: float
+    warmup: str
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def run_manifest(checkpoint_dir: str | Path) -> Manifest | None:
+    """The manifest a run trained on (its ``job.json``'s data, else the
+    data it generated in its workdir); None when it cannot be loaded."""
+    record = JobConfig.read(checkpoint_dir)
+    data = record.data or as_path(record.workdir) / "data" / "tfrecord"
+    try:
+        return Manifest.load(data)
+    except ConfigError:  # ManifestError: moved, deleted or never written
+        return None
+
+
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
-                      checkpoint: str | None = None) -> Path:
-    """Exports a checkpoint of a training run as a SavedModel.
+                      checkpoint: str | None = None, *,
+                      version: int | None = None,
+                      manifest: Manifest | None = None) -> ExportReport:
+    """Exports a checkpoint of a training run as version ``version`` (None:
+    the next) of the export folder ``out_dir`` (a path or URI).
 
     Args:
       checkpoint: ``latest``, ``best`` or ``ckpt-N``; None: the best when
         the run recorded one, else the latest.
+      manifest: the run's data, for the warmup rows; None: the one its
+        ``job.json`` names (:func:`run_manifest`).
 
     The serving logit and probability are corrected by ``log(R)`` for the
     training data's ``neg_sample_rate`` R, which ``psrec_export.json``
     records with the checkpoint.
+
+    Raises:
+      ConfigError: ``version`` exists already (see
+        :func:`psrec.models.versions.publish`).
     """
     model, record, path = restore_plain_model(
         checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
+    if record.retrieval is not None:  # top-K model, query tower, embeddings
+        published = publish_retrieval(
+            model, record, path, manifest or run_manifest(checkpoint_dir),
+            str(out_dir), version, EXPORT_INFO)
+        return ExportReport(path=published.path, version=published.version,
+                            root=str(out_dir), checkpoint=path,
+                            neg_sample_rate=1.0, warmup="none (retrieval)")
     rate = training_neg_sample_rate(checkpoint_dir)
-    out = export_saved_model(model, record.spec, out_dir,
-                             logit_shift=logit_shift(rate))
-    write_json_atomic(out / EXPORT_INFO, {
-        "checkpoint": path, "spec_hash": record.spec.fingerprint(),
-        "label": record.spec.label.name,
-        "neg_sample_rate": rate, "logit_shift": logit_shift(rate)})
-    return out
+    if manifest is None:
+        manifest = run_manifest(checkpoint_dir)
+    rows = warmup_rows(record.spec, manifest)
+    root = str(out_dir)
+    name = os.path.basename(root.rstrip("/")) or "model"
+
+    def write(folder: str) -> None:
+        export_saved_model(model, record.spec, folder,
+                           logit_shift=logit_shift(rate))
+        with tf.io.gfile.GFile(os.path.join(folder, EXPORT_INFO), "w") as f:
+            f.write(json.dumps({
+                "checkpoint": path, "spec_hash": record.spec.fingerprint(),
+                "label": record.spec.label.name, "neg_sample_rate": rate,
+                "logit_shift": logit_shift(rate), "warmup": rows.source},
+                indent=2) + "\n")
+        write_warmup(folder, rows.inputs, name)
+
+    published = publish(root, write, version)
+    return ExportReport(path=published.path, version=published.version,
+                        root=root, checkpoint=path, neg_sample_rate=rate,
+                        warmup=rows.source)
 
 
 EXPORT_INFO = "psrec_export.json"
@@ -124,6 +203,9 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                 "rows" if split == "eval" else "convert training data")
         raise ConfigError(f"{manifest.root / 'manifest.json'} has no "
                           f"{split} split: {hint}.")
+    if JobConfig.read(checkpoint_dir).retrieval is not None:  # recall@k
+        return evaluate_retrieval(checkpoint_dir, _chosen(
+            checkpoint_dir, checkpoint), manifest, split, batch_size)
     model, record, _ = restore_plain_model(
         checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
     manifest.verify(record.spec.fingerprint(), checksums=False)
@@ -134,7 +216,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                         if neg_sample_rate is None else neg_sample_rate)
     step = tf.function(lambda batch: batch_statistics(
         batch[label], tf.cast(model(batch), tf.float32) + shift,
-        batch[ID_COLUMN]))
+        batch[ID_COLUMN], record.spec.label.loss == "mse"))  # mse: RMSE
     parts = []
     with corruption_named(files), progress.task(
             f"eval ({split} split)", manifest.rows(split), "rows") as task:

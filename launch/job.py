@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 from typing import Iterator
 
@@ -29,13 +28,18 @@ from psrec.launch.job_reports import coverage_lines
 from psrec.launch.job_reports import input_options
 from psrec.launch.job_reports import write_restore_report
 from psrec.launch.local import LocalCluster
+from psrec.launch.run_state import run_state_dir
 from psrec.ps_cluster.best import BestRecord
 from psrec.ps_cluster.metrics import EvalResult
+from psrec.ps_cluster.retrieval_metrics import RetrievalEvalResult
+from psrec.ps_cluster.retrieval_metrics import eval_result_from_dict
+from psrec.ps_cluster.retrieval_metrics import ranking_auc
 from psrec.ps_cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.tf_config import TFConfig
 from psrec.ps_cluster.train_loop import LoopConfig
 from psrec.ps_cluster.train_loop import steps_for_epochs
 from psrec.ps_cluster.train_loop import steps_per_epoch
+from psrec.uri_path import as_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +87,7 @@ class JobSummary:
         ``summary.json``)."""
         data = dict(data)
         if data.get("eval") is not None:
-            data["eval"] = EvalResult(**data["eval"])
+            data["eval"] = eval_result_from_dict(data["eval"])
         if data.get("best") is not None:
             data["best"] = BestRecord.from_dict(data["best"])
         data["closures_per_worker"] = {
@@ -92,7 +96,10 @@ class JobSummary:
 
     def summary(self) -> str:
         lines = [f"psrec train summary ({self.strategy}):"]
-        if self.eval is not None:
+        if isinstance(self.eval, RetrievalEvalResult) or getattr(
+                self.eval, "rmse", None) is not None:  # retrieval, mse
+            lines.append(f"  {self.eval.summary()}")
+        elif self.eval is not None:
             lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
                          f"{self.eval.logloss:.4f}  calibration "
                          f"{self.eval.calibration:.2f}  on {self.eval.count} "
@@ -136,7 +143,7 @@ def _ps_cluster(config: JobConfig, cluster: ClusterSpec | None,
         yield cluster
         return
     with LocalCluster(config.workers, config.ps,
-                      log_dir=Path(config.workdir) / "logs") as local:
+                      log_dir=run_state_dir(config.workdir) / "logs") as local:
         log(f"local cluster: {config.workers} workers + {config.ps} PS on "
             f"127.0.0.1 (pids {', '.join(map(str, local.pids()))})")
         yield local.cluster
@@ -204,7 +211,7 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
     if config.strategy.replicated:
         strategy = _replicated_strategy(config, log)
     manifest = _manifest(config, data_verified, log)
-    workdir = Path(config.workdir)
+    workdir = as_path(config.workdir)
     if strategy is not None:
         result, trainer = _train(config, strategy, manifest, log)
         if config.strategy.kind == "multi-worker-mirrored":
@@ -216,7 +223,7 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         from psrec.launch.cluster_probe import wait_reachable
         from psrec.launch.job_runtime import coordinator_heartbeat
         from psrec.ps_cluster.strategy import build_ps_strategy
-        beat = coordinator_heartbeat(workdir)
+        beat = coordinator_heartbeat(run_state_dir(workdir))
         with _ps_cluster(config, cluster, log) as live:
             wait_reachable(live, config.connect_timeout, log)
             result, trainer = _train(
@@ -231,14 +238,15 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         # latest.
         which = "latest" if config.loop.keep_best == "none" else None
         exported = choose_checkpoint(config.checkpoint_dir, which)
-        export_path = str(export_checkpoint(config.checkpoint_dir,
-                                            workdir / "export", which))
+        export_path = export_checkpoint(  # workdir/export/<version>
+            config.checkpoint_dir, workdir / "export", which,
+            manifest=manifest).path
         log(f"exported {exported.describe()} to {export_path}")
     if exported is not None and exported.best is not None:
         exported_auc = exported.best.auc
     elif exported is not None and exported.path == result.checkpoint and (
             result.eval is not None):
-        exported_auc = result.eval.auc
+        exported_auc = ranking_auc(result.eval)
     else:
         exported_auc = None
     per_epoch = epoch_steps(config, manifest)
@@ -290,20 +298,20 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
     (the best one kept), the heartbeat, the stall watchdog and a graceful
     SIGTERM. Returns ``(result, trainer)``."""
     from psrec.launch import job_runtime
-    from psrec.launch.progress import ProgressReporter
+    from psrec.launch.reporting import make_reporter
+    from psrec.ps_cluster.retrieval_trainer import trainer_class
     from psrec.ps_cluster.step import NonFiniteLossError
     from psrec.ps_cluster.strategy import precision_policy
-    from psrec.ps_cluster.trainer import Trainer
     from psrec.ps_cluster.watchdog import Watchdog
-    trainer = Trainer(strategy, config.spec, config.model, config.optimizer,
-                      config.input,
-                      micro_batches=config.strategy.grad_accum_steps,
-                      precision=precision_policy(
-                          config.strategy.mixed_precision),
-                      checkpoint_dir=config.checkpoint_dir,
-                      keep_checkpoints=config.keep_checkpoints,
-                      positive_rate=_base_rate(manifest),
-                      neg_sample_rate=manifest.neg_sample_rate)
+    trainer = trainer_class(config.retrieval, config.spec, manifest)(
+        strategy, config.spec, config.retrieval or config.model,
+        config.optimizer, config.input,
+        micro_batches=config.strategy.grad_accum_steps,
+        precision=precision_policy(config.strategy.mixed_precision),
+        checkpoint_dir=config.checkpoint_dir,
+        keep_checkpoints=config.keep_checkpoints,
+        positive_rate=_base_rate(manifest),
+        neg_sample_rate=manifest.neg_sample_rate)
     config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
     if config.epochs is not None:
         log(f"--epochs {config.epochs:g}: {config.loop.steps} steps of "
@@ -322,16 +330,8 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
             "the checkpoint's values)")
         if trainer.chief:
             write_restore_report(config.workdir, trainer, restored)
-    reporter = None
-    if trainer.chief:
-        reporter = ProgressReporter(
-            config.loop.steps, int(trainer.progress.step.numpy()),
-            Path(config.workdir) / "tensorboard",
-            learning_rates={
-                "sparse": trainer.sparse_optimizer.learning_rate,
-                "dense": trainer.dense_optimizer.learning_rate},
-            log_every=config.loop.log_every,
-            extra=(lambda: _per_worker(trainer)) if trainer.is_ps else None)
+    reporter = make_reporter(config, trainer, heartbeat, extra=(
+        (lambda: _per_worker(trainer)) if trainer.is_ps else None))
     watchdog = None
     if config.stall_timeout:
         watchdog = Watchdog(config.stall_timeout, trainer.describe_pending)

@@ -21,12 +21,16 @@ from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.presets import criteo
 from psrec.features.spec import FeatureSpec
+from psrec.launch.run_state import run_state_dir
 from psrec.models.config import ModelConfig
 from psrec.models.config import check_model_spec
 from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig
+from psrec.models.retrieval_config import RetrievalConfig
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 JOB_FILE = "job.json"
 STRATEGIES = ("ps", "mirrored", "multi-worker-mirrored", "one-device")
@@ -67,6 +71,8 @@ class StrategyConfig:
         optimizer slots may use this share of one device's memory.
       cpu_replicas: ``mirrored`` without GPUs: split the CPU into N
         logical devices.
+      ps_memory: ``ps``: bytes one PS task may hold (table shards, their
+        slots, dense weights; ``ps_cluster.planner``); None: unchecked.
       allow_remote: accept non-loopback hosts (TF_CONFIG / --cluster).
     """
 
@@ -77,6 +83,7 @@ class StrategyConfig:
     memory_fraction: float = 0.5
     cpu_replicas: int | None = None
     allow_remote: bool = False
+    ps_memory: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("--strategy", self.kind, STRATEGIES)
@@ -93,6 +100,8 @@ class StrategyConfig:
                 ("mirrored",))
         _refuse(self.kind, "--memory-fraction", self.memory_fraction != 0.5,
                 ("mirrored", "multi-worker-mirrored", "one-device"))
+        _refuse(self.kind, "--ps-memory", self.ps_memory is not None,
+                ("ps",))
 
     @property
     def replicated(self) -> bool:
@@ -145,6 +154,8 @@ class JobConfig:
       grace_period: seconds after SIGTERM/SIGINT within which the
         coordinator drains its closures and saves a checkpoint (skipped
         when the last save took longer than what is left).
+      retrieval: ``psrec train --task retrieval``: the two-tower model
+        (``model`` is then unused); None: the ranking task.
     """
 
     workdir: Path = Path("runs/default")
@@ -171,9 +182,15 @@ class JobConfig:
     stall_timeout: float | None = 900.0
     connect_timeout: float = 300.0
     grace_period: float = 30.0
+    retrieval: RetrievalConfig | None = None
 
     def __post_init__(self) -> None:
         check_model_spec(self.spec, self.model, self.model_name)
+        if self.loop.keep_best != "none" and (
+                self.retrieval is not None or self.spec.label.loss == "mse"):
+            # AUC/logloss do not apply: the export is the latest checkpoint.
+            object.__setattr__(self, "loop", dataclasses.replace(
+                self.loop, keep_best="none", early_stop_patience=0))
         kind = self.strategy.kind
         _refuse(kind, "--partitioner/--table-shards",
                 self.partition != PartitionConfig(), ("ps",))
@@ -194,8 +211,15 @@ class JobConfig:
                 ("ps", "mirrored", "one-device"))
 
     @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.workdir) / "checkpoints"
+    def checkpoint_dir(self) -> Path | UriPath:
+        return as_path(self.workdir) / "checkpoints"
+
+    @property
+    def state_dir(self) -> Path:
+        """The local folder of the heartbeat, supervisor and cluster logs:
+        the workdir, or a local stand-in for a remote one
+        (``launch.run_state``)."""
+        return run_state_dir(self.workdir)
 
     # -- the codec -----------------------------------------------------------
 
@@ -208,7 +232,7 @@ class JobConfig:
                 value = value.to_dict()
             elif dataclasses.is_dataclass(value):
                 value = dataclasses.asdict(value)
-            elif isinstance(value, Path):
+            elif isinstance(value, (Path, UriPath)):
                 value = str(value)
             data[field.name] = value
         return data
@@ -227,9 +251,10 @@ class JobConfig:
         return cls(**{key: _DECODERS[key](value)
                       for key, value in data.items()})
 
-    def write(self, directory: str | Path) -> Path:
+    def write(self, directory: str | Path) -> Path | UriPath:
         """``job.json`` in ``directory``."""
-        return write_json_atomic(Path(directory) / JOB_FILE, self.to_dict())
+        return write_json_atomic(as_path(directory) / JOB_FILE,
+                                 self.to_dict())
 
     @classmethod
     def read(cls, directory: str | Path) -> JobConfig:
@@ -238,7 +263,7 @@ class JobConfig:
         Raises:
           ConfigError: no ``job.json`` there.
         """
-        path = Path(directory) / JOB_FILE
+        path = as_path(directory) / JOB_FILE
         if not path.is_file():
             raise ConfigError(
                 f"{path} not found: {directory} is not a psrec checkpoint "
@@ -251,8 +276,8 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _path(value: str | None) -> Path | None:
-    return None if value is None else Path(value)
+def _path(value: str | None) -> Path | UriPath | None:
+    return None if value is None else as_path(value)
 
 
 def _nested(key: str, cls: type) -> Any:
@@ -270,7 +295,7 @@ def _nested(key: str, cls: type) -> Any:
 
 
 _DECODERS = {
-    "workdir": Path, "spec": FeatureSpec.from_dict, "model_name": str,
+    "workdir": as_path, "spec": FeatureSpec.from_dict, "model_name": str,
     "model": _nested("model", ModelConfig),
     "optimizer": _nested("optimizer", OptimizerConfig),
     "input": _nested("input", InputConfig),
@@ -282,4 +307,6 @@ _DECODERS = {
     "export": bool, "verify_checksums": bool, "max_corrupt_records": int,
     "keep_checkpoints": int, "stall_timeout": _same,
     "connect_timeout": float, "grace_period": float,
+    "retrieval": lambda value: (None if value is None else _nested(
+        "retrieval", RetrievalConfig)(value)),
 }

@@ -14,6 +14,9 @@ from psrec.data.manifest import ManifestError
 from psrec.launch.job_config import JobConfig
 from psrec.launch.progress_bar import ProgressBar
 from psrec.progress import Progress
+from psrec.uri import require_tf_filesystem
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 
 def input_pipelines(config: JobConfig) -> int:
@@ -35,7 +38,8 @@ def prepare_data(config: JobConfig, log=print, *,
     ``max_corrupt_records``), that train and eval splits share no example,
     and that there are enough train shards for the workers. First of all,
     the checkpoint (and export) folder is checked writable with room for
-    one checkpoint (:func:`check_output_folders`). ``progress`` shows each
+    one checkpoint, and ``--data`` on a store TensorFlow reads
+    (:func:`check_output_folders`). ``progress`` shows each
     pass over the data; None: bars on stderr.
     """
     check_output_folders(config)
@@ -45,7 +49,7 @@ def prepare_data(config: JobConfig, log=print, *,
     if config.data is not None:
         manifest = Manifest.load(config.data)
     else:
-        root = Path(config.workdir) / "data"
+        root = as_path(config.workdir) / "data"
         try:
             manifest = Manifest.load(root / "tfrecord")
             manifest.check_spec(config.spec.fingerprint())
@@ -53,7 +57,7 @@ def prepare_data(config: JobConfig, log=print, *,
             manifest = _generate(config, root, log, progress)
     manifest.check_spec(config.spec.fingerprint())
     manifest, repair = repair_corrupted_shards(
-        manifest, Path(config.workdir) / "repaired",
+        manifest, as_path(config.workdir) / "repaired",
         config.max_corrupt_records, checksums=config.verify_checksums,
         progress=progress)
     if repair is not None:
@@ -76,19 +80,24 @@ def check_output_folders(config: JobConfig) -> None:
     one export (tables and dense weights)."""
     from psrec.models.sizing import estimate_replicated_bytes
     from psrec.ps_cluster.checkpoint import check_output_folder
+    if config.data is not None:  # TFRecords are read by TensorFlow
+        require_tf_filesystem(config.data, "--data")
     size = estimate_replicated_bytes(config.spec, config.model,
                                      config.optimizer)
     check_output_folder(config.checkpoint_dir, size.total_bytes,
                         "checkpoint")
     if config.export:
-        check_output_folder(Path(config.workdir) / "export",
+        from psrec.models.versions import check_root
+        check_output_folder(as_path(config.workdir) / "export",
                             size.table_bytes + size.dense_bytes, "export")
+        check_root(str(as_path(config.workdir) / "export"))  # not at the end
 
 
 VERIFIED_FILE = "verified-data.json"
 
 
-def record_verified(config: JobConfig, manifest: Manifest) -> Path:
+def record_verified(config: JobConfig, manifest: Manifest
+                    ) -> Path | UriPath:
     """Notes in the workdir that ``manifest`` passed :func:`prepare_data`
     (with the repaired shards it uses), so the coordinators a supervisor
     starts -- and restarts after every failure -- do not read all the data
@@ -100,7 +109,7 @@ def record_verified(config: JobConfig, manifest: Manifest) -> Path:
         for before, after in zip(original.shards[split],
                                  manifest.shards[split])
         if before.file != after.file}
-    return write_json_atomic(Path(config.workdir) / VERIFIED_FILE, {
+    return write_json_atomic(as_path(config.workdir) / VERIFIED_FILE, {
         "manifest": str(manifest.root.resolve()),
         "spec_hash": config.spec.fingerprint(), "replaced": replaced})
 
@@ -113,14 +122,14 @@ def load_verified(config: JobConfig) -> Manifest:
         other data than ``config`` names.
     """
     check_output_folders(config)  # again: a restart may find a full disk
-    path = Path(config.workdir) / VERIFIED_FILE
+    path = as_path(config.workdir) / VERIFIED_FILE
     if not path.is_file():
         raise ManifestError(f"{path} is missing: the data was not checked by "
                             "a supervisor; run without --data-verified.")
     record = json.loads(path.read_text())
-    root = Path(record["manifest"])
-    wanted = (Path(config.data) if config.data is not None
-              else Path(config.workdir) / "data" / "tfrecord")
+    root = as_path(record["manifest"])
+    wanted = (as_path(config.data) if config.data is not None
+              else as_path(config.workdir) / "data" / "tfrecord")
     if wanted.is_file():
         wanted = wanted.parent
     if (record["spec_hash"] != config.spec.fingerprint()
@@ -130,7 +139,7 @@ def load_verified(config: JobConfig) -> Manifest:
     return Manifest.load(root).with_files(record["replaced"])
 
 
-def _generate(config: JobConfig, root: Path, log, progress: Progress
+def _generate(config: JobConfig, root: Path | UriPath, log, progress: Progress
               ) -> Manifest:
     from psrec.data.convert import ConversionOptions
     from psrec.data.convert import convert
@@ -152,7 +161,7 @@ SAMPLING_FILE = "sampling.json"
 
 
 def record_sampling(checkpoint_dir: str | Path, manifest: Manifest,
-                    log=print) -> Path:
+                    log=print) -> Path | UriPath:
     """Notes beside the checkpoints the negative sampling of the training
     data (``sampling.json``), which evaluation and the export correct for
     with ``log(neg_sample_rate)`` even when the data is gone."""
@@ -162,7 +171,7 @@ def record_sampling(checkpoint_dir: str | Path, manifest: Manifest,
         log(f"train negatives were kept at rate {rate:g} (--neg-sample-rate):"
             f" evaluation and the export add log({rate:g}) = "
             f"{logit_shift(rate):.4f} to the logits")
-    return write_json_atomic(Path(checkpoint_dir) / SAMPLING_FILE, {
+    return write_json_atomic(as_path(checkpoint_dir) / SAMPLING_FILE, {
         "neg_sample_rate": rate, "logit_shift": logit_shift(rate),
         "manifest": str(manifest.root.resolve())})
 
@@ -172,7 +181,7 @@ def training_neg_sample_rate(checkpoint_dir: str | Path) -> float:
     ``sampling.json``; for a run without one (trained before psrec sampled,
     or by the library directly), from the manifest its ``job.json`` names
     when that is readable; else 1.0 (generated data is never sampled)."""
-    path = Path(checkpoint_dir) / SAMPLING_FILE
+    path = as_path(checkpoint_dir) / SAMPLING_FILE
     if path.is_file():
         return float(json.loads(path.read_text())["neg_sample_rate"])
     data = JobConfig.read(checkpoint_dir).data

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from psrec.data.files import write_json_atomic
 from psrec.ps_cluster.coverage import coverage_warning
+from psrec.uri_path import as_path
 
 
 def write_restore_report(workdir: str | Path, trainer, path: str) -> None:
@@ -22,7 +23,7 @@ def write_restore_report(workdir: str | Path, trainer, path: str) -> None:
         tables[name] = hashlib.sha256(values.tobytes()).hexdigest()
     report = {"checkpoint": path, "step": int(trainer.progress.step.numpy()),
               "table_sha256": tables}
-    write_json_atomic(Path(workdir) / "restore.json", report)
+    write_json_atomic(as_path(workdir) / "restore.json", report)
 
 
 def input_options(config, trainer, manifest) -> dict:

@@ -24,6 +24,8 @@ from psrec.errors import EXIT_TERMINATED
 from psrec.errors import PsrecError
 from psrec.launch.heartbeat import HeartbeatWriter
 from psrec.launch.heartbeat import heartbeat_path
+from psrec.launch.heartbeat_fields import TrainerFields
+from psrec.launch.heartbeat_fields import reporter_fields
 
 
 class TrainingInterrupted(PsrecError):
@@ -43,12 +45,16 @@ def coordinator_heartbeat(workdir: str | Path) -> HeartbeatWriter:
 
 
 def attach_trainer(writer: HeartbeatWriter, trainer) -> None:
-    """Adds per-worker progress and the latest checkpoint to each write;
-    the phase becomes ``restoring``."""
+    """Adds per-worker progress, the latest checkpoint and the metrics'
+    fields (:mod:`psrec.launch.heartbeat_fields`) to each write; the phase
+    becomes ``restoring``."""
+    fields = TrainerFields(trainer)
+
     def details() -> dict:
         executor = trainer.executor
         data: dict = {"checkpoint": (trainer.keeper.latest
-                                     if trainer.keeper else None)}
+                                     if trainer.keeper else None),
+                      **fields()}
         if executor is not None:
             now = time.monotonic()
             data["workers"] = {
@@ -60,6 +66,14 @@ def attach_trainer(writer: HeartbeatWriter, trainer) -> None:
         return data
     writer.details = details
     writer.publish("restoring")
+
+
+def attach_reporter(writer: HeartbeatWriter | None, reporter) -> None:
+    """Adds the reporter's last loss and eval to each heartbeat."""
+    if writer is None or reporter is None or writer.details is None:
+        return
+    trainer_details = writer.details
+    writer.details = lambda: {**trainer_details(), **reporter_fields(reporter)}
 
 
 def beat_all(writer: HeartbeatWriter | None, watchdog) -> Callable[[str], None]:

@@ -31,6 +31,7 @@ from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.ps_cluster.tf_config import TFConfig
 from psrec.ps_cluster.tf_config import free_loopback_ports
 from psrec.runtime import role_environment
+from psrec.uri_path import as_path
 
 
 class WorkerFailedError(DataError):
@@ -51,8 +52,8 @@ def run_local_workers(config: JobConfig, argv: Sequence[str], log=print,
       WorkerFailedError: a worker exited non-zero or did not finish within
         ``timeout`` seconds (its log tail is in the message).
     """
-    workdir = Path(config.workdir)
-    logs = workdir / "logs"
+    workdir = as_path(config.workdir)
+    logs = config.state_dir / "logs"  # local even for a remote workdir
     logs.mkdir(parents=True, exist_ok=True)
     (workdir / "summary.json").unlink(missing_ok=True)
     cluster = ClusterSpec({"worker": [

@@ -1,6 +1,7 @@
 """The ``psrec`` commands that use or time a model outside a training job:
-``export`` and ``eval`` read a trained checkpoint, ``bench`` measures
-training throughput."""
+``export`` and ``eval`` read a trained checkpoint, ``predict`` (alias
+``score``) scores raw rows with an export, ``bench`` measures training
+throughput."""
 
 from __future__ import annotations
 
@@ -28,11 +29,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from psrec.ps_cluster.best import choose_checkpoint
     JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
     chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
-    path = export_checkpoint(args.checkpoint_dir, args.out, args.checkpoint)
+    report = export_checkpoint(args.checkpoint_dir, args.out,
+                               args.checkpoint, version=args.version)
     rate = training_neg_sample_rate(args.checkpoint_dir)
-    print_result(args, {"saved_model": path, **_chosen_dict(chosen),
-                        "neg_sample_rate": rate},
-                 f"{path}: {chosen.describe()}{sampling_note(rate)}")
+    print_result(args, {"saved_model": report.path, **_chosen_dict(chosen),
+                        "version": report.version, "root": report.root,
+                        "neg_sample_rate": rate, "warmup": report.warmup},
+                 f"{report.path} (version {report.version}): "
+                 f"{chosen.describe()}{sampling_note(rate)}\n"
+                 f"warmup requests: {report.warmup}")
     return EXIT_OK
 
 
@@ -66,16 +71,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_score(args: argparse.Namespace) -> int:
+def _cmd_predict(args: argparse.Namespace) -> int:
+    """``psrec predict`` and its older spelling ``psrec score``."""
     from psrec.launch.cli_support import UsageError
     from psrec.models.scoring import score_files
     keep = [c.strip() for c in args.keep.split(",")] if args.keep else []
     if not all(keep):
         raise UsageError(f"--keep {args.keep!r}: give comma-separated column "
                          "names, none empty (e.g. user_id,item_id)")
-    report = score_files(args.export_dir, args.inputs, args.out,
+    report = score_files(args.model, args.data, args.out,
                          batch_rows=args.batch_rows, label=args.label,
-                         keep=keep)
+                         keep=keep, progress=progress_for(args))
     print_result(args, report)
     return EXIT_OK
 
@@ -101,13 +107,50 @@ def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
                    "recorded one in best.json, else latest)")
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Registers ``export``, ``eval``, ``score`` and ``bench``."""
+_PREDICT_DESCRIPTION = (
+    "Scores raw rows (the Parquet columns `psrec ingest` wrote; nulls are "
+    "missing values, as at conversion) in batches with a model from `psrec "
+    "export` and writes row, [label, --keep columns,] probability and "
+    "logit, one row per input row in input order.")
+_MODEL_HELP = ("export folder: a version folder (OUT/3) or the versioned "
+               "root (OUT: its highest version is used)")
 
-    p = sub.add_parser("export", help="checkpoint dir -> serving SavedModel")
+
+def _add_predict_flags(p: argparse.ArgumentParser) -> None:
+    """The flags ``predict`` and ``score`` share."""
+    p.add_argument("--out", required=True,
+                   help="scores file to write: CSV if it ends in .csv, else "
+                   "Parquet")
+    p.add_argument("--batch-rows", type=positive, default=65536,
+                   help="rows read and scored at a time")
+    p.add_argument("--label", default=None, metavar="COL",
+                   help="label column to copy to the output (must be in "
+                   "every input; default: `label` when every input has it)")
+    p.add_argument("--keep", default=None, metavar="COL,...",
+                   help="more input columns to copy, e.g. ids")
+    add_progress_flag(p)
+    add_json_flag(p)
+    p.set_defaults(run=_cmd_predict)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Registers ``export``, ``eval``, ``predict``, ``score`` and
+    ``bench``."""
+
+    p = sub.add_parser(
+        "export", help="checkpoint dir -> serving SavedModel version",
+        description="Writes OUT/<version>/ (a SavedModel with "
+        "assets.extra/tf_serving_warmup_requests built from the run's eval "
+        "rows), published atomically, as TF Serving expects; an existing "
+        "version is never overwritten.")
     p.add_argument("checkpoint_dir",
                    help="checkpoint folder of a run (with its job.json)")
-    p.add_argument("--out", required=True, help="SavedModel folder to write")
+    p.add_argument("--out", required=True,
+                   help="export folder (path or URI); the model goes to "
+                   "OUT/<version>/")
+    p.add_argument("--version", type=positive, default=None,
+                   help="version number (default: one more than the "
+                   "largest in OUT, 1 for none); refused if it exists")
     _add_checkpoint_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_cmd_export)
@@ -125,26 +168,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cmd_eval)
 
     p = sub.add_parser(
-        "score", help="exported model + raw Parquet rows -> probabilities",
-        description="Scores raw rows (the Parquet columns `psrec ingest` "
-        "wrote; nulls are missing values, as at conversion) with a SavedModel "
-        "from `psrec export` and writes row, [label, --keep columns,] "
-        "probability and logit, one row per input row in input order.")
-    p.add_argument("export_dir", help="SavedModel folder (psrec export --out)")
-    p.add_argument("inputs", nargs="+", metavar="INPUT",
+        "predict", help="exported model + raw Parquet rows -> probabilities",
+        description=_PREDICT_DESCRIPTION)
+    p.add_argument("--model", required=True, metavar="EXPORT_DIR",
+                   help=_MODEL_HELP)
+    p.add_argument("--data", required=True, nargs="+", metavar="PARQUET",
                    help="Parquet files, or folders of them, read in order")
-    p.add_argument("--out", required=True,
-                   help="scores file to write: CSV if it ends in .csv, else "
-                   "Parquet")
-    p.add_argument("--batch-rows", type=positive, default=65536,
-                   help="rows read and scored at a time (default: 65536)")
-    p.add_argument("--label", default=None, metavar="COL",
-                   help="label column to copy to the output (must be in "
-                   "every input; default: `label` when every input has it)")
-    p.add_argument("--keep", default=None, metavar="COL,...",
-                   help="more input columns to copy, e.g. ids")
-    add_json_flag(p)
-    p.set_defaults(run=_cmd_score)
+    _add_predict_flags(p)
+
+    p = sub.add_parser(
+        "score", help="the same as predict, with positional arguments",
+        description=_PREDICT_DESCRIPTION + " `psrec score EXPORT_DIR INPUT "
+        "...` is `psrec predict --model EXPORT_DIR --data INPUT ...`.")
+    p.add_argument("model", metavar="export_dir", help=_MODEL_HELP)
+    p.add_argument("data", nargs="+", metavar="INPUT",
+                   help="Parquet files, or folders of them, read in order")
+    _add_predict_flags(p)
 
     p = sub.add_parser("bench", help="training throughput (examples/s)")
     workload = p.add_argument_group("model")

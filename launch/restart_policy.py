@@ -48,6 +48,7 @@ class RestartBudget:
         self.limits = limits
         self._clock = clock
         self.used = {role: 0 for role in ROLES}
+        self.total = {role: 0 for role in ROLES}  # never refilled: metrics
         self._last_failure: dict[str, float] = {}
 
     def limit(self, role: str) -> int:
@@ -64,6 +65,7 @@ class RestartBudget:
         if self.used[role] >= self.limit(role):
             return False
         self.used[role] += 1
+        self.total[role] += 1
         return True
 
     def describe(self, role: str) -> str:

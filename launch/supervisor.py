@@ -391,7 +391,15 @@ class Supervisor:
 
 
 def supervise(cluster: LocalCluster, coordinator_argv: Sequence[str],
-              config: SupervisorConfig, workdir: str | Path) -> int:
-    """Runs the job under a :class:`Supervisor`; returns its exit code."""
-    return Supervisor(cluster, coordinator_argv, config, workdir).run()
+              config: SupervisorConfig, workdir: str | Path,
+              metrics=None) -> int:
+    """Runs the job under a :class:`Supervisor`; returns its exit code.
+    With a ``metrics`` socket the supervisor serves ``/metrics`` (restarts
+    per role included) and ``/healthz``, and the coordinator does not."""
+    from psrec.launch.metrics_http import serving
+    argv = [*coordinator_argv, *(["--metrics-port", "0"] if metrics else [])]
+    supervisor = Supervisor(cluster, argv, config, workdir)
+    with serving(metrics, workdir, config.stall_timeout, supervisor.log,
+                 restarts=lambda: supervisor.budget.total):
+        return supervisor.run()
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from psrec.errors import EXIT_OK
+from psrec.launch import metrics_flags
+from psrec.launch import plan_commands
+from psrec.launch import retrieval_flags
 from psrec.launch.argtypes import integer
 from psrec.launch.argtypes import non_negative
 from psrec.launch.argtypes import positive
@@ -29,6 +31,7 @@ from psrec.launch.data_service_roles import use_dispatcher_flag
 from psrec.launch.netns import add_allow_exposed_flag
 from psrec.launch.reliability_flags import add_reliability_flags
 from psrec.launch.reliability_flags import supervisor_config
+from psrec.uri_path import as_path
 
 DEFAULT_STEPS = 400
 
@@ -89,7 +92,7 @@ def _job_config(args: argparse.Namespace):
     spec = spec_for(Manifest.load(args.data) if args.data else None,
                     args.spec)
     return JobConfig(
-        workdir=Path(args.workdir), spec=spec,
+        workdir=as_path(args.workdir), spec=spec,
         model_name=args.model, model=model_config(args.model, **overrides),
         optimizer=OptimizerConfig(
             sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
@@ -109,17 +112,19 @@ def _job_config(args: argparse.Namespace):
             mixed_precision=args.mixed_precision,
             grad_accum_steps=args.grad_accum_steps,
             memory_fraction=args.memory_fraction,
-            cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote),
+            cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote,
+            ps_memory=args.ps_memory),
         partition=PartitionConfig(kind=args.partitioner,
                                   shards=args.table_shards),
-        data=Path(args.data) if args.data else None,
+        data=as_path(args.data) if args.data else None,
         synthetic=SyntheticData(rows=args.synthetic_rows, seed=args.seed),
         workers=args.workers, ps=args.ps, export=not args.no_export,
         verify_checksums=not args.no_verify_checksums,
         max_corrupt_records=args.max_corrupt_records,
         keep_checkpoints=args.keep_checkpoints,
         stall_timeout=args.stall_timeout or None,
-        connect_timeout=args.connect_timeout, grace_period=args.grace_period)
+        connect_timeout=args.connect_timeout, grace_period=args.grace_period,
+        retrieval=retrieval_flags.retrieval_config(args, spec))
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -148,8 +153,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     """One command for every strategy: ``ps`` supervises a local cluster (or
     coordinates an existing one), ``multi-worker-mirrored`` without
     TF_CONFIG launches local workers, everything else trains here."""
-    from psrec.launch.netns import isolate_train
-    isolate_train(args)  # a local cluster: before TensorFlow is imported
+    # A local cluster: into its namespace before TensorFlow is imported.
+    metrics = metrics_flags.isolate_keeping_metrics(args)
     from psrec.launch.job import JobSummary
     from psrec.launch.job import run_job
     from psrec.launch.job_data import prepare_data
@@ -160,9 +165,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     tf_config = bool(os.environ.get("TF_CONFIG", "").strip())
     if kind == "ps":
         cluster = _existing_cluster(args)
+        plan_commands.check_ps_memory(config, cluster)
         if cluster is not None:  # coordinate it; an orchestrator restarts us
-            print_result(args, run_job(config, cluster, log=_log(args),
-                                         data_verified=args.data_verified))
+            with metrics_flags.serving(metrics, config.state_dir,
+                                       config.stall_timeout, _log(args)):
+                print_result(args, run_job(config, cluster, log=_log(args),
+                                           data_verified=args.data_verified))
             return EXIT_OK
         # Local: check the data once, before any server starts, then
         # supervise the roles and the coordinator (which reruns this command
@@ -172,12 +180,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from psrec.launch.supervisor import supervise
         record_verified(config, prepare_data(config))
         local = LocalCluster(config.workers, config.ps,
-                             log_dir=Path(config.workdir) / "logs",
+                             log_dir=config.state_dir / "logs",
                              allow_exposed=args.allow_exposed)
         announce(local.exposed, local.exposed_warning, _log(args))
         with local_data_service(config, _log(args)):
             return supervise(local, args.argv + ["--data-verified"],
-                             supervisor_config(args), config.workdir)
+                             supervisor_config(args), config.state_dir, metrics)
     if kind == "multi-worker-mirrored" and not tf_config:
         from psrec.launch.local_workers import run_local_workers
         record_verified(config, prepare_data(config))
@@ -339,6 +347,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cluster.add_argument("--cpu-replicas", type=positive, default=None,
                          help="--strategy mirrored without GPUs: split the "
                          "CPU into N logical devices (default: no split)")
+    plan_commands.add_ps_memory_flag(cluster)
     add_cluster_flags(cluster)
     add_allow_exposed_flag(cluster)
 
@@ -362,11 +371,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                              help="stop after N evaluations in a row without "
                              "improvement of --keep-best's metric; 0: never")
 
+    metrics_flags.add_metrics_flags(p.add_argument_group("monitoring"))
     output = p.add_argument_group("output")
     add_json_flag(output)
     output.add_argument("--workdir", default="runs/default",
                         help="holds data/, checkpoints/, export/, "
-                        "tensorboard/ and logs/")
+                        "tensorboard/ and logs/; a path or gs:// URI")
     output.add_argument("--log-every", type=positive, default=50,
                         help="steps between progress lines")
     output.add_argument("--eval-every", type=non_negative, default=None,

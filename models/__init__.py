@@ -11,6 +11,7 @@ from psrec.models.config import MODEL_PRESETS
 from psrec.models.config import ModelConfig
 from psrec.models.config import ModelConfigError
 from psrec.models.config import model_config
+from psrec.models.retrieval_config import RetrievalConfig
 
 __getattr__ = lazy_getattr("psrec.models", {
     "RankingModel": "psrec.models.ranking",
@@ -22,6 +23,8 @@ __getattr__ = lazy_getattr("psrec.models", {
     "build_optimizers": "psrec.models.optim",
     "ServingModule": "psrec.models.export",
     "export_saved_model": "psrec.models.export",
+    "RetrievalModel": "psrec.models.retrieval",
+    "build_retrieval_model": "psrec.models.retrieval",
 })
 
 
@@ -32,10 +35,13 @@ __all__ = [
     "ModelConfigError",
     "OptimizerConfig",
     "RankingModel",
+    "RetrievalConfig",
+    "RetrievalModel",
     "ServingModule",
     "SparseArch",
     "build_model",
     "build_optimizers",
+    "build_retrieval_model",
     "export_saved_model",
     "make_interaction",
     "model_config",

@@ -122,9 +122,10 @@ class SparseArch(tf_keras.layers.Layer):
         """All shard variables of all tables (sparse-optimizer variables)."""
         return [v for t in self.tables.values() for v in table_variables(t)]
 
-    def _lookup_table(self, name: str, batch: dict[str, tf.Tensor]
+    def _lookup_table(self, name: str, batch: dict[str, tf.Tensor],
+                      features: list | None = None
                       ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-        features = self._by_table[name]
+        features = features or self._by_table[name]
         ids = [tf.reshape(batch[f.name], [-1]) for f in features]
         sizes = [tf.size(i) for i in ids]
         all_ids = tf.concat(ids, 0)
@@ -151,6 +152,18 @@ class SparseArch(tf_keras.layers.Layer):
             return total
         count = tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
         return total / count
+
+    def lookup(self, batch: dict[str, tf.Tensor],
+               names: tuple[str, ...]) -> list[tf.Tensor]:
+        """The embeddings of the features ``names`` only, in that order
+        (``batch`` needs only those; one lookup per table, as :meth:`call`):
+        what a retrieval tower reads."""
+        found = {}
+        for table, features in self._by_table.items():
+            chosen = [f for f in features if f.name in names]
+            if chosen:
+                found.update(self._lookup_table(table, batch, chosen)[0])
+        return [found[name] for name in names]
 
     def call(self, batch: dict[str, tf.Tensor]):
         embeddings, wide = {}, {}

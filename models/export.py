@@ -90,11 +90,13 @@ class ServingModule(tf.Module):
 
 
 def export_saved_model(model: RankingModel, spec: FeatureSpec,
-                       out_dir: str | Path, logit_shift: float = 0.0) -> Path:
-    """Writes the serving SavedModel of a model with plain variables
-    (``logit_shift``: see :class:`ServingModule`)."""
+                       out_dir: str | Path, logit_shift: float = 0.0) -> str:
+    """Writes the serving SavedModel of a model with plain variables into
+    ``out_dir`` (a path or URI; ``logit_shift``: see
+    :class:`ServingModule`) and returns ``out_dir`` as a string. Versioned
+    export folders are :mod:`psrec.models.versions`' business."""
     module = ServingModule(model, spec, logit_shift=logit_shift)
-    out = Path(out_dir)
-    tf.saved_model.save(module, str(out),
+    out = str(out_dir)
+    tf.saved_model.save(module, out,
                         signatures={"serving_default": module.serve})
     return out

@@ -10,6 +10,10 @@ serving contract of :mod:`psrec.models.export`: a null dense value is NaN
 with the same rows. The signature alone says which columns are needed and
 of which type, so no spec is required.
 
+The model is an export folder: a version folder (``EXPORT_DIR/3``) or the
+versioned root (``EXPORT_DIR``: its highest complete version is used, and
+the report says which; :func:`psrec.models.versions.resolve`).
+
 The output has one row per input row, in input order: ``row`` (the 0-based
 position over the inputs in the given order -- the row id ``psrec convert``
 gives the same row), the label column when the inputs have it, any
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -41,6 +46,9 @@ from psrec.errors import DataError
 from psrec.errors import check
 from psrec.features.transforms import MISSING_INT
 from psrec.features.transforms import MISSING_TOKEN
+from psrec.models.versions import resolve
+from psrec.progress import SILENT
+from psrec.progress import Progress
 
 ROW_COLUMN = "row"
 OUTPUT_COLUMNS = ("probability", "logit")
@@ -59,6 +67,10 @@ class ScoreReport:
       mean_probability: the mean predicted probability (NaN for no rows).
       seconds: wall time in all, loading the model included.
       load_seconds: the part of it that loading the SavedModel took.
+      model: the SavedModel folder used (a version folder of an export).
+      version: its version (None: an unversioned SavedModel).
+      model_note: how the summary names the model (says which version of
+        a versioned root was chosen).
     """
 
     out: str
@@ -68,18 +80,23 @@ class ScoreReport:
     mean_probability: float
     seconds: float
     load_seconds: float
+    model: str = ""
+    version: int | None = None
+    model_note: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {"out": self.out, "rows": self.rows, "files": list(self.files),
                 "columns": list(self.columns),
                 "mean_probability": self.mean_probability,
-                "seconds": self.seconds, "load_seconds": self.load_seconds}
+                "seconds": self.seconds, "load_seconds": self.load_seconds,
+                "model": self.model, "version": self.version}
 
     def summary(self) -> str:
         n = len(self.files)
         scoring = self.seconds - self.load_seconds
         rate = self.rows / scoring if scoring > 0 else 0.0
-        return (f"scored {self.rows:,} rows of {n} file{'s' if n != 1 else ''}"
+        return (f"model {self.model_note or self.model}\n"
+                f"scored {self.rows:,} rows of {n} file{'s' if n != 1 else ''}"
                 f" in {scoring:.2f} s ({rate:,.0f} rows/s; loading the model "
                 f"took {self.load_seconds:.1f} s), mean probability "
                 f"{self.mean_probability:.4f}\nwrote {self.out} "
@@ -87,19 +104,15 @@ class ScoreReport:
 
 
 def load_serving(export_dir: str | Path):
-    """``(loaded SavedModel, {input name: tf.TensorSpec})`` of an export;
-    its serving function is ``loaded.signatures["serving_default"]``.
+    """``(loaded SavedModel, {input name: tf.TensorSpec})`` of an export (a
+    version folder, or a versioned root: its highest version); its serving
+    function is ``loaded.signatures["serving_default"]``.
 
     Raises:
       ConfigError: ``export_dir`` is no SavedModel with ``serving_default``.
     """
-    path = Path(export_dir)
-    if not (path / "saved_model.pb").is_file():
-        raise ConfigError(
-            f"{path} is not an exported model (no saved_model.pb); write one "
-            "with `psrec export CHECKPOINT_DIR --out DIR` (`psrec train` "
-            "exports to WORKDIR/export).")
-    loaded = tf.saved_model.load(str(path))
+    path = resolve(str(export_dir)).path
+    loaded = tf.saved_model.load(path)
     if "serving_default" not in loaded.signatures:
         raise ConfigError(f"{path} has no serving_default signature; it was "
                           "not written by `psrec export`.")
@@ -231,21 +244,24 @@ def _writer(out: Path, tmp: Path, schema: pa.Schema):
 def _exported_label(export_dir: str | Path) -> str:
     """The label column the export was trained on (``psrec_export.json``,
     written by ``psrec export``), else ``label``."""
-    info = Path(export_dir) / "psrec_export.json"
+    info = os.path.join(str(export_dir), "psrec_export.json")
     try:
-        return json.loads(info.read_text())["label"]
-    except (OSError, ValueError, KeyError, TypeError):
+        with tf.io.gfile.GFile(info) as f:
+            return json.loads(f.read())["label"]
+    except (OSError, ValueError, KeyError, TypeError, tf.errors.OpError):
         return DEFAULT_LABEL
 
 
 def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
                 out: str | Path, *, batch_rows: int = 65536,
                 label: str | None = None,
-                keep: Sequence[str] = ()) -> ScoreReport:
+                keep: Sequence[str] = (),
+                progress: Progress = SILENT) -> ScoreReport:
     """Scores every row of ``inputs`` with an exported model.
 
     Args:
-      export_dir: a SavedModel written by ``psrec export``.
+      export_dir: an export written by ``psrec export``: a version folder
+        or the versioned root (then its highest version).
       inputs: Parquet files or folders of them (see
         :func:`~psrec.data.parquet_inputs.parquet_files`), read in order.
       out: the scores file: CSV when the name ends in ``.csv``, else
@@ -255,6 +271,7 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
         copy the export's label column (``psrec_export.json``; ``label``
         when it names none) when every input has it.
       keep: further input columns to copy as they are (e.g. ids).
+      progress: told the rows scored (total: the inputs' rows).
 
     Raises:
       ConfigError: a missing or mistyped column (naming file and column),
@@ -262,7 +279,8 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     """
     start = time.perf_counter()
     check(batch_rows >= 1, "batch_rows", batch_rows, "must be >= 1")
-    loaded, signature = load_serving(export_dir)
+    model = resolve(str(export_dir))
+    loaded, signature = load_serving(model.path)
     function = loaded.signatures["serving_default"]
     load_seconds = time.perf_counter() - start
     files = parquet_files(list(inputs))
@@ -276,7 +294,7 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
               "logit)")
     for path, schema in zip(files, schemas):
         check_inputs(path, schema, signature, required)
-    default = _exported_label(export_dir)
+    default = _exported_label(model.path)
     if label is None and all(default in s.names for s in schemas):
         required.insert(0, default)
     copied = list(dict.fromkeys(required))
@@ -287,7 +305,9 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     schema = pa.schema(fields)
     out = Path(out)
     rows, total = 0, 0.0
-    with atomic_output(out) as tmp:
+    total_rows = sum(read_metadata(path).num_rows for path in files)
+    with atomic_output(out) as tmp, progress.task(
+            "score", total_rows, "rows") as task:
         writer = _writer(out, tmp, schema)
         try:
             for path in files:
@@ -304,10 +324,12 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
                         dtype=np.float64))
                     writer.write_batch(scored)
                     rows += batch.num_rows
+                    task.advance(batch.num_rows)
         finally:
             writer.close()
     return ScoreReport(out=str(out), rows=rows, files=tuple(files),
                        columns=tuple(schema.names),
                        mean_probability=total / rows if rows else float("nan"),
                        seconds=time.perf_counter() - start,
-                       load_seconds=load_seconds)
+                       load_seconds=load_seconds, model=model.path,
+                       version=model.version, model_note=model.describe())

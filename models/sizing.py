@@ -99,11 +99,12 @@ def proxy_spec(spec: FeatureSpec, max_ids: int = 1) -> FeatureSpec:
 def dense_parameter_count(spec: FeatureSpec, model: ModelConfig) -> int:
     """Trainable weights outside the tables, counted on a model built from
     :func:`proxy_spec` in a throw-away graph (no device is initialized and
-    no real table is allocated)."""
+    no real table is allocated). ``model`` may also be a two-tower
+    ``RetrievalConfig`` (``models.tasks``)."""
     import tensorflow as tf
 
-    from psrec.models.ranking import build_model
     from psrec.models.ranking import count_parameters
+    from psrec.models.tasks import build_model
     with tf.Graph().as_default():
         built = build_model(proxy_spec(spec), model)
         return count_parameters(built)["dense"]

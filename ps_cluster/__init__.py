@@ -21,6 +21,7 @@ __getattr__ = lazy_getattr("psrec.ps_cluster", {
     "build_replicated_strategy": "psrec.ps_cluster.strategy",
     "LoopConfig": "psrec.ps_cluster.train_loop",
     "Trainer": "psrec.ps_cluster.trainer",
+    "RetrievalTrainer": "psrec.ps_cluster.retrieval_trainer",
     "TrainStep": "psrec.ps_cluster.step",
     "make_train_function": "psrec.ps_cluster.step",
     "TrainResult": "psrec.ps_cluster.trainer",
@@ -29,6 +30,8 @@ __getattr__ = lazy_getattr("psrec.ps_cluster", {
     "EvalResult": "psrec.ps_cluster.metrics",
     "Watchdog": "psrec.ps_cluster.watchdog",
     "ClusterUnavailableError": "psrec.ps_cluster.errors",
+    "ShardingPlan": "psrec.ps_cluster.planner",
+    "plan": "psrec.ps_cluster.planner",
 })
 
 
@@ -43,6 +46,8 @@ __all__ = [
     "TrainStep",
     "PartitionConfig",
     "RestoreError",
+    "RetrievalTrainer",
+    "ShardingPlan",
     "TFConfig",
     "TablePartitioner",
     "TaskInfo",
@@ -52,5 +57,6 @@ __all__ = [
     "build_replicated_strategy",
     "in_process_cluster",
     "make_train_function",
+    "plan",
     "start_server",
 ]

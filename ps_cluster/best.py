@@ -31,6 +31,9 @@ from psrec.data.files import write_json_atomic
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.ps_cluster.metrics import EvalResult
+from psrec.uri import name as uri_name
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 METRICS = ("auc", "logloss", "none")
 BEST_FILE = "best.json"
@@ -64,7 +67,7 @@ class BestRecord:
     evals_without_improvement: int = 0
 
     def path(self, directory: str | Path) -> str:
-        return str(Path(directory) / self.checkpoint)
+        return str(as_path(directory) / self.checkpoint)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,7 +87,7 @@ def read_best(directory: str | Path) -> BestRecord | None:
     Raises:
       DataError: the record is unreadable or names files that are missing.
     """
-    path = Path(directory) / BEST_FILE
+    path = as_path(directory) / BEST_FILE
     if not path.is_file():
         return None
     try:
@@ -92,7 +95,7 @@ def read_best(directory: str | Path) -> BestRecord | None:
     except (ValueError, TypeError) as error:
         raise DataError(f"{path} is not a best-checkpoint record ({error}); "
                         "delete it to start a new one.") from error
-    if not Path(record.path(directory) + ".index").is_file():
+    if not as_path(record.path(directory) + ".index").is_file():
         raise DataError(f"{path} names {record.checkpoint}, whose files are "
                         f"missing in {directory}; delete {BEST_FILE} (or use "
                         "--checkpoint latest).")
@@ -108,15 +111,18 @@ def improves(metric: str, value: float, best: float | None) -> bool:
     return value > best if metric == "auc" else value < best
 
 
-def _files_of(prefix: str) -> list[Path]:
+def _files_of(prefix: str) -> list[Path | UriPath]:
     """A checkpoint's files: data shards first, the index last."""
-    prefix_path = Path(prefix)
+    prefix_path = as_path(prefix)
     files = sorted(prefix_path.parent.glob(prefix_path.name + ".*"))
     return sorted(files, key=lambda f: f.suffix == ".index")
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
+def _link_or_copy(source: Path | UriPath, target: Path | UriPath) -> None:
     target.unlink(missing_ok=True)
+    if isinstance(source, UriPath):  # a store: no links
+        source.copy_to(target)
+        return
     try:
         os.link(source, target)
     except OSError:
@@ -134,7 +140,7 @@ class BestTracker:
 
     def __init__(self, directory: str | Path, metric: str,
                  patience: int = 0) -> None:
-        self.directory = Path(directory)
+        self.directory = as_path(directory)
         self.metric = metric
         self.patience = patience
         record = read_best(self.directory)
@@ -165,7 +171,7 @@ class BestTracker:
         folder = self.directory / BEST_DIR
         folder.mkdir(parents=True, exist_ok=True)
         name = f"best-{step}"
-        source = Path(saved)
+        source = as_path(saved)
         files = _files_of(saved)
         if not files:
             raise DataError(f"checkpoint {saved} has no files to keep as the "
@@ -217,7 +223,7 @@ def choose_checkpoint(directory: str | Path, which: str | None = None
     Raises:
       ConfigError: an unknown name, or no such checkpoint (exit 2).
     """
-    directory = Path(directory)
+    directory = as_path(directory)
     record = read_best(directory)
     if which is None:
         which = "best" if record is not None else "latest"
@@ -233,7 +239,7 @@ def choose_checkpoint(directory: str | Path, which: str | None = None
         path = tf.train.latest_checkpoint(str(directory))
         if path is None:
             raise ConfigError(f"no checkpoint in {directory}.")
-        name = Path(path).name
+        name = uri_name(path)
         step = int(name.rsplit("-", 1)[-1])
         same = record if record is not None and record.source == name else None
         return ChosenCheckpoint(path, name, step, same)

@@ -21,6 +21,7 @@ resharded tables, which TensorFlow cannot restore itself, are restored by
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -31,6 +32,10 @@ import tensorflow as tf
 
 from psrec.errors import ConfigError
 from psrec.errors import DataError
+from psrec.uri import is_uri
+from psrec.uri import require_tf_filesystem
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 _SKIP_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter")
 
@@ -54,13 +59,15 @@ TEMP_SUFFIX = "_temp"  # TensorFlow's sharded save writes <prefix>_temp/ first
 def remove_partial_saves(directory: str | Path) -> list[str]:
     """Removes the ``<prefix>_temp`` folders (and files) a save that was cut
     off or failed leaves in ``directory``; returns their names."""
-    folder = Path(directory)
+    folder = as_path(directory)
     if not folder.is_dir():
         return []
     removed = []
     for path in sorted(folder.iterdir()):
         if path.name.endswith(TEMP_SUFFIX):
-            if path.is_dir() and not path.is_symlink():
+            if isinstance(path, UriPath) and path.is_dir():
+                path.rmtree()
+            elif path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
@@ -73,7 +80,12 @@ def check_output_folder(directory: str | Path, needed_bytes: int,
     """Raises :class:`OutputFolderError` unless ``directory`` -- or, when it
     does not exist yet, its nearest existing parent -- is a folder a probe
     file can be written to (and is removed from), on a file system with
-    ``needed_bytes`` free. Creates nothing."""
+    ``needed_bytes`` free. Creates nothing. A URI (``gs://``, ``ram://``)
+    must be a store TensorFlow writes; a probe object is written there and
+    removed (a store reports no free space to check)."""
+    if is_uri(directory):
+        _check_remote_folder(str(directory), what)
+        return
     folder = Path(directory).absolute()
     existing = folder
     while not existing.exists() and existing != existing.parent:
@@ -96,6 +108,20 @@ def check_output_folder(directory: str | Path, needed_bytes: int,
             f"one {what} needs about {needed_bytes / 2**20:,.1f} MiB "
             "(tables, optimizer slots and dense weights); free space or give "
             "another --workdir.")
+
+
+def _check_remote_folder(directory: str, what: str) -> None:
+    require_tf_filesystem(directory, "--workdir")
+    probe = as_path(directory) / f".psrec-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except (tf.errors.OpError, OSError) as error:
+        message = getattr(error, "message", None) or str(error)
+        raise OutputFolderError(
+            f"the {what} folder {directory} is not writable "
+            f"({message.splitlines()[0][:200]}); give a --workdir you can "
+            "write to.") from None
 
 
 class Progress(tf.Module):
@@ -130,6 +156,13 @@ def io_options() -> tf.train.CheckpointOptions:
         experimental_io_device=_COORDINATOR_CPU if in_cluster else None)
 
 
+def _reader(prefix: str) -> tf.train.CheckpointReader:
+    """The reader of the checkpoint at ``prefix``. Not
+    ``tf.train.load_checkpoint``: on ``ram://`` every prefix of a file name
+    is a folder, so it looks for a ``checkpoint`` file under the prefix."""
+    return tf.compat.v1.train.NewCheckpointReader(str(prefix))
+
+
 def _tensor_keys(reader: tf.train.CheckpointReader) -> dict[str, list[int]]:
     return {k: s for k, s in reader.get_variable_to_shape_map().items()
             if not any(k.startswith(p) for p in _SKIP_KEYS)}
@@ -151,12 +184,12 @@ def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
         return {k for k in keys if not model_only or (
             k.startswith("model/") and ".OPTIMIZER_SLOT" not in k)}
 
-    saved = tf.train.load_checkpoint(path)
+    saved = _reader(path)
     tmp = tempfile.mkdtemp(prefix="psrec-verify-")
     try:
         live_path = checkpoint.write(str(Path(tmp) / "live"),
                                      options=io_options())
-        live = tf.train.load_checkpoint(live_path)
+        live = _reader(live_path)
         expected = wanted(_tensor_keys(saved))
         actual = wanted(_tensor_keys(live))
         bad = sorted(actual ^ expected)
@@ -172,10 +205,10 @@ def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str,
                      model_only: bool = False) -> list[str]:
     """Keys present on both sides whose live shape differs from ``path``'s
     (the live state is written to a temporary checkpoint to list them)."""
-    saved = _tensor_keys(tf.train.load_checkpoint(path))
+    saved = _tensor_keys(_reader(path))
     tmp = tempfile.mkdtemp(prefix="psrec-shapes-")
     try:
-        live = _tensor_keys(tf.train.load_checkpoint(checkpoint.write(
+        live = _tensor_keys(_reader(checkpoint.write(
             str(Path(tmp) / "live"), options=io_options())))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -201,7 +234,7 @@ def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
     Returns:
       The keys that are still not restored.
     """
-    reader = tf.train.load_checkpoint(path)
+    reader = _reader(path)
     remaining = []
     for key in bad_keys:
         match = _SLOT_RE.match(key)
@@ -239,7 +272,7 @@ class CheckpointKeeper:
             checkpoint, str(directory), max_to_keep=max_to_keep)
         self._optimizers = optimizers or {}
         self._tables = tables or {}
-        self.directory = Path(directory)
+        self.directory = as_path(directory)
         remove_partial_saves(self.directory)  # of a save that was cut off
 
     @property

@@ -41,12 +41,17 @@ def auc_bins(logits: tf.Tensor) -> tf.Tensor:
 
 
 def batch_statistics(labels: tf.Tensor, logits: tf.Tensor,
-                     ids: tf.Tensor) -> dict[str, tf.Tensor]:
-    """Per-batch sums that add up across batches and closures."""
+                     ids: tf.Tensor, regression: bool = False
+                     ) -> dict[str, tf.Tensor]:
+    """Per-batch sums that add up across batches and closures; with
+    ``regression`` (``loss: mse``) also the squared error of the output as
+    a prediction of the label (for RMSE)."""
     labels = tf.reshape(tf.cast(labels, tf.float32), [-1])
     logits = tf.reshape(tf.cast(logits, tf.float32), [-1])
     bins = auc_bins(logits)
-    return {
+    extra = ({"squared_error_sum": tf.reduce_sum(tf.square(
+        logits - labels))} if regression else {})
+    return {**extra,
         "count": tf.size(labels, out_type=tf.int64),
         "positives": tf.reduce_sum(labels),
         "logloss_sum": tf.reduce_sum(
@@ -60,9 +65,10 @@ def batch_statistics(labels: tf.Tensor, logits: tf.Tensor,
     }
 
 
-def zero_statistics() -> dict[str, tf.Tensor]:
+def zero_statistics(regression: bool = False) -> dict[str, tf.Tensor]:
     """The identity of :func:`add_statistics` (the ``reduce`` start)."""
-    return {
+    extra = {"squared_error_sum": tf.constant(0.0)} if regression else {}
+    return {**extra,
         "count": tf.constant(0, tf.int64),
         "positives": tf.constant(0.0),
         "logloss_sum": tf.constant(0.0),
@@ -119,6 +125,7 @@ class EvalResult:
     id_sum: int
     mean_prediction: float = math.nan
     calibration: float | None = None
+    rmse: float | None = None  # regression (``loss: mse``) only
 
     def __post_init__(self) -> None:
         if self.calibration is None:
@@ -138,6 +145,8 @@ class EvalResult:
                 "positive_rate": self.positive_rate}
 
     def summary(self) -> str:
+        if self.rmse is not None:  # regression: AUC etc. do not apply
+            return f"eval: {self.count} examples, RMSE {self.rmse:.4f}"
         return (f"eval: {self.count} examples, AUC {self.auc:.4f}, logloss "
                 f"{self.logloss:.4f}, calibration {self.calibration:.2f}, "
                 f"positive rate {self.positive_rate:.4f}")
@@ -155,4 +164,6 @@ def merge(parts: list[dict[str, np.ndarray]]) -> EvalResult:
         auc=auc_from_histograms(total["pos_hist"], total["neg_hist"]),
         id_sum=int(total["id_sum"]),
         mean_prediction=prediction_sum / count if count else math.nan,
-        calibration=prediction_sum / positives if positives else math.nan)
+        calibration=prediction_sum / positives if positives else math.nan,
+        rmse=(math.sqrt(float(total["squared_error_sum"]) / max(1, count))
+              if "squared_error_sum" in total else None))

@@ -145,24 +145,41 @@ class TrainStep:
       model: the ranking model.
       sparse_optimizer: trains ``model.embedding_variables()``.
       dense_optimizer: trains ``model.dense_variables()``.
-      label: the label column.
+      label: the label column, or the spec's ``LabelConfig`` (its ``loss``
+        ``mse`` trains on the squared error of the model's output).
       loss_scale: a :class:`DynamicLossScale` under mixed float16, else None.
       prepare_table_grads: optional ``grads -> grads`` applied to the table
         gradients before the update (the mirrored path pads them to a
         static size for the all-gather).
+      example_losses: ``batch -> [B]`` per-example losses of the task
+        (retrieval: a sampled softmax); None: the logloss of the model's
+        logits against ``label``.
     """
 
     def __init__(self, model: RankingModel, sparse_optimizer,
                  dense_optimizer, label: str, *,
                  loss_scale: DynamicLossScale | None = None,
-                 prepare_table_grads: Callable[[list], list] | None = None
+                 prepare_table_grads: Callable[[list], list] | None = None,
+                 example_losses: Callable[[Batch], tf.Tensor] | None = None
                  ) -> None:
         self.model = model
         self.sparse_optimizer = sparse_optimizer
         self.dense_optimizer = dense_optimizer
-        self.label = label
+        self.label = getattr(label, "name", label)
+        self.regression = getattr(label, "loss", "logloss") == "mse"
         self.loss_scale = loss_scale
         self._prepare = prepare_table_grads
+        self.example_losses = example_losses or self._label_loss
+
+    def _label_loss(self, batch: Batch) -> tf.Tensor:
+        """The logloss of the logits, or (``mse``) the squared error of
+        the output as a prediction of the label."""
+        output = tf.cast(self.model(batch, training=True), tf.float32)
+        label = tf.cast(batch[self.label], tf.float32)
+        if self.regression:
+            return tf.square(output - label)
+        return tf.nn.sigmoid_cross_entropy_with_logits(labels=label,
+                                                       logits=output)
 
     @property
     def stops_on_non_finite(self) -> bool:
@@ -185,10 +202,7 @@ class TrainStep:
         count = tf.constant(0, tf.int64)
         for batch in batches:
             with tf.GradientTape() as tape:
-                logits = tf.cast(self.model(batch, training=True), tf.float32)
-                per_example = tf.nn.sigmoid_cross_entropy_with_logits(
-                    labels=tf.cast(batch[self.label], tf.float32),
-                    logits=logits)
+                per_example = self.example_losses(batch)
                 loss = tf.nn.compute_average_loss(per_example) / len(batches)
                 scaled = (loss * self.loss_scale.scale
                           if self.loss_scale is not None else loss)

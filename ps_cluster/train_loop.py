@@ -136,6 +136,8 @@ class _Executor:
         # workers do the work, e.g. that a restarted worker works again.
         self.closures_per_pipeline: collections.Counter = (
             collections.Counter())
+        self.examples_per_pipeline: collections.Counter = (
+            collections.Counter())  # per-worker throughput (TensorBoard)
         self.last_result_at: dict[int, float] = {}  # pipeline -> monotonic
         self.in_flight = 0
         # Checked before each call: True stops scheduling (SIGTERM); run()
@@ -158,6 +160,7 @@ class _Executor:
             raise NonFiniteLossError(step - int(not_run) + 1)
         self.closure_seconds.append(float(seconds))
         self.closures_per_pipeline[int(pipeline)] += 1
+        self.examples_per_pipeline[int(pipeline)] += int(examples)
         self.last_result_at[int(pipeline)] = time.monotonic()
         on_result(step, float(loss_sum), int(examples))
 
@@ -240,6 +243,7 @@ def make_eval_function(model, spec: FeatureSpec, batch_size: int,
                        block_rows: int) -> Callable:
     """A ``tf.function(path)`` with the statistics of one eval shard file."""
     label = spec.label.name
+    regression = spec.label.loss == "mse"
 
     @tf.function
     def evaluate_shard(path: tf.Tensor):
@@ -247,18 +251,19 @@ def make_eval_function(model, spec: FeatureSpec, batch_size: int,
 
         def add(state, batch):
             stats = batch_statistics(batch[label], model(batch),
-                                     batch[ID_COLUMN])
+                                     batch[ID_COLUMN], regression)
             return {k: state[k] + stats[k] for k in state}
 
-        return dataset.reduce(zero_statistics(), add)
+        return dataset.reduce(zero_statistics(regression), add)
 
     return evaluate_shard
 
 
 def evaluate_files(eval_fn: Callable, files: list[str],
-                   coordinator=None) -> EvalResult:
+                   coordinator=None, combine: Callable = merge) -> EvalResult:
     """Runs ``eval_fn`` once per shard file -- as closures on
-    ``coordinator`` when given, else here -- and merges the statistics."""
+    ``coordinator`` when given, else here -- and merges the statistics
+    (``combine``: the ranking metrics, or the retrieval task's)."""
     if coordinator is None:
         parts = [eval_fn(tf.constant(f)) for f in files]
     else:
@@ -266,5 +271,5 @@ def evaluate_files(eval_fn: Callable, files: list[str],
                   for f in files]
         coordinator.join()
         parts = [value.fetch() for value in values]
-    return merge([{k: np.asarray(v) for k, v in part.items()}
-                  for part in parts])
+    return combine([{k: np.asarray(v) for k, v in part.items()}
+                    for part in parts])

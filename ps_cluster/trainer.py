@@ -33,7 +33,7 @@ from psrec.models.config import ModelConfig
 from psrec.models.optim import OptimizerConfig
 from psrec.models.optim import build_optimizers
 from psrec.models.ranking import RankingModel
-from psrec.models.ranking import build_model
+from psrec.models.tasks import build_model
 from psrec.ps_cluster.best import BestRecord
 from psrec.ps_cluster.best import BestTracker
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
@@ -55,6 +55,7 @@ from psrec.ps_cluster.train_loop import make_eval_function
 from psrec.ps_cluster.train_stop import describe_pending
 from psrec.ps_cluster.train_stop import save_at_stop
 from psrec.ps_cluster.train_stop import timed_save
+from psrec.uri_path import as_path
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -171,8 +172,7 @@ class Trainer:
         if self.loss_scale is not None:
             state["loss_scale"] = self.loss_scale
         self.checkpoint = tf.train.Checkpoint(**state)
-        self.checkpoint_dir = (Path(checkpoint_dir) if checkpoint_dir
-                               is not None else None)
+        self.checkpoint_dir = checkpoint_dir and as_path(checkpoint_dir)
         self.keeper = None
         if self.checkpoint_dir is not None:
             self.keeper = CheckpointKeeper(
@@ -183,7 +183,7 @@ class Trainer:
                 max_to_keep=keep_checkpoints)
         self.step = TrainStep(
             self.model, self.sparse_optimizer, self.dense_optimizer,
-            spec.label.name, loss_scale=self.loss_scale,
+            spec.label, loss_scale=self.loss_scale,
             prepare_table_grads=self._padding())
         self.executor = None
         self.coverage_rows: int | None = None  # set by dataset_fn

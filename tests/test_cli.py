@@ -55,7 +55,8 @@ def _one_line_error(err: str, command: str) -> str:
 def test_every_option_of_every_command_has_help_and_shows_its_default():
     commands = _commands()
     assert {"ingest", "convert", "audit-shards", "spec", "synth", "tf-config",
-            "train", "advise", "server", "export", "eval", "bench"} <= set(
+            "train", "advise", "server", "export", "eval", "predict",
+            "score", "bench"} <= set(
                 commands)
     shown = 0
     for name, parser in commands.items():
@@ -432,4 +433,5 @@ def test_export_json_names_the_saved_model(capsys, tmp_path,
     stdout = capsys.readouterr().out
     assert len(stdout.strip().splitlines()) == 1
     saved = Path(json.loads(stdout)["saved_model"])
+    assert saved == out / "1"  # the first version of the export folder
     assert (saved / "saved_model.pb").is_file()

@@ -5,6 +5,7 @@ the trained model; the signature follows the spec (criteo and movielens)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,7 +55,8 @@ def exported(ps_cluster, small_criteo_spec, criteo_data, tmp_path_factory):
     result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
         steps=40, steps_per_closure=10, checkpoint_every=0))
     assert result.checkpoint == trainer.keeper.latest
-    out = export_checkpoint(ckpt_dir, root / "export")
+    out = Path(export_checkpoint(ckpt_dir, root / "export").path)
+    assert out == root / "export" / "1"
     return trainer, out, parquet[0], root
 
 

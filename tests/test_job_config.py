@@ -21,6 +21,7 @@ from psrec.launch.job_config import StrategyConfig
 from psrec.launch.job_config import SyntheticData
 from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig
+from psrec.models.retrieval_config import RetrievalConfig
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.train_loop import LoopConfig
 
@@ -59,10 +60,13 @@ def _ps_job(tmp_path: Path) -> JobConfig:
         workdir=tmp_path / "ps-run", spec=criteo(buckets=77, dim=4),
         model_name="dlrm", model=model_config("dlrm", bottom_mlp=(8,)),
         strategy=StrategyConfig(kind="ps", mixed_precision=True,
-                                grad_accum_steps=2),
+                                grad_accum_steps=2, ps_memory=8 << 30),
         partition=PartitionConfig(kind="max-size", max_shard_bytes=1 << 20,
                                   shards=3),
-        workers=3, ps=2, stall_timeout=None)
+        workers=3, ps=2, stall_timeout=None,
+        retrieval=RetrievalConfig(  # every field differs from its default
+            tower_mlp=(8,), output_dim=8, temperature=0.1, normalize=False,
+            logq=False, uniform_negatives=4, remove_accidental_hits=False))
 
 
 @pytest.mark.parametrize("build", [_mirrored_job, _ps_job],
@@ -87,16 +91,19 @@ def test_job_config_round_trips_through_dict_and_job_json(tmp_path, build):
 def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
     """The codec test above would miss a field the codec drops if that field
     kept its default: the mirrored job sets every field but partition, ps and
-    workers (refused under mirrored), which the PS job sets."""
+    workers (refused under mirrored) and retrieval (a ranking job), which
+    the PS job sets."""
     config, default = _mirrored_job(tmp_path), JobConfig()
     same = {f.name for f in dataclasses.fields(JobConfig)
             if getattr(config, f.name) == getattr(default, f.name)}
-    assert same == {"partition", "ps", "workers"}
+    assert same == {"partition", "ps", "workers", "retrieval"}
     ps = _ps_job(tmp_path)
     assert all(getattr(ps, name) != getattr(default, name) for name in same)
     strategy = config.strategy
     assert all(getattr(strategy, f.name) != getattr(StrategyConfig(), f.name)
-               for f in dataclasses.fields(StrategyConfig))
+               for f in dataclasses.fields(StrategyConfig)
+               if f.name != "ps_memory")  # ps only: set in _ps_job
+    assert ps.strategy.ps_memory != StrategyConfig().ps_memory
 
 
 def test_unknown_job_keys_are_refused_by_name(tmp_path):
@@ -130,6 +137,7 @@ def test_unknown_job_keys_are_refused_by_name(tmp_path):
     ("one-device", {"cpu_replicas": 2}, "--cpu-replicas"),
     ("multi-worker-mirrored", {"cpu_replicas": 2}, "--cpu-replicas"),
     ("ps", {"memory_fraction": 0.3}, "--memory-fraction"),
+    ("mirrored", {"ps_memory": 1 << 30}, "--ps-memory"),
 ])
 def test_strategy_config_refuses_options_of_other_strategies(kind, options,
                                                              flag):

@@ -125,13 +125,15 @@ def test_train_end_to_end(first_run, workdir):
     best = json.loads((checkpoints / "best.json").read_text())
     assert (checkpoints / (best["checkpoint"] + ".index")).is_file()
     assert (checkpoints / "job.json").is_file()
-    assert (workdir / "export" / "saved_model.pb").is_file()
+    # The final export is version 1 of the versioned export folder.
+    assert (workdir / "export" / "1" / "saved_model.pb").is_file()
     assert {"train/loss", "eval/auc"} <= _event_tags(workdir / "tensorboard")
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["step"] == STEPS
     assert summary["eval"]["count"] == EVAL_ROWS
     assert summary["eval"]["auc"] == pytest.approx(auc, abs=1e-4)
     assert summary["exported_checkpoint"] == best["checkpoint"]
+    assert summary["export"] == str(workdir / "export" / "1")
     assert summary["best"]["value"] >= summary["eval"]["auc"]
 
 
@@ -197,6 +199,9 @@ def test_rerun_resumes_from_the_checkpoint(first_run, workdir):
     assert "generating" not in run.output  # the converted data is reused
     assert tf.train.latest_checkpoint(
         str(workdir / "checkpoints")).endswith(f"ckpt-{RESUMED_STEPS}")
+    # The resumed run's export is a new version beside the first one.
+    assert sorted(p.name for p in (workdir / "export").iterdir()) == [
+        "1", "2"]
     _assert_nothing_left(run, workdir)
 
 

@@ -101,4 +101,4 @@ def test_train_eval_export_work_beside_shadowing_modules(shadowed):
     _run(shadowed, "eval", "run/checkpoints", "--data",
          "run/data/tfrecord")
     _run(shadowed, "export", "run/checkpoints", "--out", "exported")
-    assert (shadowed / "exported" / "saved_model.pb").is_file()
+    assert (shadowed / "exported" / "1" / "saved_model.pb").is_file()

@@ -199,14 +199,15 @@ def test_the_export_serves_corrected_probabilities(trained, tmp_path, capsys):
     assert main(["export", str(checkpoints), "--out", str(tmp_path / "m"),
                  "--checkpoint", "latest"]) == 0
     assert f"log({RATE:g})" in capsys.readouterr().out
-    info = json.loads((tmp_path / "m" / "psrec_export.json").read_text())
+    info = json.loads((tmp_path / "m" / "1" / "psrec_export.json")
+                      .read_text())
     assert info["neg_sample_rate"] == RATE
     assert info["logit_shift"] == pytest.approx(math.log(RATE))
     table = _table(64, seed=11)
     raw_rows = {"price": tf.constant(table.column("price").to_numpy(),
                                      tf.float32),
                 "item": tf.constant(table.column("item").to_pylist())}
-    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    loaded = tf.saved_model.load(str(tmp_path / "m" / "1"))
     served = loaded.signatures["serving_default"](**raw_rows)
     assert loaded.logit_shift.numpy() == pytest.approx(math.log(RATE))
     # The uncorrected logit of the same checkpoint, outside the export.

@@ -22,6 +22,7 @@ from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.launch.cli import main
 from psrec.models.scoring import score_files
+from psrec.models.versions import resolve
 from tests._client import client_inputs
 from tests._client import mixed_spec
 
@@ -95,7 +96,8 @@ def exported(tmp_path_factory):
 
 def _direct(export, tables) -> dict[str, np.ndarray]:
     """The SavedModel's own outputs for the rows, file after file."""
-    signature = tf.saved_model.load(str(export)).signatures["serving_default"]
+    signature = tf.saved_model.load(resolve(str(export)).path).signatures[
+        "serving_default"]
     parts = [signature(**{k: tf.constant(v) for k, v in
                           _client_inputs(table).items()}) for table in tables]
     return {k: np.concatenate([p[k].numpy() for p in parts])
@@ -184,10 +186,10 @@ def test_the_exports_own_label_column_is_copied(exported, tmp_path):
     """``psrec export`` records the label column; score copies it without
     ``--label`` (here renamed, as for MovieLens's ``rating``)."""
     export, _, tables = exported
-    info = json.loads((export / "psrec_export.json").read_text())
+    info = json.loads((export / "1" / "psrec_export.json").read_text())
     assert info["label"] == "label"
     copy = tmp_path / "export"
-    shutil.copytree(export, copy)
+    shutil.copytree(export / "1", copy)  # an unversioned SavedModel folder
     (copy / "psrec_export.json").write_text(json.dumps(
         dict(info, label="clicked")))
     table = tables[0].rename_columns(

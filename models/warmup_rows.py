@@ -1,0 +1,110 @@
+"""The rows an export's warmup requests carry: real eval rows when the
+run's data can be traced back to its raw rows, else synthetic rows.
+
+A converted example keeps its row id (``psrec__id``: the 0-based position
+over the conversion's input files, in order; see ``psrec convert``), and
+the manifest lists those inputs with their row counts. So the first eval
+examples of the manifest lead back to their raw Parquet rows, which are
+sent to the model as a serving client sends them (the contract of
+:mod:`psrec.models.scoring`). When the inputs are gone (moved, deleted) or
+the manifest has no eval split, the rows are synthetic rows of the spec
+(:func:`psrec.data.synthetic.synthetic_table`): the requests still warm
+every op, only with made-up values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from psrec.data.dataset import make_eval_dataset
+from psrec.data.manifest import Manifest
+from psrec.data.synthetic import synthetic_table
+from psrec.features.spec import ID_COLUMN
+from psrec.features.spec import FeatureSpec
+from psrec.models.export import serving_signature
+from psrec.models.scoring import serving_batch
+
+WARMUP_ROWS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupRows:
+    """Raw serving inputs of the warmup rows and where they came from.
+
+    Attributes:
+      inputs: ``{input: [rows] or [rows, n] array}`` as ``serving_default``
+        takes them.
+      source: ``"eval rows <ids> of <manifest>"`` or ``"synthetic rows
+        (<why>)"``.
+      ids: the eval rows' ids (empty for synthetic rows).
+    """
+
+    inputs: dict[str, np.ndarray]
+    source: str
+    ids: tuple[int, ...] = ()
+
+
+def _first_eval_ids(manifest: Manifest, spec: FeatureSpec,
+                    rows: int) -> np.ndarray:
+    files = [str(manifest.path_of(shard.file))
+             for shard in manifest.shards.get("eval", ()) if shard.rows]
+    if not files:
+        raise LookupError("the data has no eval split")
+    dataset = make_eval_dataset(files[:1], spec, rows, manifest.block_rows)
+    batch = next(iter(dataset))
+    return np.sort(batch[ID_COLUMN].numpy()[:rows])
+
+
+def _source_rows(manifest: Manifest, ids: np.ndarray,
+                 columns: list[str]) -> pa.Table:
+    """The raw rows with global row ids ``ids`` (sorted), read one row
+    group at a time from the manifest's input files."""
+    counts = [int(source["rows"]) for source in manifest.sources]
+    starts = np.cumsum([0, *counts[:-1]])
+    wanted = defaultdict(list)
+    for row in ids:
+        index = int(np.searchsorted(starts, row, side="right")) - 1
+        wanted[index].append(int(row - starts[index]))
+    pieces = []
+    for index, local_rows in sorted(wanted.items()):
+        parquet = pq.ParquetFile(manifest.sources[index]["file"])
+        group_starts = np.cumsum([0] + [
+            parquet.metadata.row_group(g).num_rows
+            for g in range(parquet.metadata.num_row_groups)])
+        for row in local_rows:
+            group = int(np.searchsorted(group_starts, row, side="right")) - 1
+            table = parquet.read_row_group(group, columns=columns)
+            pieces.append(table.slice(row - int(group_starts[group]), 1))
+    return pa.concat_tables(pieces, promote_options="permissive")
+
+
+def _inputs(table: pa.Table, spec: FeatureSpec) -> dict[str, np.ndarray]:
+    batch = table.combine_chunks().to_batches()[0]
+    return serving_batch(batch, serving_signature(spec))
+
+
+def warmup_rows(spec: FeatureSpec, manifest: Manifest | None,
+                rows: int = WARMUP_ROWS) -> WarmupRows:
+    """The first ``rows`` eval rows of ``manifest`` in their raw form, or
+    ``rows`` synthetic rows when they cannot be read (None: no manifest)."""
+    why = "no manifest"
+    if manifest is not None:
+        try:
+            ids = _first_eval_ids(manifest, spec, rows)
+            table = _source_rows(manifest, ids, list(spec.raw_inputs))
+            ids_text = ", ".join(str(i) for i in ids)
+            return WarmupRows(
+                _inputs(table, spec),
+                f"eval rows {ids_text} of {manifest.root / 'manifest.json'}",
+                tuple(int(i) for i in ids))
+        except (LookupError, StopIteration, OSError,
+                pa.ArrowException, tf.errors.OpError) as error:
+            why = f"{type(error).__name__}: {error}".splitlines()[0]
+    table = synthetic_table(spec, rows, seed=0)
+    return WarmupRows(_inputs(table, spec), f"synthetic rows ({why})")
