@@ -27,9 +27,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from psrec.data.files import atomic_output
+from psrec.data.files import open_arrow_input
+from psrec.data.files import parquet_sink
 from psrec.data.input_checks import serving_values
 from psrec.errors import DataError
 from psrec.features.spec import FeatureSpec
+from psrec.uri_path import as_path
 
 CATALOGUE_NAME = "candidates.parquet"
 RAW_ID = "raw_id"
@@ -89,8 +92,9 @@ class CatalogueCollector:
                 pa.array([r.tolist() for r in rows], pa.list_(pa.int64()))
                 if feature.multi_hot else pa.array(
                     np.asarray(rows, np.int64)))
-        with atomic_output(Path(out_dir) / CATALOGUE_NAME) as tmp:
-            pq.write_table(pa.table(data), tmp)
+        with atomic_output(as_path(out_dir) / CATALOGUE_NAME) as tmp, \
+                parquet_sink(tmp) as sink:
+            pq.write_table(pa.table(data), sink)
         return CATALOGUE_NAME
 
 
@@ -115,14 +119,15 @@ class Catalogue:
           DataError: no catalogue there (data converted without ``towers``
             in the spec, or by an older psrec), or one without rows.
         """
-        path = Path(root) / CATALOGUE_NAME
+        path = as_path(root) / CATALOGUE_NAME
         if not path.is_file():
             raise DataError(
                 f"{path} does not exist: retrieval needs the candidate "
                 "catalogue that `psrec convert` writes for a spec with "
                 "`towers`; convert the data again with such a spec (e.g. "
                 "--spec movielens-retrieval).")
-        table = pq.read_table(path)
+        with open_arrow_input(path) as source:
+            table = pq.read_table(source)
         if table.num_rows == 0:
             raise DataError(f"{path} holds no candidate; convert data with "
                             "rows.")

@@ -14,10 +14,12 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from psrec.data.files import atomic_output
+from psrec.data.files import open_arrow_input
 from psrec.data.ingest import IngestError
 from psrec.data.ingest import IngestReport
 from psrec.data.ingest import prepare_out_dir
 from psrec.data.ingest import require_file
+from psrec.uri_path import as_path
 
 MOVIELENS_FILE_NAME = "movielens.parquet"
 _RATING_COLUMNS = ["user_id", "item_id", "rating", "timestamp"]
@@ -41,21 +43,30 @@ def _read_table(path: Path, what: str, column_names: Sequence[str],
     (empty fields are errors, not nulls; quotes are not special)."""
     require_file(path, what)
     try:
-        return pa_csv.read_csv(
-            path,
-            read_options=pa_csv.ReadOptions(column_names=list(column_names),
-                                            encoding=encoding),
-            parse_options=pa_csv.ParseOptions(delimiter=delimiter,
-                                              quote_char=False),
-            convert_options=pa_csv.ConvertOptions(
-                column_types=column_types, include_columns=list(column_types),
-                null_values=[], strings_can_be_null=False))
+        with open_arrow_input(path) as source:  # local, s3://, gs://, ...
+            return _parse_csv(source, column_names, column_types,
+                              delimiter, encoding)
     except (pa.ArrowInvalid, UnicodeDecodeError) as err:
         raise IngestError(
             f"Cannot parse {what} {str(path)!r}: {err}. Expected "
             f"{len(column_names)} {delimiter!r}-separated fields per line "
             f"({', '.join(column_names)}); check that the file is the "
             "original, uncorrupted one.") from err
+
+
+def _parse_csv(source, column_names: Sequence[str],
+               column_types: dict[str, pa.DataType], delimiter: str,
+               encoding: str) -> pa.Table:
+    """A headerless delimited table, strictly under a fixed schema."""
+    return pa_csv.read_csv(
+        source,
+        read_options=pa_csv.ReadOptions(column_names=list(column_names),
+                                        encoding=encoding),
+        parse_options=pa_csv.ParseOptions(delimiter=delimiter,
+                                          quote_char=False),
+        convert_options=pa_csv.ConvertOptions(
+            column_types=column_types, include_columns=list(column_types),
+            null_values=[], strings_can_be_null=False))
 
 
 def movielens_schema() -> pa.Schema:
@@ -142,7 +153,7 @@ def ingest_movielens(ml_dir: str | Path, out_dir: str | Path) -> IngestReport:
         twice in ``u.item``/``u.user``, a genre flag is not 0/1, or a rating
         names a user or item id that ``u.user``/``u.item`` lacks.
     """
-    ml = Path(ml_dir)
+    ml = as_path(ml_dir)
     if not ml.is_dir():
         raise IngestError(
             f"MovieLens folder {str(ml)!r} does not exist; pass the folder "

@@ -79,6 +79,19 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def add_spec_and_data_flags(group: argparse._ActionsContainer, *,
+                            spec_beside_data: str, data: str) -> None:
+    """``--spec`` (a preset or file; by default the spec saved beside
+    ``--data``, ``spec_beside_data`` says what else it may do) and
+    ``--data`` (``data``: what happens without it)."""
+    group.add_argument("--spec", default=None,
+                       help="preset (criteo, movielens) or spec file "
+                       "(default: with --data, the spec saved beside the "
+                       f"data{spec_beside_data}; without, criteo)")
+    group.add_argument("--data", default=None,
+                       help=f"manifest of converted data ({data})")
+
+
 def add_model_flag(group: argparse._ActionsContainer) -> None:
     group.add_argument("--model", choices=MODEL_NAMES, default="dcn",
                        help="named model configuration")

@@ -189,7 +189,17 @@ def pod_spec(job: K8sJob, component: str, env: list[dict[str, Any]],
 
 def pod_template(job: K8sJob, component: str, env: list[dict[str, Any]],
                  **extra: Any) -> dict[str, Any]:
-    return {"metadata": {"labels": labels(job, component)},
+    """A pod template; the coordinator's carries the conventional
+    ``prometheus.io/*`` scrape annotations of its metrics port (honoured
+    by Prometheus' Kubernetes pod discovery as most charts configure it;
+    a PodMonitor can select the same labels)."""
+    metadata: dict[str, Any] = {"labels": labels(job, component)}
+    if component == "coordinator":
+        metadata["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(job.metrics_port),
+            "prometheus.io/path": "/metrics"}
+    return {"metadata": metadata,
             "spec": pod_spec(job, component, env, **extra)}
 
 

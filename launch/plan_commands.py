@@ -14,6 +14,7 @@ from psrec.launch.argtypes import byte_size
 from psrec.launch.argtypes import positive
 from psrec.launch.cli_support import add_json_flag
 from psrec.launch.cli_support import add_model_flag
+from psrec.launch.cli_support import add_spec_and_data_flags
 from psrec.launch.cli_support import print_result
 
 if TYPE_CHECKING:  # the job's modules import TensorFlow
@@ -86,12 +87,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "weights, and the largest shard. With --ps-memory, exit 2 naming "
         "the smallest PS count that fits when a PS task would exceed it.")
     model = p.add_argument_group("model")
-    model.add_argument("--spec", default=None,
-                       help="preset (criteo, movielens) or spec file "
-                       "(default: with --data, the spec saved beside the "
-                       "data; without, criteo)")
-    model.add_argument("--data", default=None,
-                       help="manifest of converted data (its spec)")
+    add_spec_and_data_flags(model, spec_beside_data="", data="its spec")
     add_model_flag(model)
     model.add_argument("--optimizer", choices=("adagrad", "ftrl", "sgd"),
                        default="adagrad",

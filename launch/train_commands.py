@@ -23,6 +23,7 @@ from psrec.launch.cli_support import add_cluster_flags
 from psrec.launch.cli_support import add_count_flags
 from psrec.launch.cli_support import add_json_flag
 from psrec.launch.cli_support import add_model_flag
+from psrec.launch.cli_support import add_spec_and_data_flags
 from psrec.launch.cli_support import print_result
 from psrec.launch.data_service_roles import add_data_server_command
 from psrec.launch.data_service_roles import add_input_flags
@@ -243,13 +244,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "one-device). Every other option means the same under "
                        "each strategy, or is refused where it cannot apply.")
     data = p.add_argument_group("data")
-    data.add_argument("--spec", default=None,
-                      help="preset (criteo, movielens) or spec file (default: "
-                      "with --data, the spec saved beside the data, which "
-                      "--spec may only repeat; without, criteo)")
-    data.add_argument("--data", default=None,
-                      help="manifest of converted data (default: generate the "
-                      "embedded synthetic data)")
+    add_spec_and_data_flags(
+        data, spec_beside_data=", which --spec may only repeat",
+        data="default: generate the embedded synthetic data")
     data.add_argument("--synthetic-rows", type=positive, default=250_000,
                       help="rows of synthetic data when --data is not given")
     add_batch_flag(data, "rows of one step: of one worker's step under "

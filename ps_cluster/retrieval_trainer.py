@@ -103,4 +103,5 @@ class RetrievalTrainer(Trainer):
             batch_size or self.input_config.batch_size, manifest.block_rows)
         return evaluate_files(function, manifest.files(split),
                               self.coordinator,
-                              combine=merge_retrieval(self.tables.size))
+                              combine=merge_retrieval(self.tables.size),
+                              on_part=self.eval_beat)

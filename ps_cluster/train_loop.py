@@ -260,16 +260,28 @@ def make_eval_function(model, spec: FeatureSpec, batch_size: int,
 
 
 def evaluate_files(eval_fn: Callable, files: list[str],
-                   coordinator=None, combine: Callable = merge) -> EvalResult:
+                   coordinator=None, combine: Callable = merge,
+                   on_part: Callable[[], None] | None = None) -> EvalResult:
     """Runs ``eval_fn`` once per shard file -- as closures on
     ``coordinator`` when given, else here -- and merges the statistics
-    (``combine``: the ranking metrics, or the retrieval task's)."""
+    (``combine``: the ranking metrics, or the retrieval task's).
+
+    ``on_part`` is called as each shard's statistics arrive (the
+    heartbeat: a long evaluation keeps beating shard by shard, so only a
+    shard that never finishes looks like a stall)."""
+    parts = []
     if coordinator is None:
-        parts = [eval_fn(tf.constant(f)) for f in files]
+        for f in files:
+            parts.append(eval_fn(tf.constant(f)))
+            if on_part is not None:
+                on_part()
     else:
         values = [coordinator.schedule(eval_fn, args=(tf.constant(f),))
                   for f in files]
-        coordinator.join()
-        parts = [value.fetch() for value in values]
+        for value in values:  # in order; each blocks until its shard is done
+            parts.append(value.fetch())
+            if on_part is not None:
+                on_part()
+        coordinator.join()  # raises any error of a scheduled closure
     return combine([{k: np.asarray(v) for k, v in part.items()}
                     for part in parts])

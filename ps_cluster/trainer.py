@@ -185,7 +185,7 @@ class Trainer:
             self.model, self.sparse_optimizer, self.dense_optimizer,
             spec.label, loss_scale=self.loss_scale,
             prepare_table_grads=self._padding())
-        self.executor = None
+        self.executor = self.eval_beat = None  # set by train()
         self.coverage_rows: int | None = None  # set by dataset_fn
         self.scratch_saves = 0
 
@@ -274,7 +274,7 @@ class Trainer:
             self.spec, batch_size or self.input_config.batch_size,
             manifest.block_rows)
         return evaluate_files(function, manifest.files("eval"),
-                              self.coordinator)
+                              self.coordinator, on_part=self.eval_beat)
 
     # -- training -------------------------------------------------------------
 
@@ -332,7 +332,7 @@ class Trainer:
             ``save_on_stop(last save's seconds or None)`` allows it.
         """
         beat = heartbeat or (lambda phase: None)
-        loop = loop.resolved()
+        self.eval_beat, loop = (lambda: beat("eval")), loop.resolved()
         check(not (loop.early_stop_patience and not self.is_ps
                    and self.num_workers > 1), "--early-stop-patience",
               loop.early_stop_patience, "is not supported with several "

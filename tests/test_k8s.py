@@ -142,6 +142,12 @@ def test_tfjob_semantics(tmp_path):
     for probe in ("startupProbe", "livenessProbe"):
         assert chief[probe]["httpGet"] == {"path": "/healthz",
                                            "port": "metrics"}
+    scrape = replicas["Chief"]["template"]["metadata"]["annotations"]
+    assert scrape == {"prometheus.io/scrape": "true",
+                      "prometheus.io/port": str(metrics["metrics"]),
+                      "prometheus.io/path": "/metrics"}
+    for rtype in ("PS", "Worker"):  # nothing to scrape there
+        assert "annotations" not in replicas[rtype]["template"]["metadata"]
     for rtype in ("PS", "Worker"):
         container = _container(replicas[rtype]["template"])
         assert container["args"] == ["server", "--allow-remote"]

@@ -259,3 +259,34 @@ def test_parquet_on_ram_is_written_and_read_through_gfile():
     assert not [n for n in tf.io.gfile.listdir(f"{root}/pq")
                 if n.startswith(".")]
     tf.io.gfile.rmtree(root)
+
+
+def test_movielens_on_s3_ingests_and_converts_with_its_catalogue_to_ram(
+        s3, capsys):
+    """The MovieLens folder may be a URI too, and the retrieval catalogue
+    (``candidates.parquet``, written beside the TFRecords) goes through
+    gfile to a store pyarrow cannot reach (``ram://``)."""
+    import tensorflow as tf
+
+    from psrec.data.catalogue import Catalogue
+    from psrec.data.manifest import Manifest
+    from psrec.features.presets import resolve_spec
+    from psrec.launch.cli import main
+    from tests._shared import MOVIELENS_DIR
+    for part in ("u.data", "u.item", "u.genre", "u.user"):
+        s3.upload_file(str(shared_data(MOVIELENS_DIR) / part), "psrec",
+                       f"ml-100k/{part}")
+    assert main(["ingest", "movielens", "s3://psrec/ml-100k/", "--out",
+                 "s3://psrec/ml-parquet", "--no-progress"]) == 0
+    assert _keys(s3, "ml-parquet/") == ["ml-parquet/movielens.parquet"]
+    root = f"ram://psrec-{uuid.uuid4().hex[:8]}/retrieval"
+    assert main(["convert", "s3://psrec/ml-parquet", "--spec",
+                 "movielens-retrieval", "--split", "hash", "--eval-fraction",
+                 "0.2", "--out", root, "--no-progress"]) == 0
+    capsys.readouterr()
+    manifest = Manifest.load(root)
+    assert manifest.rows("train") + manifest.rows("eval") == 100_000
+    catalogue = Catalogue.load(root, resolve_spec("movielens-retrieval"))
+    assert catalogue.size == 1682  # every movie rated in ml-100k
+    assert int(catalogue.train_counts.sum()) == manifest.rows("train")
+    tf.io.gfile.rmtree(root.rsplit("/", 1)[0])
