@@ -74,8 +74,16 @@ def retrieval_config(args: argparse.Namespace, spec
 
     Raises:
       ConfigError: retrieval on a spec without ``towers``, or the ranking
-        metrics in ``--keep-best``.
+        metrics in ``--keep-best`` (also for a regression label, ``loss:
+        mse``, whose runs export the latest checkpoint too).
     """
+    if spec.label.loss == "mse" and (args.keep_best == "logloss"
+                                     or args.early_stop_patience):
+        raise ConfigError(
+            f"`--keep-best` = {args.keep_best!r} / --early-stop-patience "
+            f"watch AUC/logloss; the label {spec.label.name!r} of spec "
+            f"{spec.name!r} is a regression target (loss: mse, reported as "
+            "RMSE) and the export is the latest checkpoint: drop them.")
     if args.task != "retrieval":
         return None
     if spec.towers is None:

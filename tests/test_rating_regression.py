@@ -75,3 +75,19 @@ def test_rating_regression_trains_and_reports_rmse(tmp_path):
     assert result.eval.rmse < 0.6 * spread, (result.eval.rmse, spread)
     assert result.eval.summary().startswith("eval: ")
     assert "AUC" not in result.eval.summary()
+
+
+@pytest.mark.parametrize("flags", [["--keep-best", "logloss"],
+                                   ["--early-stop-patience", "2"]])
+def test_ranking_metric_flags_on_a_regression_label_are_refused(
+        tmp_path, capsys, flags):
+    """AUC/logloss do not apply to an mse label: asking to keep the best
+    by them, or to stop early on them, is one line and exit 2 (not a
+    silent switch to the latest checkpoint)."""
+    from psrec.launch.cli import main
+    code = main(["train", "--spec", "movielens-rating", "--strategy",
+                 "one-device", "--workdir", str(tmp_path / "run"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "loss: mse" in err[0] and "'rating'" in err[0]
+    assert not (tmp_path / "run").exists()  # refused before anything ran
