@@ -126,11 +126,10 @@ class JobSummary:
             f"  data:        {self.manifest}",
             f"  checkpoint:  {self.checkpoint}",
             f"  export:      {self.export}"]
-        if self.export is not None:
-            auc = ("unknown" if self.exported_auc is None
-                   else f"{self.exported_auc:.4f}")
-            lines[-1] += (f" (from checkpoint {self.exported_checkpoint}, "
-                          f"eval AUC {auc})")
+        if self.export is not None:  # AUC: ranking on a 0/1 label only
+            auc = ("" if self.exported_auc is None
+                   else f", eval AUC {self.exported_auc:.4f}")
+            lines[-1] += f" (from checkpoint {self.exported_checkpoint}{auc})"
         lines.append(f"  tensorboard: {self.tensorboard}")
         return "\n".join(lines)
 
