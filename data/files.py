@@ -75,7 +75,7 @@ def parquet_sink(path: str | Path | UriPath) -> Iterator[Any]:
     ``gs://``), else a file opened through ``tf.io.gfile`` (``ram://``),
     closed when the block ends."""
     text = str(path)
-    if not is_uri(text) or arrow_supports(text):
+    if arrow_supports(text):  # True for every local path too
         yield text
         return
     with open_sink(text) as handle:

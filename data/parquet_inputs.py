@@ -63,10 +63,10 @@ def _listing(path: str | Path) -> tuple[str, list[str]]:
     if not is_uri(path) or not arrow_supports(path):
         folder = as_path(path)
         if folder.is_dir():
-            return "dir", sorted(
-                found.relative_to(folder).as_posix()
-                for found in folder.rglob("*.parquet") if found.is_file()
-                and not _hidden(found.relative_to(folder).as_posix()))
+            relative = (found.relative_to(folder).as_posix()
+                        for found in folder.rglob("*.parquet")
+                        if found.is_file())
+            return "dir", sorted(rel for rel in relative if not _hidden(rel))
         return ("file" if folder.is_file() else "missing"), []
     import pyarrow.fs as pafs
     filesystem, inner = arrow_filesystem(path)

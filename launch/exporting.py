@@ -17,7 +17,6 @@ warmup requests built from the run's eval rows
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from psrec.data.dataset import make_eval_dataset
+from psrec.data.files import write_json_atomic
 from psrec.data.manifest import Manifest
 from psrec.data.records import corruption_named
 from psrec.data.sampling import logit_shift
@@ -153,12 +153,10 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
     def write(folder: str) -> None:
         export_saved_model(model, record.spec, folder,
                            logit_shift=logit_shift(rate))
-        with tf.io.gfile.GFile(os.path.join(folder, EXPORT_INFO), "w") as f:
-            f.write(json.dumps({
-                "checkpoint": path, "spec_hash": record.spec.fingerprint(),
-                "label": record.spec.label.name, "neg_sample_rate": rate,
-                "logit_shift": logit_shift(rate), "warmup": rows.source},
-                indent=2) + "\n")
+        write_json_atomic(os.path.join(folder, EXPORT_INFO), {
+            "checkpoint": path, "spec_hash": record.spec.fingerprint(),
+            "label": record.spec.label.name, "neg_sample_rate": rate,
+            "logit_shift": logit_shift(rate), "warmup": rows.source})
         write_warmup(folder, rows.inputs, name)
 
     published = publish(root, write, version)

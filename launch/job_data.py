@@ -88,9 +88,10 @@ def check_output_folders(config: JobConfig) -> None:
                         "checkpoint")
     if config.export:
         from psrec.models.versions import check_root
-        check_output_folder(as_path(config.workdir) / "export",
-                            size.table_bytes + size.dense_bytes, "export")
-        check_root(str(as_path(config.workdir) / "export"))  # not at the end
+        export = as_path(config.workdir) / "export"
+        check_output_folder(export, size.table_bytes + size.dense_bytes,
+                            "export")
+        check_root(str(export))  # not at the end
 
 
 VERIFIED_FILE = "verified-data.json"

@@ -42,10 +42,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from psrec._version import __version__
 from psrec.launch.heartbeat import PHASES
 from psrec.launch.heartbeat import read_heartbeat
+from psrec.launch.restart_policy import ROLES
 
 #: Phases after which no more heartbeats come, and that is fine.
 FINISHED = ("done", "terminating", "terminated")
-ROLES = ("worker", "ps", "coordinator")
 
 
 def _tensorflow_version() -> str:
@@ -136,8 +136,8 @@ def _number(value: Any) -> float | None:
 def _gauges(beat: Mapping[str, Any], specs) -> Iterator[GaugeMetricFamily]:
     for name, text, value in specs:
         family = GaugeMetricFamily(name, text)
-        if _number(value) is not None:
-            family.add_metric([], _number(value))
+        if (number := _number(value)) is not None:
+            family.add_metric([], number)
         yield family
 
 
@@ -148,8 +148,8 @@ def _counters(beat: Mapping[str, Any]) -> Iterator[CounterMetricFamily]:
             ("psrec_train_examples", "examples trained on (restored with "
              "the checkpoint)", beat.get("examples"))):
         family = CounterMetricFamily(name, text)
-        if _number(value) is not None:
-            family.add_metric([], _number(value))
+        if (number := _number(value)) is not None:
+            family.add_metric([], number)
         yield family
     closures = CounterMetricFamily(
         "psrec_worker_closures", "closures finished per worker by this "

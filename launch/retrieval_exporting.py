@@ -8,12 +8,12 @@ recall@k/MRR of the trainer, on one device, no cluster."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import tensorflow as tf
 
 from psrec.data.catalogue import Catalogue
+from psrec.data.files import write_json_atomic
 from psrec.data.manifest import Manifest
 from psrec.errors import ConfigError
 from psrec.launch.job_config import JobConfig
@@ -49,11 +49,9 @@ def publish_retrieval(model, record, checkpoint: str,
 
     def write(folder: str) -> None:
         written = export_retrieval(model, record.spec, catalogue, folder, k)
-        with tf.io.gfile.GFile(os.path.join(folder, info_name), "w") as f:
-            f.write(json.dumps({
-                "checkpoint": checkpoint,
-                "spec_hash": record.spec.fingerprint(), **written},
-                indent=2) + "\n")
+        write_json_atomic(os.path.join(folder, info_name), {
+            "checkpoint": checkpoint,
+            "spec_hash": record.spec.fingerprint(), **written})
 
     return publish(str(out_dir), write, version)
 

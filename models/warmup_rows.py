@@ -77,10 +77,13 @@ def _source_rows(manifest: Manifest, ids: np.ndarray,
         group_starts = np.cumsum([0] + [
             parquet.metadata.row_group(g).num_rows
             for g in range(parquet.metadata.num_row_groups)])
+        groups = {}  # each row group read once, however many rows it has
         for row in local_rows:
             group = int(np.searchsorted(group_starts, row, side="right")) - 1
-            table = parquet.read_row_group(group, columns=columns)
-            pieces.append(table.slice(row - int(group_starts[group]), 1))
+            if group not in groups:
+                groups[group] = parquet.read_row_group(group, columns=columns)
+            pieces.append(groups[group].slice(row - int(group_starts[group]),
+                                              1))
     return pa.concat_tables(pieces, promote_options="permissive")
 
 
