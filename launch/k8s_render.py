@@ -31,6 +31,7 @@ from psrec.errors import check
 from psrec.launch.k8s_objects import K8sJob
 from psrec.launch.k8s_plain import render_plain
 from psrec.launch.k8s_tfjob import render_tfjob
+from psrec.uri import is_uri
 
 BACKENDS = {"tfjob": render_tfjob, "plain": render_plain}
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -85,7 +86,8 @@ def _train_namespace(train_args: Sequence[str]) -> argparse.Namespace:
 
 
 def is_local(uri: str | None) -> bool:
-    return uri is not None and "://" not in uri
+    """A local path (``file://`` included, as everywhere in psrec)."""
+    return uri is not None and not is_uri(uri)
 
 
 def planned_ps_memory(args: argparse.Namespace,

@@ -124,15 +124,46 @@ def arrow_filesystem(path: object):
     file system for a local path, else ``FileSystem.from_uri`` (``s3://``
     honours ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``...).
 
+    One file system per store (scheme, bucket or name node, query, and the
+    ``AWS_*``/``GOOGLE_*``/``HADOOP_*`` variables) for the life of the
+    process: ``from_uri`` on ``s3://`` asks the bucket's region
+    over the network, so it is not repeated for every file.
+
     Raises:
       ConfigError: pyarrow has no filesystem for the scheme.
     """
-    import pyarrow as pa
     import pyarrow.fs as pafs
     if not is_uri(path):
         return pafs.LocalFileSystem(), os.path.abspath(local(path))
+    text = str(path)
+    rest, _, query = split_root(text)[1].partition("?")
+    authority = rest.split("/", 1)[0]
+    key = (scheme(text), authority, query, _store_environment())
+    if key not in _ARROW_STORES:
+        filesystem, inner = _arrow_from_uri(text)
+        # s3/gs/abfs name a file "bucket/key"; hdfs names it "/key".
+        _ARROW_STORES[key] = (filesystem, inner.startswith(authority))
+    filesystem, keeps_authority = _ARROW_STORES[key]
+    inner = rest if keeps_authority else rest[len(authority):] or "/"
+    return filesystem, inner
+
+
+_ARROW_STORES: dict = {}
+
+
+def _store_environment() -> tuple:
+    """The variables that configure a store's client (endpoint,
+    credentials): a changed one means another file system."""
+    return tuple(sorted(
+        (name, value) for name, value in os.environ.items()
+        if name.startswith(("AWS_", "GOOGLE_", "HADOOP_", "ARROW_"))))
+
+
+def _arrow_from_uri(path: str):
+    import pyarrow as pa
+    import pyarrow.fs as pafs
     try:
-        found = pafs.FileSystem.from_uri(str(path))
+        found = pafs.FileSystem.from_uri(path)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError,
             OSError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(

@@ -81,7 +81,7 @@ class _Arrow:
     """The store behind ``pyarrow.fs`` (schemes TensorFlow lacks)."""
 
     def __init__(self, some_path: str) -> None:
-        self.fs, _ = arrow_filesystem(some_path)
+        self.fs, _ = arrow_filesystem(some_path)  # cached per store
 
     @staticmethod
     def _p(path: str) -> str:

@@ -159,6 +159,27 @@ def test_parquet_folders_on_s3_are_listed_like_local_ones(s3, tmp_path):
         parquet_files(["s3://psrec/nothing.parquet"])
 
 
+def test_one_arrow_file_system_per_store_with_its_own_inner_paths(
+        s3, monkeypatch):
+    import psrec.uri as uri
+    monkeypatch.setattr(uri, "_ARROW_STORES", {})
+    built = []
+    real = uri._arrow_from_uri
+    monkeypatch.setattr(uri, "_arrow_from_uri",
+                        lambda path: built.append(path) or real(path))
+    paths = ["s3://psrec/raw/day_0.txt", "s3://psrec/a/b/", "s3://psrec",
+             "s3://other/x.parquet"]
+    found = [uri.arrow_filesystem(path) for path in paths]
+    assert [inner for _, inner in found] == [
+        "psrec/raw/day_0.txt", "psrec/a/b", "psrec", "other/x.parquet"]
+    assert built == ["s3://psrec/raw/day_0.txt", "s3://other/x.parquet"]
+    assert found[0][0] is found[2][0]
+    assert found[0][0].get_file_info(found[0][1]).size > 0
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "another")
+    uri.arrow_filesystem(paths[0])
+    assert len(built) == 3  # other credentials: another client
+
+
 def test_atomic_json_and_text_on_s3_through_pyarrow(s3):
     from psrec.data.files import write_json_atomic
     written = write_json_atomic("s3://psrec/run/summary.json", {"step": 3})
