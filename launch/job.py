@@ -19,6 +19,7 @@ from typing import Iterator
 
 from psrec.data.files import write_json_atomic
 from psrec.data.manifest import Manifest
+from psrec.errors import one_line
 from psrec.launch.job_config import JobConfig
 from psrec.launch.job_data import load_verified
 from psrec.launch.job_data import prepare_data
@@ -399,7 +400,7 @@ def _translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
             tf.errors.CancelledError) as error:
         raise ClusterUnavailableError(
             f"the cluster became unreachable ({type(error).__name__}: "
-            f"{str(error).splitlines()[0][:300]}); "
+            f"{one_line(error)[:600]}); "
             f"{lost_task_message(cluster)}. Restart the lost task(s); a lost "
             "PS also needs the coordinator rerun (it resumes from the latest "
             "checkpoint).") from error

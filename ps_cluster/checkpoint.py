@@ -33,6 +33,7 @@ import tensorflow as tf
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
+from psrec.errors import one_line
 from psrec.uri import is_uri
 from psrec.uri import require_tf_filesystem
 from psrec.uri_path import UriPath
@@ -63,17 +64,6 @@ class SaveInterruptedError(RetryableError):
 # TensorFlow errors of an unreachable task (not of the storage).
 _NETWORK_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
                    tf.errors.CancelledError, tf.errors.DeadlineExceededError)
-
-
-def _one_line(error: BaseException) -> str:
-    """A TensorFlow error's message on one line, without the lines that
-    carry no information (its first line may say only "Graph execution
-    error:", followed by per-node "Detected at node" stack stubs)."""
-    lines = (getattr(error, "message", None) or str(error)).splitlines()
-    kept = " ".join(line.strip() for line in lines if line.strip() and not (
-        line.startswith("Detected at node") or "stack traces unavailable"
-        in line or line.strip().endswith("error:")))
-    return kept or type(error).__name__
 
 
 TEMP_SUFFIX = "_temp"  # TensorFlow's sharded save writes <prefix>_temp/ first
@@ -314,7 +304,7 @@ class CheckpointKeeper:
                     if isinstance(error, _NETWORK_ERRORS) else SaveError)
             raise kind(
                 f"saving checkpoint {step} in {self.directory} failed "
-                f"({_one_line(error)[:600]}); its partial files were "
+                f"({one_line(error)[:600]}); its partial files were "
                 f"removed ({', '.join(removed) or 'none'}), the previous "
                 f"checkpoint ({self.latest}) is intact.") from error
 

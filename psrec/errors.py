@@ -88,3 +88,15 @@ def check_choice(name: str, value: object, choices: tuple,
     """``value`` is one of ``choices``."""
     check(value in choices, name, value,
           f"is not one of {', '.join(map(str, choices))}", error)
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message on one line. For a TensorFlow error, the lines
+    that carry no information are dropped: its first line may say only
+    "Graph execution error:", followed by per-node "Detected at node" stack
+    stubs, and the cause comes after them."""
+    lines = (getattr(error, "message", None) or str(error)).splitlines()
+    kept = " ".join(line.strip() for line in lines if line.strip() and not (
+        line.startswith("Detected at node") or "stack traces unavailable"
+        in line or line.strip().endswith("error:")))
+    return kept or type(error).__name__

@@ -1,0 +1,34 @@
+"""psrec.errors.one_line: a TensorFlow error reduced to its informative
+lines (the first line alone can be just "Graph execution error:")."""
+
+import tensorflow as tf
+
+from psrec.errors import one_line
+
+# The shape of a real UnavailableError from a closure whose PS went away.
+_MESSAGE = """Graph execution error:
+
+Detected at node 'ReadVariableOp' defined at (most recent call last):
+<stack traces unavailable>
+Detected at node 'ReadVariableOp' defined at (most recent call last):
+<stack traces unavailable>
+2 root error(s) found.
+  (0) UNAVAILABLE:  failed to connect to all addresses; last error: \
+UNKNOWN: ipv4:127.0.0.1:40185: Failed to connect to remote host: \
+Connection refused
+"""
+
+
+def test_a_tf_error_keeps_its_cause_and_drops_the_stubs():
+    error = tf.errors.UnavailableError(None, None, _MESSAGE)
+    line = one_line(error)
+    assert "\n" not in line
+    assert "Connection refused" in line and "127.0.0.1:40185" in line
+    assert "Graph execution error" not in line
+    assert "Detected at node" not in line and "stack traces" not in line
+    assert line.startswith("2 root error(s) found.")
+
+
+def test_a_plain_error_is_its_message_or_its_type():
+    assert one_line(ValueError("bad\nvalue")) == "bad value"
+    assert one_line(RuntimeError()) == "RuntimeError"
