@@ -4,7 +4,8 @@ serving so that the three can never disagree.
 * :class:`CategoricalEncoder` turns raw categorical values (strings or ints)
   into embedding-table row ids: a stable FarmHash fingerprint of the value's
   string form (``tf.strings.to_hash_bucket_fast``), or a vocabulary lookup,
-  plus the feature's row offset; multi-hot lists become ``[batch,
+  plus the feature's row offset (raw ids of a dynamic table: the
+  fingerprint itself, in ``[0, 2**63 - 1)``); multi-hot lists become ``[batch,
   max_length]`` ids with padding dropped (:meth:`CategoricalEncoder.encode_lists`).
 * The missing/padding values, the same at conversion and at serving: a
   missing single value (null, ``""`` or, for ints, ``-1``) is hashed as the
@@ -31,6 +32,7 @@ from psrec.features.derived import EPOCH_MS
 from psrec.features.derived import TIME_KINDS
 from psrec.features.derived import DerivedFeature
 from psrec.features.derived import parse_pattern
+from psrec.features.dynamic import RAW_ID_BUCKETS
 from psrec.features.spec import FeatureSpec
 
 MISSING_TOKEN = ""  # how a missing categorical value is hashed
@@ -88,6 +90,8 @@ class CategoricalEncoder(tf.Module):
         """
         feature = self._features[name]
         strings = as_strings(values)
+        if feature.raw_ids:  # a dynamic table: the 64-bit fingerprint itself
+            return tf.strings.to_hash_bucket_fast(strings, RAW_ID_BUCKETS)
         if feature.hash_buckets is not None:
             bucket = tf.strings.to_hash_bucket_fast(
                 strings, feature.hash_buckets)
