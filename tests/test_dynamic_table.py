@@ -2,7 +2,7 @@
 in-process cluster (2 workers + 2 PS): placement of the maps on PS tasks,
 admission at the threshold (never before), LFU and TTL eviction with reset
 rows and optimizer slots, many concurrent closures, training through the
-trainer's loop, checkpoint round trip, reshard, export and the spec.
+trainer's loop, checkpoint round trip, reshard (another shard count), export and the spec.
 
 One PS Trainer is built for the module; the tables ``lfu``, ``ttl`` and
 ``pool`` are driven directly (closures that read ids as a train step does,
@@ -12,8 +12,6 @@ then the coordinator's maintenance), ``big`` is trained by the loop.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -30,21 +28,23 @@ from psrec.features.columns import TableConfig
 from psrec.features.presets import criteo
 from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import CategoricalEncoder
+from psrec.launch.cli import main
 from psrec.models.config import ModelConfig
 from psrec.models.export import export_saved_model
 from psrec.models.optim import OptimizerConfig
 from psrec.models.ranking import build_model
 from psrec.ps_cluster.dynamic_maintenance import Maintainer
 from psrec.ps_cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.planner import plan
+from psrec.ps_cluster.planner_dynamic import dynamic_table_bytes
 from psrec.ps_cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.train_loop import LoopConfig
 from psrec.ps_cluster.trainer import Trainer
-from psrec.runtime import role_environment
-from tests._proc import REPO
 
 pytestmark = pytest.mark.cluster
 
 INITIAL_ACCUMULATOR = 0.1  # Adagrad's, models.optim
+MODEL = ModelConfig(interaction="concat", top_mlp=(8,), wide=True)
 
 
 def _spec_dict() -> dict:
@@ -73,9 +73,8 @@ SPEC = FeatureSpec.from_dict(_spec_dict())
 @pytest.fixture(scope="module")
 def trainer(ps_cluster, tmp_path_factory) -> Trainer:
     strategy = build_ps_strategy(ps_cluster, PartitionConfig(kind="fixed"))
-    return Trainer(strategy, SPEC, ModelConfig(interaction="concat",
-                                               top_mlp=(8,), wide=True),
-                   OptimizerConfig(), InputConfig(batch_size=64),
+    return Trainer(strategy, SPEC, MODEL, OptimizerConfig(),
+                   InputConfig(batch_size=64),
                    checkpoint_dir=tmp_path_factory.mktemp("dynamic-ckpt"))
 
 
@@ -208,13 +207,13 @@ def trained(trainer, tmp_path_factory):
     """``big`` trained by the loop (maintained every 10 steps) on data
     converted with the dynamic spec."""
     root = tmp_path_factory.mktemp("dynamic-data")
-    paths = write_synthetic_parquet(SPEC, root / "parquet", 4000, files=1,
+    paths = write_synthetic_parquet(SPEC, root / "parquet", 2000, files=1,
                                     seed=1)
     manifest = convert(paths, SPEC, root / "tfrecord",
                        ConversionOptions(shards=2, eval_fraction=0.0)
                        ).manifest
     before = _rows_of(trainer, "big")
-    loop = LoopConfig(steps=40, steps_per_closure=4, checkpoint_every=0)
+    loop = LoopConfig(steps=20, steps_per_closure=5, checkpoint_every=0)
     result = trainer.train(trainer.dataset_fn(manifest), loop)
     return result, before, paths
 
@@ -222,13 +221,14 @@ def trained(trainer, tmp_path_factory):
 def test_training_admits_and_never_trains_the_default_row(trainer, trained):
     result, before, _ = trained
     stats = _table(trainer, "big").stats()
-    assert result.step == 40 and stats["admitted"] > 20
+    assert result.step == 20 and stats["admitted"] > 20
     after = _rows_of(trainer, "big")
     assert np.array_equal(after[300], before[300])  # default row untouched
     assert stats["rows_used"] + stats["rows_free"] == 300
 
 
-def test_checkpoint_round_trip_and_reshard(trainer, trained, ps_cluster):
+def test_checkpoint_round_trip_and_reshard(trainer, trained, ps_cluster,
+                                          tmp_path):
     result, _, _ = trained
     table = _table(trainer, "big")
     saved = (_mapping(table), table.stats())
@@ -236,23 +236,44 @@ def test_checkpoint_round_trip_and_reshard(trainer, trained, ps_cluster):
     _maintain(trainer, "big", 50)
     assert trainer.restore() == result.checkpoint  # verified by value
     assert (_mapping(table), table.stats()) == saved
-    # Another PS count (3): a fresh process, restored and checked there.
-    out = subprocess.run(
-        [sys.executable, "-m", "tests._dynamic_helpers", "reshard-dynamic",
-         "--checkpoint", result.checkpoint, "--spec",
-         json.dumps(_spec_dict())], cwd=REPO, env=role_environment(),
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr[-4000:]
-    restored = json.loads(out.stdout.strip().splitlines()[-1])
-    assert restored["big"] == saved[1]
-    assert restored["ps_devices"] == 3
+    # Resharded: 3 shards of each table instead of one per PS task.
+    strategy = build_ps_strategy(ps_cluster, PartitionConfig(kind="fixed",
+                                                             shards=3))
+    other = Trainer(strategy, SPEC, MODEL, OptimizerConfig(),
+                    InputConfig(batch_size=64), checkpoint_dir=tmp_path)
+    assert len(other.model.sparse_arch.tables["big"].variables) == 3
+    other.keeper.restore(result.checkpoint)  # verified by value, slots too
+    moved = _table(other, "big")
+    assert (_mapping(moved), moved.stats()) == saved
+    assert np.array_equal(_rows_of(other, "big"), _rows_of(trainer, "big"))
+    assert np.array_equal(_accumulators(other, "big"),
+                          _accumulators(trainer, "big"))
+
+
+def test_embeddings_stats_reads_the_checkpoint_files(trainer, trained,
+                                                    capsys):
+    result, _, _ = trained
+    assert main(["embeddings", "stats", result.checkpoint, "--shards", "2",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    tables = {t["name"]: t for t in report["tables"]}
+    assert sorted(tables) == ["big", "lfu", "pool", "ttl"]
+    big, live = tables["big"], _table(trainer, "big")
+    row_ids = live.row_ids.numpy()
+    assert big["rows_used"] == np.count_nonzero(row_ids >= 0) > 0
+    assert (big["admitted"], big["evicted"], big["pending"]) == (
+        int(live.admitted.numpy()), int(live.evicted.numpy()),
+        int(live.counts.size().numpy()))
+    assert [s["rows_used"] for s in big["shards"]] == [
+        np.count_nonzero(row_ids[:151] >= 0),
+        np.count_nonzero(row_ids[151:] >= 0)]
+    assert tables["pool"]["rows_free"] == 0
 
 
 def test_export_maps_unseen_ids_to_the_default_row(trainer, trained,
                                                    tmp_path):
     result, _, paths = trained
-    model = build_model(SPEC, ModelConfig(interaction="concat", top_mlp=(8,),
-                                          wide=True))
+    model = build_model(SPEC, MODEL)
     tf.train.Checkpoint(model=model).restore(result.checkpoint
                                              ).expect_partial()
     mapping = _mapping(_table(trainer, "big"))
@@ -306,3 +327,21 @@ def test_raw_ids_are_64_bit_fingerprints_and_hashed_specs_unchanged():
     preset = criteo(buckets=10, dim=4).to_dict()
     assert all("mode" not in t for t in preset["tables"])
     assert all("raw_ids" not in f for f in preset["categorical"])
+
+
+def test_planner_counts_the_maps_and_row_statistics():
+    hashed = _spec_dict()
+    for table in hashed["tables"][1:]:
+        table.update(mode="hashed", rows=table["capacity"] + 1)
+        for key in ("capacity", "evict", "ttl_steps", "maintenance_every",
+                    "admit_threshold"):
+            table.pop(key, None)
+    for feature in hashed["categorical"][1:]:
+        feature["hash_buckets"] = 2
+    plain = plan(FeatureSpec.from_dict(hashed), MODEL, 2)
+    dynamic = plan(SPEC, MODEL, 2)
+    # Tables 1 (lfu) and 3 (pool) on PS 1, 2 (ttl) and 4 (big) on PS 0.
+    assert [d - p for d, p in zip(dynamic.ps_bytes, plain.ps_bytes)] == [
+        dynamic_table_bytes(2) + dynamic_table_bytes(300),
+        dynamic_table_bytes(2) + dynamic_table_bytes(64)]
+    assert dynamic_table_bytes(300) >= 300 * (2 * 16 + 3 * 8)
