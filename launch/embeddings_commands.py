@@ -22,7 +22,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers ``embeddings stats``."""
     p = sub.add_parser("embeddings", help="inspect embedding tables")
     inner = p.add_subparsers(dest="embeddings_command", metavar="COMMAND",
-                             required=True)
+                             required=True, help="stats: the dynamic "
+                             "tables of a checkpoint")
     s = inner.add_parser(
         "stats", help="rows used/free, admitted, evicted and pending ids "
         "of the dynamic tables of a checkpoint",
