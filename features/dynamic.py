@@ -92,14 +92,19 @@ def table_dict(data: dict[str, Any]) -> dict[str, Any]:
 
 def mark_raw_ids(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """``data`` with ``raw_ids: true`` on the categorical features of
-    ``mode: dynamic`` tables (a spec file need not say it)."""
+    ``mode: dynamic`` tables and those sharing their rows (a spec file need
+    not say it)."""
     tables = data.get("tables")
     features = data.get("categorical")
     if not isinstance(tables, list) or not isinstance(features, list):
         return data
     dynamic = {t.get("name") for t in tables
                if isinstance(t, Mapping) and t.get("mode") == "dynamic"}
+    raw: set = set()  # features on a dynamic table, or sharing one's rows
+    for _ in features:
+        raw |= {f.get("name") for f in features if isinstance(f, Mapping)
+                and (f.get("table") in dynamic or f.get("share") in raw)}
     marked = [dict(f, raw_ids=True) if isinstance(f, Mapping)
-              and f.get("table") in dynamic and "raw_ids" not in f else f
+              and f.get("name") in raw and "raw_ids" not in f else f
               for f in features]
     return dict(data, categorical=marked)

@@ -320,8 +320,16 @@ def test_raw_ids_are_64_bit_fingerprints_and_hashed_specs_unchanged():
     encoder = CategoricalEncoder(SPEC)
     ids = encoder.encode("item", tf.constant(["a", "b", ""])).numpy()
     assert len(set(ids)) == 3 and ids.max() > 2 ** 40  # not folded
-    same = encoder.encode("a", tf.constant([7], tf.int64)).numpy()
-    assert same == encoder.encode("item", tf.constant(["7"])).numpy()
+    seven = encoder.encode("a", tf.constant([7], tf.int64)).numpy()
+    assert seven == encoder.encode("a", tf.constant(["7"])).numpy()
+    assert seven != encoder.encode("c", tf.constant([7], tf.int64)).numpy()
+    data = _spec_dict()  # a feature sharing item's rows: item's ids
+    data["categorical"].append({"name": "seen", "share": "item"})
+    shared = FeatureSpec.from_dict(data)
+    assert shared.categorical[-1].raw_ids
+    shared_encoder = CategoricalEncoder(shared)
+    assert (shared_encoder.encode("seen", tf.constant(["a"])).numpy()
+            == ids[0])
     saved = FeatureSpec.from_dict(SPEC.to_dict())
     assert saved == SPEC and saved.table("big").rows == 301
     preset = criteo(buckets=10, dim=4).to_dict()
