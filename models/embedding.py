@@ -166,7 +166,8 @@ class SparseArch(tf_keras.layers.Layer):
         return total / count
 
     def lookup(self, batch: dict[str, tf.Tensor],
-               names: tuple[str, ...]) -> list[tf.Tensor]:
+               names: tuple[str, ...], training: bool = False
+               ) -> list[tf.Tensor]:
         """The embeddings of the features ``names`` only, in that order
         (``batch`` needs only those; one lookup per table, as :meth:`call`):
         what a retrieval tower reads."""
@@ -174,7 +175,8 @@ class SparseArch(tf_keras.layers.Layer):
         for table, features in self._by_table.items():
             chosen = [f for f in features if f.name in names]
             if chosen:
-                found.update(self._lookup_table(table, batch, chosen)[0])
+                found.update(self._lookup_table(table, batch, chosen,
+                                                training)[0])
         return [found[name] for name in names]
 
     def call(self, batch: dict[str, tf.Tensor], training=None):

@@ -30,9 +30,11 @@ from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import CategoricalEncoder
 from psrec.launch.cli import main
 from psrec.models.config import ModelConfig
+from psrec.models.config import ModelConfigError
 from psrec.models.export import export_saved_model
 from psrec.models.optim import OptimizerConfig
 from psrec.models.ranking import build_model
+from psrec.models.retrieval_config import check_no_dynamic_tables
 from psrec.ps_cluster.dynamic_maintenance import Maintainer
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.planner import plan
@@ -314,6 +316,9 @@ def test_spec_reports_every_dynamic_problem_at_once():
         TableConfig("t", dim=4, mode="lru")
     with pytest.raises(SpecError, match="takes no `hash_buckets`"):
         CategoricalFeature("x", table="t", hash_buckets=3, raw_ids=True)
+    with pytest.raises(ModelConfigError,
+                       match=r"\(lfu, ttl, pool, big\).*rows by id"):
+        check_no_dynamic_tables(SPEC)  # two-tower retrieval: hashed only
 
 
 def test_raw_ids_are_64_bit_fingerprints_and_hashed_specs_unchanged():
