@@ -277,8 +277,8 @@ class CategoricalFeature:
                     f"{where}: its table is dynamic (raw ids), which takes no "
                     "`hash_buckets`, `vocabulary_file` or `row_offset`; "
                     "remove them.")
-        elif (self.hash_buckets is None) == (self.vocabulary_file is None) and (
-                not both_unset or self.share is None):
+        elif ((self.hash_buckets is None) == (self.vocabulary_file is None)
+              and (not both_unset or self.share is None)):
             problems.append(
                 f"{where}: give exactly one of `hash_buckets` and "
                 f"`vocabulary_file` (got hash_buckets={self.hash_buckets!r}, "

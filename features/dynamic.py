@@ -58,12 +58,14 @@ def dynamic_problems(where: str, table: Any) -> list[str]:
     problems += _positive(where, "admit_threshold", table.admit_threshold)
     problems += _positive(where, "maintenance_every", table.maintenance_every)
     if table.evict not in EVICTION_POLICIES:
+        allowed = ", ".join(map(repr, EVICTION_POLICIES))
         problems.append(f"{where}: `evict` = {table.evict!r} is not allowed; "
-                        f"use one of {', '.join(map(repr, EVICTION_POLICIES))}.")
+                        f"use one of {allowed}.")
     if table.evict == "ttl":
         if table.ttl_steps is None:
-            problems.append(f"{where}: `evict` = 'ttl' needs `ttl_steps` (rows "
-                            "not seen for that many steps are evicted).")
+            problems.append(f"{where}: `evict` = 'ttl' needs `ttl_steps` "
+                            "(rows not seen for that many steps are "
+                            "evicted).")
         else:
             problems += _positive(where, "ttl_steps", table.ttl_steps)
     elif table.ttl_steps is not None:
@@ -74,8 +76,9 @@ def dynamic_problems(where: str, table: Any) -> list[str]:
     if table.rows is not None and capacity_ok and (
             table.rows != table.capacity + 1):
         problems.append(f"{where}: `rows` = {table.rows!r} but a dynamic "
-                        f"table has `capacity` + 1 = {table.capacity + 1} rows "
-                        "(the last is the default row); leave `rows` out.")
+                        "table has `capacity` + 1 = "
+                        f"{table.capacity + 1} rows (the last is the "
+                        "default row); leave `rows` out.")
     return problems
 
 

@@ -204,7 +204,7 @@ class DynamicTable(tf.Module):
         return coldest[:int(np.argmin(colder)) if not colder.all()
                        else coldest.size]
 
-    # -- export ----------------------------------------------------------------
+    # -- export ------------------------------------------------------------
 
     def freeze(self) -> None:
         """Serves from a ``StaticHashTable`` snapshot of the map (for a

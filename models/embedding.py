@@ -117,8 +117,10 @@ class SparseArch(tf_keras.layers.Layer):
                         name=name, shape=(table.rows, 1),
                         initializer="zeros", trainable=True)
         # Raw ids -> rows of the `mode: dynamic` tables (models.dynamic_table).
-        self.dynamic_tables = {t.name: DynamicTable(t, table_device(i), _initializer(
-            t, default_scale)) for i, t in enumerate(spec.tables) if t.dynamic}
+        self.dynamic_tables = {
+            t.name: DynamicTable(t, table_device(i),
+                                 _initializer(t, default_scale))
+            for i, t in enumerate(spec.tables) if t.dynamic}
         self._by_table = collections.defaultdict(list)
         for feature in spec.categorical:
             self._by_table[feature.table].append(feature)

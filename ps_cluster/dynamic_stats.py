@@ -67,7 +67,8 @@ class DynamicStats:
                 lines.append(
                     f"    shard {shard['index']}: rows {shard['first_row']}.."
                     f"{shard['first_row'] + shard['rows'] - 1}, "
-                    f"{shard['rows_used']:,} used, {shard['rows_free']:,} free")
+                    f"{shard['rows_used']:,} used, "
+                    f"{shard['rows_free']:,} free")
         return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 in-process cluster (2 workers + 2 PS): placement of the maps on PS tasks,
 admission at the threshold (never before), LFU and TTL eviction with reset
 rows and optimizer slots, many concurrent closures, training through the
-trainer's loop, checkpoint round trip, reshard (another shard count), export and the spec.
+trainer's loop, checkpoint round trip, reshard (another shard count),
+``psrec embeddings stats``, export, the planner and the spec.
 
 One PS Trainer is built for the module; the tables ``lfu``, ``ttl`` and
 ``pool`` are driven directly (closures that read ids as a train step does,
