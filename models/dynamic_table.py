@@ -11,7 +11,8 @@ holds, beside the table's ordinary (sharded) embedding variable of
   reverse map), ``freq`` (times each row was read in training, from its
   admission on) and ``last_seen`` (the step it was last read) variables,
   ``clock`` (the step of the last maintenance) and the ``admitted`` /
-  ``evicted`` totals.
+  ``evicted`` totals. After each maintenance at most ``capacity`` ids stay
+  pending (the least seen are forgotten).
 
 Both hash tables live on one PS task, chosen by an explicit ``tf.device``
 (under ``ParameterServerStrategy`` a table created in the strategy's scope
@@ -166,6 +167,7 @@ class DynamicTable(tf.Module):
         keys, counts = (t.numpy() for t in self.counts.export())
         ready = counts >= self.config.admit_threshold
         if not ready.any():
+            self._prune(keys, counts)
             return Maintenance(np.zeros([0], np.int64), 0, 0)
         order = np.argsort(-counts[ready], kind="stable")
         ids, seen = keys[ready][order], counts[ready][order]
@@ -179,12 +181,23 @@ class DynamicTable(tf.Module):
         ids, seen = ids[:rows.size], seen[:rows.size]
         self.map.insert(tf.constant(ids), tf.constant(rows))
         self.counts.remove(tf.constant(ids))
+        waiting = ~np.isin(keys, ids)
+        self._prune(keys[waiting], counts[waiting])
         self.row_ids.scatter_update(tf.IndexedSlices(ids, rows))
         self.freq.scatter_update(tf.IndexedSlices(seen, rows))
         self.last_seen.scatter_update(tf.IndexedSlices(
             np.full(rows.shape, step, np.int64), rows))
         self.admitted.assign_add(rows.size)
         return Maintenance(rows, int(rows.size), int(victims.size))
+
+    def _prune(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Keeps at most ``capacity`` pending ids: the least seen beyond
+        that are forgotten (they count again from 0 when seen again), so
+        the pending table stays bounded however many ids stream by."""
+        extra = keys.size - self.capacity
+        if extra > 0:
+            coldest = np.argsort(counts, kind="stable")[:extra]
+            self.counts.remove(tf.constant(keys[coldest]))
 
     def _victims(self, row_ids: np.ndarray, waiting: np.ndarray,
                  step: int) -> np.ndarray:

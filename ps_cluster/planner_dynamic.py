@@ -8,8 +8,9 @@ holds its maps (table index modulo the PS count):
 * the id -> row map: at most ``capacity`` entries of an int64 key and
   value, about :data:`HASH_ENTRY_BYTES` each with the hash table's
   overhead;
-* the pending counts: unbounded in principle (every id seen and not yet
-  admitted); planned as ``capacity`` entries too;
+* the pending counts: at most ``capacity`` entries after each maintenance
+  (the least seen are forgotten; between two maintenances it may grow by
+  the ids of ``maintenance_every`` steps);
 * ``row_ids``, ``freq`` and ``last_seen``: 8 bytes per row each.
 """
 

@@ -197,6 +197,8 @@ def test_concurrent_closures_never_share_a_row(trainer):
         _read(trainer, "pool", *[rng.integers(0, 200, 30)
                                  for _ in range(20)])
         _maintain(trainer, "pool", step)
+        # at most `capacity` ids wait: the least seen are forgotten
+        assert _table(trainer, "pool").counts.size().numpy() <= 64
     table = _table(trainer, "pool")
     mapping = _mapping(table)
     row_ids = table.row_ids.numpy()
