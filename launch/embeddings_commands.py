@@ -12,9 +12,32 @@ from psrec.launch.cli_support import add_json_flag
 from psrec.launch.cli_support import print_result
 
 
+def _run_shard_rows(checkpoint: str) -> dict[str, list[int]] | None:
+    """Rows per shard of every dynamic table as the run that wrote
+    ``checkpoint`` cut them (its ``job.json``: PS count, partitioner);
+    None when no job.json is found beside it."""
+    from psrec.errors import ConfigError
+    from psrec.launch.job_config import JobConfig
+    from psrec.ps_cluster.planner import shard_rows
+    from psrec.uri_path import as_path
+    path = as_path(checkpoint)
+    for folder in (path, path.parent, path.parent.parent):  # best/best-N
+        try:
+            config = JobConfig.read(folder)
+        except (ConfigError, OSError):
+            continue
+        ps = config.strategy.kind == "ps"
+        return {t.name: (shard_rows(t.rows, config.ps, config.partition,
+                                    t.dim) if ps else [t.rows])
+                for t in config.spec.tables if t.dynamic}
+    return None
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     from psrec.ps_cluster.dynamic_stats import dynamic_stats
-    print_result(args, dynamic_stats(args.checkpoint, shards=args.shards))
+    sizes = None if args.shards else _run_shard_rows(args.checkpoint)
+    print_result(args, dynamic_stats(args.checkpoint, shards=args.shards or 1,
+                                     shard_rows=sizes))
     return EXIT_OK
 
 
@@ -33,8 +56,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "waiting for admission.")
     s.add_argument("checkpoint", help="a checkpoint prefix (DIR/ckpt-N) or "
                    "a checkpoint folder (its latest checkpoint)")
-    s.add_argument("--shards", type=positive, default=1,
-                   help="report rows per shard as N shards of each table "
-                   "(the run's shard count, e.g. its PS count)")
+    s.add_argument("--shards", type=positive, default=None,
+                   help="report rows per shard as an even split into N "
+                   "shards (default: the run's shards, planned from the "
+                   "job.json beside the checkpoint; 1 without it)")
     add_json_flag(s)
     s.set_defaults(run=_cmd_stats)

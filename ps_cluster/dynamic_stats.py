@@ -5,14 +5,17 @@ Each ``mode: dynamic`` table saves, under
 ``model/sparse_arch/dynamic_tables/<table>/``, its ``row_ids`` (the id each
 row holds, -1: free), the pending ``counts`` table and its ``admitted`` /
 ``evicted`` totals (``psrec.models.dynamic_table``). Row variables are
-saved whole, so rows per shard follow the strategy's "div" split of the
-``capacity + 1`` rows into ``shards`` (the last row, the default row, is
+saved whole: rows per shard are those of the run (``psrec embeddings
+stats`` plans them from the ``job.json`` beside the checkpoint, as the
+partitioner cut them) or an even split (the last row, the default row, is
 neither used nor free).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -88,10 +91,13 @@ def resolve_checkpoint(path: str) -> str:
     return str(path)
 
 
-def _shards(row_ids: np.ndarray, shards: int) -> tuple[dict, ...]:
-    rows = row_ids.size + 1  # with the default row
-    sizes = [rows // shards + (1 if i < rows % shards else 0)
-             for i in range(shards)]
+def even_shards(rows: int, shards: int) -> list[int]:
+    """Rows per shard of the strategy's "div" split of ``rows``."""
+    return [rows // shards + (1 if i < rows % shards else 0)
+            for i in range(shards)]
+
+
+def _shards(row_ids: np.ndarray, sizes: Sequence[int]) -> tuple[dict, ...]:
     out, start = [], 0
     for index, size in enumerate(sizes):
         held = row_ids[start:start + size]  # the default row is not in it
@@ -102,9 +108,12 @@ def _shards(row_ids: np.ndarray, shards: int) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def dynamic_stats(checkpoint: str, shards: int = 1) -> DynamicStats:
+def dynamic_stats(checkpoint: str, shards: int = 1,
+                  shard_rows: Mapping[str, Sequence[int]] | None = None
+                  ) -> DynamicStats:
     """The dynamic tables of ``checkpoint`` (a prefix or a folder), rows
-    per shard for ``shards`` shards of each table."""
+    per shard: ``shard_rows[table]`` (the run's shard sizes) when given,
+    else an even split into ``shards``."""
     path = resolve_checkpoint(checkpoint)
     reader = tf.compat.v1.train.NewCheckpointReader(path)
     keys = reader.get_variable_to_shape_map()
@@ -120,5 +129,6 @@ def dynamic_stats(checkpoint: str, shards: int = 1) -> DynamicStats:
             admitted=int(reader.get_tensor(base + "admitted" + _VALUE)),
             evicted=int(reader.get_tensor(base + "evicted" + _VALUE)),
             pending=int(keys[base + "counts/.ATTRIBUTES/table-keys"][0]),
-            shards=_shards(row_ids, shards)))
+            shards=_shards(row_ids, (shard_rows or {}).get(name) or
+                           even_shards(row_ids.size + 1, shards))))
     return DynamicStats(path, tuple(tables))

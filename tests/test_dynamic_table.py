@@ -30,6 +30,7 @@ from psrec.features.presets import criteo
 from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import CategoricalEncoder
 from psrec.launch.cli import main
+from psrec.launch.job_config import JobConfig
 from psrec.models.config import ModelConfig
 from psrec.models.config import ModelConfigError
 from psrec.models.export import export_saved_model
@@ -256,7 +257,7 @@ def test_checkpoint_round_trip_and_reshard(trainer, trained, ps_cluster,
 
 
 def test_embeddings_stats_reads_the_checkpoint_files(trainer, trained,
-                                                    capsys):
+                                                    capsys, tmp_path):
     result, _, _ = trained
     assert main(["embeddings", "stats", result.checkpoint, "--shards", "2",
                  "--json"]) == 0
@@ -273,6 +274,18 @@ def test_embeddings_stats_reads_the_checkpoint_files(trainer, trained,
         np.count_nonzero(row_ids[:151] >= 0),
         np.count_nonzero(row_ids[151:] >= 0)]
     assert tables["pool"]["rows_free"] == 0
+    # No job.json beside it: one shard; with the run's (psrec train writes
+    # it): the shards the partitioner cut.
+    assert main(["embeddings", "stats", result.checkpoint, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [s["rows"] for s in report["tables"][0]["shards"]] == [301]
+    JobConfig(workdir=tmp_path, spec=SPEC, model=MODEL, ps=2,
+              partition=PartitionConfig(kind="fixed")).write(
+                  trainer.checkpoint_dir)
+    assert main(["embeddings", "stats", result.checkpoint, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [s["rows"] for s in report["tables"][0]["shards"]] == [
+        v.shape[0] for v in trainer.model.sparse_arch.tables["big"].variables]
 
 
 def test_export_maps_unseen_ids_to_the_default_row(trainer, trained,
