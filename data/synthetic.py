@@ -55,7 +55,7 @@ class _Truth:
 def _cardinality(feature: CategoricalFeature) -> int:
     if feature.vocabulary_file is not None:
         return len(feature.vocabulary())
-    return max(2, min(feature.hash_buckets * 2, 200_000))
+    return max(2, min((feature.hash_buckets or 100_000) * 2, 200_000))
 
 
 def _truth(spec: FeatureSpec, seed: int) -> _Truth:

@@ -11,6 +11,7 @@ from typing import Any
 from typing import Sequence
 
 from psrec.errors import ConfigError
+from psrec.features.dynamic import dynamic_problems
 from psrec.uri_path import as_path
 
 DENSE_TRANSFORMS = ("none", "log1p", "standardize")
@@ -161,6 +162,10 @@ class TableConfig:
         initializer: ``uniform`` (``U(-scale, scale)``), ``truncated_normal``
             (stddev ``scale``) or ``zeros``.
         scale: scale of the initializer; default ``1/sqrt(dim)``.
+        mode: ``hashed`` (ids are rows) or ``dynamic`` (raw ids admitted to
+            rows; ``features.dynamic``), with ``capacity``,
+            ``admit_threshold``, ``evict``, ``ttl_steps`` and
+            ``maintenance_every`` (dynamic only).
     """
 
     name: str
@@ -168,6 +173,12 @@ class TableConfig:
     dim: int
     initializer: str = "uniform"
     scale: float | None = None
+    mode: str = "hashed"
+    capacity: int | None = None
+    admit_threshold: int = 1
+    evict: str = "lfu"
+    ttl_steps: int | None = None
+    maintenance_every: int = 100
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
@@ -179,7 +190,12 @@ class TableConfig:
             + _check_choice(where, "initializer", self.initializer,
                             INITIALIZERS)
             + _check_number(where, "scale", self.scale, positive=True,
-                            optional=True))
+                            optional=True)
+            + dynamic_problems(where, self))
+
+    @property
+    def dynamic(self) -> bool:
+        return self.mode == "dynamic"
 
     @property
     def bytes(self) -> int:
@@ -218,6 +234,10 @@ class CategoricalFeature:
         combiner: how a multi-hot list is reduced: ``sum`` or ``mean``.
         required: when true, a null is a bad row; otherwise null is hashed as
             the empty string (its own "missing" bucket).
+        raw_ids: the feature's ids are raw 64-bit fingerprints of the value
+            (no ``hash_buckets``, vocabulary or ``row_offset``): set for
+            the features of a ``mode: dynamic`` table (a spec file leaves it
+            out; loading sets it).
     """
 
     name: str
@@ -230,6 +250,7 @@ class CategoricalFeature:
     combiner: str = "mean"
     required: bool = False
     share: str | None = None
+    raw_ids: bool = False
 
     def __post_init__(self) -> None:
         where = f"categorical feature {self.name!r}"
@@ -250,8 +271,14 @@ class CategoricalFeature:
             problems.append(f"{where}: missing required key `table` (or "
                             "`share` another feature's rows).")
         both_unset = self.hash_buckets is None and self.vocabulary_file is None
-        if (self.hash_buckets is None) == (self.vocabulary_file is None) and (
-                not both_unset or self.share is None):
+        if self.raw_ids:
+            if not both_unset or self.row_offset is not None:
+                problems.append(
+                    f"{where}: its table is dynamic (raw ids), which takes no "
+                    "`hash_buckets`, `vocabulary_file` or `row_offset`; "
+                    "remove them.")
+        elif ((self.hash_buckets is None) == (self.vocabulary_file is None)
+              and (not both_unset or self.share is None)):
             problems.append(
                 f"{where}: give exactly one of `hash_buckets` and "
                 f"`vocabulary_file` (got hash_buckets={self.hash_buckets!r}, "

@@ -111,7 +111,8 @@ def layout_problems(categorical: Sequence[CategoricalFeature],
                 taken.setdefault(feature.table, []).append(
                     (feature.row_offset, feature.row_offset + ids))
     for feature in categorical:
-        if feature.share is None and feature.row_offset is None:
+        if feature.share is None and feature.row_offset is None and (
+                not feature.raw_ids):  # raw ids (dynamic tables): no range
             ids = _ids(feature, problems) or 0
             ranges = taken.setdefault(feature.table, [])
             start = _first_fit(ranges, ids)
@@ -189,8 +190,13 @@ def _overlaps(ranges: Sequence[tuple[CategoricalFeature, int, int]],
 def _sized(table: TableConfig,
            ranges: Sequence[tuple[CategoricalFeature, int, int]],
            problems: list[str]) -> TableConfig:
-    """``table`` with ``rows`` = the end of its last range when not given;
-    a range past a given ``rows`` is a problem."""
+    """``table`` with ``rows`` = the end of its last range when not given
+    (a dynamic table: ``capacity`` + 1); a range past a given ``rows`` is a
+    problem."""
+    if table.dynamic:
+        if table.rows is None and isinstance(table.capacity, int):
+            return dataclasses.replace(table, rows=table.capacity + 1)
+        return table
     ends = [(feature, end) for feature, _, end in ranges
             if feature.table == table.name]
     if table.rows is None:

@@ -43,6 +43,8 @@ from psrec.features.columns import raise_problems
 from psrec.features.derived import DerivedFeature
 from psrec.features.derived import derived_problems
 from psrec.features.derived import raw_inputs
+from psrec.features.dynamic import mark_raw_ids
+from psrec.features.dynamic import table_dict
 from psrec.features.layout import layout_problems
 from psrec.features.towers import TowersConfig
 from psrec.features.towers import towers_from_dict
@@ -157,12 +159,13 @@ class FeatureSpec:
                   if value is not None or key not in _STATISTICS}
                  for f in self.dense]
         categorical = [{key: value for key, value in asdict(f).items()
-                        if value is not None or key != "share"}
+                        if (value is not None or key != "share")
+                        and (value or key != "raw_ids")}
                        for f in self.categorical]
         label = {key: value for key, value in asdict(self.label).items()
                  if key != "loss" or value != "logloss"}  # fingerprints kept
         data = {"name": self.name, "label": label,
-                "tables": [asdict(t) for t in self.tables],
+                "tables": [table_dict(asdict(t)) for t in self.tables],
                 "dense": dense, "categorical": categorical}
         if self.derived:
             data["derived"] = [
@@ -213,7 +216,7 @@ class FeatureSpec:
         dense, broken_dense = _build_list(DenseFeature, data, "dense",
                                           problems)
         categorical, broken_categorical = _build_list(
-            CategoricalFeature, data, "categorical", problems)
+            CategoricalFeature, mark_raw_ids(data), "categorical", problems)
         tables, broken_tables = _build_list(TableConfig, data, "tables",
                                             problems)
         derived, _ = _build_list(DerivedFeature, data, "derived", problems)
@@ -306,6 +309,12 @@ def _cross_problems(label: LabelConfig | None,
                     f"{feature.table!r} is not defined; defined tables: "
                     f"{sorted(defined) or 'none'}.")
             continue
+        if feature.raw_ids != table.dynamic:
+            problems.append(
+                f"categorical feature {feature.name!r}: `raw_ids` = "
+                f"{feature.raw_ids} but table {table.name!r} is "
+                f"{table.mode}; raw ids go with `mode: dynamic` tables only "
+                "(a spec file leaves `raw_ids` out).")
     used = {f.table for f in categorical} | set(broken_refs)
     unused = sorted(set(defined) - used)
     if unused:

@@ -4,7 +4,10 @@ serving so that the three can never disagree.
 * :class:`CategoricalEncoder` turns raw categorical values (strings or ints)
   into embedding-table row ids: a stable FarmHash fingerprint of the value's
   string form (``tf.strings.to_hash_bucket_fast``), or a vocabulary lookup,
-  plus the feature's row offset; multi-hot lists become ``[batch,
+  plus the feature's row offset (raw ids of a dynamic table: the
+  fingerprint itself, in ``[0, 2**63 - 1)``, of the value prefixed with the
+  feature's name -- its ``share`` root's -- so features of one table keep
+  their ids apart); multi-hot lists become ``[batch,
   max_length]`` ids with padding dropped (:meth:`CategoricalEncoder.encode_lists`).
 * The missing/padding values, the same at conversion and at serving: a
   missing single value (null, ``""`` or, for ints, ``-1``) is hashed as the
@@ -31,11 +34,13 @@ from psrec.features.derived import EPOCH_MS
 from psrec.features.derived import TIME_KINDS
 from psrec.features.derived import DerivedFeature
 from psrec.features.derived import parse_pattern
+from psrec.features.dynamic import RAW_ID_BUCKETS
 from psrec.features.spec import FeatureSpec
 
 MISSING_TOKEN = ""  # how a missing categorical value is hashed
 MISSING_INT = -1  # the missing value of an int64 feature (no null in int64)
 PAD_ID = -1  # the row id of a multi-hot padding slot (masked by the model)
+ID_SPACE_SEPARATOR = "\x1f"  # raw ids hash "<feature>\x1f<value>"
 
 
 def as_strings(values: tf.Tensor) -> tf.Tensor:
@@ -76,6 +81,18 @@ class CategoricalEncoder(tf.Module):
             self._tables[feature.name] = tf.lookup.StaticHashTable(
                 initializer, default_value=0)
 
+    def _id_space(self, feature: CategoricalFeature) -> str:
+        """The feature whose ids a raw-id feature uses: the root of its
+        ``share`` chain (features of one dynamic table keep apart ids,
+        as the ranges of a hashed table do), itself when not sharing."""
+        seen = {feature.name}
+        while feature.share is not None and feature.share in self._features:
+            feature = self._features[feature.share]
+            if feature.name in seen:
+                break
+            seen.add(feature.name)
+        return feature.name
+
     def feature(self, name: str) -> CategoricalFeature:
         return self._features[name]
 
@@ -88,6 +105,10 @@ class CategoricalEncoder(tf.Module):
         """
         feature = self._features[name]
         strings = as_strings(values)
+        if feature.raw_ids:  # a dynamic table: the 64-bit fingerprint itself
+            salted = tf.strings.join([self._id_space(feature), strings],
+                                     separator=ID_SPACE_SEPARATOR)
+            return tf.strings.to_hash_bucket_fast(salted, RAW_ID_BUCKETS)
         if feature.hash_buckets is not None:
             bucket = tf.strings.to_hash_bucket_fast(
                 strings, feature.hash_buckets)

@@ -30,6 +30,7 @@ from psrec.errors import EXIT_USAGE
 from psrec.errors import ConfigError
 from psrec.errors import PsrecError
 from psrec.launch import data_commands
+from psrec.launch import embeddings_commands
 from psrec.launch import k8s_commands
 from psrec.launch import model_commands
 from psrec.launch import plan_commands
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_commands.add_commands(sub)
     k8s_commands.add_commands(sub)
     plan_commands.add_commands(sub)
+    embeddings_commands.add_commands(sub)
     return parser
 
 

@@ -27,6 +27,7 @@ from psrec.models.config import check_model_spec
 from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig
 from psrec.models.retrieval_config import RetrievalConfig
+from psrec.models.retrieval_config import check_no_dynamic_tables
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.train_loop import LoopConfig
 from psrec.uri_path import UriPath
@@ -186,6 +187,8 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         check_model_spec(self.spec, self.model, self.model_name)
+        if self.retrieval is not None:
+            check_no_dynamic_tables(self.spec)
         if self.loop.keep_best != "none" and (
                 self.retrieval is not None or self.spec.label.loss == "mse"):
             # AUC/logloss do not apply: the export is the latest checkpoint.

@@ -22,6 +22,8 @@ import tf_keras
 
 from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
+from psrec.models.dynamic_table import DynamicTable
+from psrec.models.dynamic_table import table_device
 
 WIDE_SUFFIX = "__wide"
 _STATE = threading.local()
@@ -114,6 +116,11 @@ class SparseArch(tf_keras.layers.Layer):
                     self.tables[name] = self.add_weight(
                         name=name, shape=(table.rows, 1),
                         initializer="zeros", trainable=True)
+        # Raw ids -> rows of the `mode: dynamic` tables (models.dynamic_table).
+        self.dynamic_tables = {
+            t.name: DynamicTable(t, table_device(i),
+                                 _initializer(t, default_scale))
+            for i, t in enumerate(spec.tables) if t.dynamic}
         self._by_table = collections.defaultdict(list)
         for feature in spec.categorical:
             self._by_table[feature.table].append(feature)
@@ -123,19 +130,26 @@ class SparseArch(tf_keras.layers.Layer):
         return [v for t in self.tables.values() for v in table_variables(t)]
 
     def _lookup_table(self, name: str, batch: dict[str, tf.Tensor],
-                      features: list | None = None
+                      features: list | None = None, training: bool = False
                       ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
         features = features or self._by_table[name]
         ids = [tf.reshape(batch[f.name], [-1]) for f in features]
         sizes = [tf.size(i) for i in ids]
         all_ids = tf.concat(ids, 0)
         safe = tf.maximum(all_ids, 0)  # -1 padding; masked below
+        dynamic = self.dynamic_tables.get(name)
+        if dynamic is not None:  # raw ids -> rows; unknown: the default row
+            safe = dynamic.rows(all_ids, training=bool(training))
         tables = [self.tables[name]]
         if self.wide:
             tables.append(self.tables[name + WIDE_SUFFIX])
         outputs = []
         for table in tables:
-            rows = tf.split(_lookup(table, safe), sizes, axis=0)
+            found = _lookup(table, safe)
+            if dynamic is not None:
+                found = dynamic.drop_default_gradient(found, safe,
+                                                      dynamic.default_row)
+            rows = tf.split(found, sizes, axis=0)
             outputs.append({f.name: self._combine(f, batch[f.name], r)
                             for f, r in zip(features, rows)})
         return outputs[0], (outputs[1] if self.wide else {})
@@ -154,7 +168,8 @@ class SparseArch(tf_keras.layers.Layer):
         return total / count
 
     def lookup(self, batch: dict[str, tf.Tensor],
-               names: tuple[str, ...]) -> list[tf.Tensor]:
+               names: tuple[str, ...], training: bool = False
+               ) -> list[tf.Tensor]:
         """The embeddings of the features ``names`` only, in that order
         (``batch`` needs only those; one lookup per table, as :meth:`call`):
         what a retrieval tower reads."""
@@ -162,13 +177,14 @@ class SparseArch(tf_keras.layers.Layer):
         for table, features in self._by_table.items():
             chosen = [f for f in features if f.name in names]
             if chosen:
-                found.update(self._lookup_table(table, batch, chosen)[0])
+                found.update(self._lookup_table(table, batch, chosen,
+                                                training)[0])
         return [found[name] for name in names]
 
-    def call(self, batch: dict[str, tf.Tensor]):
+    def call(self, batch: dict[str, tf.Tensor], training=None):
         embeddings, wide = {}, {}
         for name in self._by_table:
-            e, w = self._lookup_table(name, batch)
+            e, w = self._lookup_table(name, batch, training=training)
             embeddings.update(e)
             wide.update(w)
         ordered = [embeddings[f.name] for f in self.spec.categorical]

@@ -33,6 +33,7 @@ from psrec.features.spec import DENSE_COLUMN
 from psrec.features.spec import FeatureSpec
 from psrec.features.transforms import CategoricalEncoder
 from psrec.features.transforms import derive_all
+from psrec.models.dynamic_table import freeze_tables
 from psrec.models.ranking import RankingModel
 
 _DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
@@ -58,6 +59,7 @@ class ServingModule(tf.Module):
     def __init__(self, model: RankingModel, spec: FeatureSpec,
                  logit_shift: float = 0.0) -> None:
         super().__init__(name="psrec_serving")
+        freeze_tables(model)  # dynamic tables: a static id -> row snapshot
         self.model = model
         self.encoder = CategoricalEncoder(spec)
         self._spec = spec

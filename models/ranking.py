@@ -160,7 +160,7 @@ def example_batch(spec: FeatureSpec, rows: int = 2) -> dict[str, tf.Tensor]:
     for feature in spec.categorical:
         shape = [rows, feature.max_length] if feature.multi_hot else [rows]
         batch[feature.name] = tf.fill(shape, tf.constant(
-            feature.row_offset, tf.int64))
+            feature.row_offset or 0, tf.int64))
     return batch
 
 

@@ -23,6 +23,7 @@ from psrec.models.config import ModelConfigError
 from psrec.models.embedding import SparseArch
 from psrec.models.ranking import example_batch
 from psrec.models.retrieval_config import RetrievalConfig
+from psrec.models.retrieval_config import check_no_dynamic_tables
 
 
 def check_retrieval_spec(spec: FeatureSpec) -> None:
@@ -74,7 +75,8 @@ class RetrievalModel(tf_keras.Model):
     def query_embedding(self, batch: dict[str, tf.Tensor],
                         training: bool = False) -> tf.Tensor:
         """``[B, output_dim]`` embeddings of the query features."""
-        parts = self.sparse_arch.lookup(batch, self.query_features)
+        parts = self.sparse_arch.lookup(batch, self.query_features,
+                                        training=training)
         if self.spec.dense:  # every dense feature is a query feature
             parts.append(transform_dense(batch[DENSE_COLUMN], self.spec))
         return self._embed(self.query_tower, parts, training)
@@ -83,7 +85,8 @@ class RetrievalModel(tf_keras.Model):
                             training: bool = False) -> tf.Tensor:
         """``[N, output_dim]`` embeddings of candidates given by their
         encoded candidate features (a batch, or catalogue rows)."""
-        parts = self.sparse_arch.lookup(features, self.candidate_features)
+        parts = self.sparse_arch.lookup(features, self.candidate_features,
+                                        training=training)
         return self._embed(self.candidate_tower, parts, training)
 
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
@@ -104,6 +107,7 @@ def build_retrieval_model(spec: FeatureSpec, config: RetrievalConfig
                           ) -> RetrievalModel:
     """Creates the model and all its variables (under a strategy scope, so
     that tables are sharded across the PS tasks)."""
+    check_no_dynamic_tables(spec)
     model = RetrievalModel(spec, config, name="retrieval")
     model(example_batch(spec), training=False)
     return model

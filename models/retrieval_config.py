@@ -60,3 +60,20 @@ class RetrievalConfig:
         check(isinstance(self.uniform_negatives, int)
               and self.uniform_negatives >= 0, "--uniform-negatives",
               self.uniform_negatives, "must be >= 0", ModelConfigError)
+
+
+def check_no_dynamic_tables(spec) -> None:
+    """Two-tower retrieval takes hashed tables only: its catalogue and
+    log-q counts index table rows by id, which raw ids of a ``mode:
+    dynamic`` table are not (pure Python, before anything starts).
+
+    Raises:
+      ModelConfigError: naming the dynamic tables and the fix.
+    """
+    dynamic = [t.name for t in spec.tables if getattr(t, "dynamic", False)]
+    if dynamic:
+        raise ModelConfigError(
+            f"`--task retrieval` does not support `mode: dynamic` tables "
+            f"({', '.join(dynamic)}): the catalogue and its log-q counts "
+            "index rows by id; use hashed tables (drop `mode: dynamic`) or "
+            "train a ranking model.")

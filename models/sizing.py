@@ -26,6 +26,7 @@ import subprocess
 from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_choice
+from psrec.features.dynamic import DYNAMIC_DEFAULTS
 from psrec.features.spec import FeatureSpec
 from psrec.models.config import ModelConfig
 from psrec.models.optim import OptimizerConfig
@@ -88,10 +89,11 @@ def proxy_spec(spec: FeatureSpec, max_ids: int = 1) -> FeatureSpec:
         ids = min(max_ids, feature.hash_buckets or max_ids)
         features.append(dataclasses.replace(
             feature, hash_buckets=ids, vocabulary_file=None,
-            row_offset=next_row[feature.table], share=None))
+            row_offset=next_row[feature.table], share=None, raw_ids=False))
         next_row[feature.table] += ids
-    tables = tuple(dataclasses.replace(t, rows=max(1, next_row[t.name]))
-                   for t in spec.tables)
+    hashed = {"mode": "hashed", **DYNAMIC_DEFAULTS}  # dynamic tables too
+    tables = tuple(dataclasses.replace(t, rows=max(1, next_row[t.name]),
+                                       **hashed) for t in spec.tables)
     return dataclasses.replace(spec, categorical=tuple(features),
                                tables=tables)
 

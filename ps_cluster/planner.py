@@ -40,6 +40,7 @@ from psrec.models.sizing import SLOTS
 from psrec.models.sizing import dense_parameter_count
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.partitioning import TablePartitioner
+from psrec.ps_cluster.planner_dynamic import dynamic_ps_bytes
 
 VALUE_BYTES = 4  # float32 variables
 MAX_PLANNED_PS = 1024  # the largest PS count min_ps looks at
@@ -137,7 +138,9 @@ class ShardingPlan:
       partition: the partitioning.
       tables: every table variable, in creation order.
       dense_bytes: dense weights and their slots, counted on every PS.
-      ps_bytes: per PS task: its shards, their slots and ``dense_bytes``.
+      ps_bytes: per PS task: its shards, their slots, ``dense_bytes`` and
+        the maps and row statistics of its dynamic tables
+        (``planner_dynamic``).
       ps_memory: the budget of one PS task (None: no budget).
       min_ps: the smallest PS count (up to ``MAX_PLANNED_PS``) whose
         ``max_ps_bytes`` fits ``ps_memory``; None without a budget or when
@@ -246,11 +249,12 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
 
 
 def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
-                  partition: PartitionConfig, slots: int, dense: int) -> int:
+                  partition: PartitionConfig, slots: int, dense: int,
+                  dynamic: np.ndarray) -> int:
     """``max_ps_bytes`` of a plan on ``num_ps`` PS tasks, without building
     it (``min_ps`` tries up to ``MAX_PLANNED_PS`` counts)."""
     counter = FIRST_TABLE_VARIABLE
-    per_ps = np.full(num_ps, float(dense))
+    per_ps = np.full(num_ps, float(dense)) + dynamic
     for _, rows, dim in variables:
         rows_each = shard_rows(rows, num_ps, partition, dim)
         sizes = (np.asarray(rows_each, dtype=np.float64)
@@ -270,8 +274,8 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
     variables = table_variables(spec, model)
     slots = SLOTS[optimizer.sparse]
     for num_ps in range(1, MAX_PLANNED_PS + 1):
-        if _max_ps_bytes(variables, num_ps, partition, slots,
-                         dense) <= ps_memory:
+        if _max_ps_bytes(variables, num_ps, partition, slots, dense,
+                         dynamic_ps_bytes(spec, num_ps)) <= ps_memory:
             return num_ps
     return None
 
@@ -281,7 +285,8 @@ def _layout(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             dense_parameters: int) -> ShardingPlan:
     tables = _tables(spec, model, num_ps, partition, SLOTS[optimizer.sparse])
     dense = VALUE_BYTES * dense_parameters * (1 + SLOTS[optimizer.dense])
-    ps_bytes = [dense] * num_ps
+    # + the maps and row statistics of dynamic tables (planner_dynamic)
+    ps_bytes = [dense + int(b) for b in dynamic_ps_bytes(spec, num_ps)]
     for table in tables:
         for shard in table.shards:
             ps_bytes[shard.ps] += shard.total_bytes

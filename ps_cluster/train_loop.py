@@ -146,6 +146,9 @@ class _Executor:
         # A psrec.ps_cluster.coverage.CoverageTally fed with the ids and
         # epochs a counting train function returns (None: not counted).
         self.tally = None
+        # A psrec.ps_cluster.dynamic_maintenance.Maintainer: calls end at
+        # its steps, which it runs at once with no call in flight.
+        self.maintainer = None
 
     def _function(self, steps: int) -> Callable:
         if steps not in self._functions:  # K, and maybe a shorter tail
@@ -167,9 +170,15 @@ class _Executor:
     def _chunks(self, start: int, end: int):
         step = start
         while step < end and not self.should_stop():
-            steps = min(self.config.steps_per_closure, end - step)
+            stop = end
+            if self.maintainer is not None:
+                stop = min(end, self.maintainer.next_due(step))
+            steps = min(self.config.steps_per_closure, stop - step)
             step += steps
             yield steps, step
+
+    def _maintenance_due(self, step: int) -> bool:
+        return self.maintainer is not None and self.maintainer.due(step)
 
 
 class ClosureExecutor(_Executor):
@@ -206,6 +215,11 @@ class ClosureExecutor(_Executor):
             self.in_flight = len(self._pending)
             while len(self._pending) > self._max_in_flight:
                 self._collect_one(on_result)
+            if self._maintenance_due(step):  # the map's only writer
+                self.coordinator.join()
+                while self._pending:
+                    self._collect_one(on_result)
+                self.maintainer(step)
         self.coordinator.join()
         while self._pending:
             self._collect_one(on_result)
@@ -236,6 +250,8 @@ class DirectExecutor(_Executor):
             self.in_flight = 0
             self._record(step, values, on_result)
             reached = step
+            if self._maintenance_due(step):
+                self.maintainer(step)
         return reached
 
 

@@ -1,11 +1,9 @@
 """The trainer: one model, optimizers, checkpoints and loop for every
-strategy. The only strategy-specific part is how a step is executed (see
-:mod:`psrec.ps_cluster.train_loop`): closures scheduled on a
-``ClusterCoordinator`` under ``ParameterServerStrategy``, direct calls of
-the same ``tf.function`` under the mirrored strategies, one device or none.
-The step itself (:mod:`psrec.ps_cluster.step`), the learning rates, the
-evaluation, the checkpoints and the progress reporting are shared.
-"""
+strategy. Only how a step is executed depends on it (see
+:mod:`psrec.ps_cluster.train_loop`): closures on a ``ClusterCoordinator``
+under ``ParameterServerStrategy``, direct calls of the same ``tf.function``
+otherwise. The step (:mod:`psrec.ps_cluster.step`), rates, evaluation,
+checkpoints and progress reporting are shared."""
 
 from __future__ import annotations
 
@@ -39,6 +37,7 @@ from psrec.ps_cluster.best import BestTracker
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.checkpoint import Progress
 from psrec.ps_cluster.coverage import new_tally
+from psrec.ps_cluster.dynamic_maintenance import dynamic_maintainer
 from psrec.ps_cluster.metrics import EvalResult
 from psrec.ps_cluster.step import DynamicLossScale
 from psrec.ps_cluster.step import TrainStep
@@ -287,6 +286,7 @@ class Trainer:
                                     self.num_workers, loop) if self.is_ps
                     else DirectExecutor(self.strategy, build, dataset_fn, loop))
         executor.tally = new_tally(self.coverage_rows)
+        executor.maintainer = dynamic_maintainer(self)  # dynamic tables
         return executor
 
     def best_tracker(self, loop: LoopConfig) -> BestTracker | None:

@@ -1,0 +1,134 @@
+"""The state of a checkpoint's dynamic tables, read from its files alone
+(no cluster, no model): ``psrec embeddings stats``.
+
+Each ``mode: dynamic`` table saves, under
+``model/sparse_arch/dynamic_tables/<table>/``, its ``row_ids`` (the id each
+row holds, -1: free), the pending ``counts`` table and its ``admitted`` /
+``evicted`` totals (``psrec.models.dynamic_table``). Row variables are
+saved whole: rows per shard are those of the run (``psrec embeddings
+stats`` plans them from the ``job.json`` beside the checkpoint, as the
+partitioner cut them) or an even split (the last row, the default row, is
+neither used nor free).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from psrec.errors import ConfigError
+from psrec.uri_path import as_path
+
+PREFIX = "model/sparse_arch/dynamic_tables/"
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableStats:
+    """One dynamic table's rows and ids (``shards``: rows used per shard)."""
+
+    name: str
+    capacity: int
+    rows_used: int
+    admitted: int
+    evicted: int
+    pending: int
+    shards: tuple[dict, ...]
+
+    @property
+    def rows_free(self) -> int:
+        return self.capacity - self.rows_used
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "shards": list(self.shards),
+                "rows_free": self.rows_free}
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicStats:
+    checkpoint: str
+    tables: tuple[TableStats, ...]
+
+    def to_dict(self) -> dict:
+        return {"checkpoint": self.checkpoint,
+                "tables": [t.to_dict() for t in self.tables]}
+
+    def summary(self) -> str:
+        if not self.tables:
+            return f"{self.checkpoint}: no dynamic tables."
+        lines = [f"{self.checkpoint}:"]
+        for t in self.tables:
+            lines.append(
+                f"  {t.name}: {t.rows_used:,} of {t.capacity:,} rows used "
+                f"({t.rows_free:,} free), {t.admitted:,} admitted, "
+                f"{t.evicted:,} evicted, ids pending admission: {t.pending:,}")
+            for shard in t.shards:
+                lines.append(
+                    f"    shard {shard['index']}: rows {shard['first_row']}.."
+                    f"{shard['first_row'] + shard['rows'] - 1}, "
+                    f"{shard['rows_used']:,} used, "
+                    f"{shard['rows_free']:,} free")
+        return "\n".join(lines)
+
+
+def resolve_checkpoint(path: str) -> str:
+    """``path`` itself (a checkpoint prefix) or a folder's latest one."""
+    if as_path(path).is_dir():
+        latest = tf.train.latest_checkpoint(str(path))
+        if latest is None:
+            raise ConfigError(f"checkpoint folder {path!r} holds no "
+                              "checkpoint; give a checkpoint prefix such as "
+                              "DIR/ckpt-100 or a folder with one.")
+        return latest
+    if not tf.io.gfile.exists(f"{path}.index"):
+        raise ConfigError(f"checkpoint {path!r} does not exist (no "
+                          f"{path}.index); give a checkpoint prefix such as "
+                          "DIR/ckpt-100 or its folder.")
+    return str(path)
+
+
+def even_shards(rows: int, shards: int) -> list[int]:
+    """Rows per shard of the strategy's "div" split of ``rows``."""
+    return [rows // shards + (1 if i < rows % shards else 0)
+            for i in range(shards)]
+
+
+def _shards(row_ids: np.ndarray, sizes: Sequence[int]) -> tuple[dict, ...]:
+    out, start = [], 0
+    for index, size in enumerate(sizes):
+        held = row_ids[start:start + size]  # the default row is not in it
+        used = int(np.count_nonzero(held >= 0))
+        out.append({"index": index, "first_row": start, "rows": size,
+                    "rows_used": used, "rows_free": held.size - used})
+        start += size
+    return tuple(out)
+
+
+def dynamic_stats(checkpoint: str, shards: int = 1,
+                  shard_rows: Mapping[str, Sequence[int]] | None = None
+                  ) -> DynamicStats:
+    """The dynamic tables of ``checkpoint`` (a prefix or a folder), rows
+    per shard: ``shard_rows[table]`` (the run's shard sizes) when given,
+    else an even split into ``shards``."""
+    path = resolve_checkpoint(checkpoint)
+    reader = tf.compat.v1.train.NewCheckpointReader(path)
+    keys = reader.get_variable_to_shape_map()
+    names = sorted({k[len(PREFIX):].split("/")[0] for k in keys
+                    if k.startswith(PREFIX)})
+    tables = []
+    for name in names:
+        base = PREFIX + name + "/"
+        row_ids = reader.get_tensor(base + "row_ids" + _VALUE)
+        tables.append(TableStats(
+            name=name, capacity=int(row_ids.size),
+            rows_used=int(np.count_nonzero(row_ids >= 0)),
+            admitted=int(reader.get_tensor(base + "admitted" + _VALUE)),
+            evicted=int(reader.get_tensor(base + "evicted" + _VALUE)),
+            pending=int(keys[base + "counts/.ATTRIBUTES/table-keys"][0]),
+            shards=_shards(row_ids, (shard_rows or {}).get(name) or
+                           even_shards(row_ids.size + 1, shards))))
+    return DynamicStats(path, tuple(tables))
