@@ -9,14 +9,19 @@ cut-off or failed save leaves is removed when a keeper starts and when a
 save fails; :func:`check_output_folder` checks a folder is writable with
 room for one checkpoint before any server starts.
 
-A restore is **verified by value**: the status object's
+A restore is **streamed and verified by value**
+(:mod:`psrec.ps_cluster.checkpoint_verify`). Variables that are plain (PS
+shards, one device) are restored block by block of rows, each block read by
+key and slice on the coordinator and written in place on its PS, so a
+multi-GB table is never sent (or held on the coordinator) whole; mirrored
+variables go through TensorFlow's restore. The status object's
 ``assert_existing_objects_matched()`` passes even when sharded optimizer
 slots silently keep their initial values (measured: a checkpoint from 2 PS
-shards restored into 3). So after restoring, every variable's live value is
-read back and compared with the checkpoint's tensor; a difference is an error
-naming the variables -- never a silent partial restore. Optimizer slots of
-resharded tables, which TensorFlow cannot restore itself, are restored by
-:func:`_restore_resharded_slots` from the checkpoint's full tensors.
+shards restored into 3), so after restoring, every variable's live value is
+compared, block by block, with the checkpoint's tensor -- nothing is written
+for it; a difference is an error naming the variables, never a silent
+partial restore. Optimizer slots of resharded tables that TensorFlow's
+restore leaves behind are restored by :func:`_restore_resharded_slots`.
 """
 
 from __future__ import annotations
@@ -27,18 +32,22 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
+from psrec import progress as reporting
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
+from psrec.ps_cluster.checkpoint_verify import copy_rows
+from psrec.ps_cluster.checkpoint_verify import differing_keys
+from psrec.ps_cluster.checkpoint_verify import live_tensors
+from psrec.ps_cluster.checkpoint_verify import restore_streamed
+from psrec.ps_cluster.checkpoint_verify import saved_tensors
+from psrec.ps_cluster.checkpoint_verify import streamable
 from psrec.uri import is_uri
 from psrec.uri import require_tf_filesystem
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
-
-_SKIP_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter")
 
 
 class RestoreError(DataError):
@@ -179,64 +188,45 @@ def io_options() -> tf.train.CheckpointOptions:
         experimental_io_device=_COORDINATOR_CPU if in_cluster else None)
 
 
-def _reader(prefix: str) -> tf.train.CheckpointReader:
-    """The reader of the checkpoint at ``prefix``. Not
-    ``tf.train.load_checkpoint``: on ``ram://`` every prefix of a file name
-    is a folder, so it looks for a ``checkpoint`` file under the prefix."""
-    return tf.compat.v1.train.NewCheckpointReader(str(prefix))
+def _io_device() -> str:
+    """The device that reads checkpoint files for a verification."""
+    return io_options().experimental_io_device or "/device:CPU:0"
 
 
-def _tensor_keys(reader: tf.train.CheckpointReader) -> dict[str, list[int]]:
-    return {k: s for k, s in reader.get_variable_to_shape_map().items()
-            if not any(k.startswith(p) for p in _SKIP_KEYS)}
+def _model_key(key: str) -> bool:
+    return key.startswith("model/") and ".OPTIMIZER_SLOT" not in key
 
 
 def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
-                            model_only: bool = False) -> list[str]:
+                            model_only: bool = False, *,
+                            progress: reporting.Progress = reporting.SILENT
+                            ) -> list[str]:
     """Keys whose live value differs from ``path``, or that only one side has.
 
-    Writes the live state to a temporary checkpoint and compares tensor by
-    tensor; this works for any sharding because sharded variables (and their
-    slots) are saved as their full logical tensors.
+    Streamed (:mod:`psrec.ps_cluster.checkpoint_verify`): each live variable
+    is compared per shard and per block of rows with the checkpoint's tensor
+    read by key and slice; nothing is written, and the extra memory is two
+    blocks. Sharded variables (and their slots) are compared against their
+    full logical tensors, so any sharding compares.
 
     Args:
       model_only: compare only the model's own variables (not optimizer
         slots, optimizers or progress), for a model restored alone.
+      progress: told the bytes compared, for a large state.
     """
-    def wanted(keys: dict) -> set[str]:
-        return {k for k in keys if not model_only or (
-            k.startswith("model/") and ".OPTIMIZER_SLOT" not in k)}
-
-    saved = _reader(path)
-    tmp = tempfile.mkdtemp(prefix="psrec-verify-")
-    try:
-        live_path = checkpoint.write(str(Path(tmp) / "live"),
-                                     options=io_options())
-        live = _reader(live_path)
-        expected = wanted(_tensor_keys(saved))
-        actual = wanted(_tensor_keys(live))
-        bad = sorted(actual ^ expected)
-        for key in sorted(actual & expected):
-            if not np.array_equal(live.get_tensor(key), saved.get_tensor(key)):
-                bad.append(key)
-        return bad
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return differing_keys(checkpoint, path, _io_device(),
+                          _model_key if model_only else None,
+                          progress=progress)
 
 
 def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str,
                      model_only: bool = False) -> list[str]:
     """Keys present on both sides whose live shape differs from ``path``'s
-    (the live state is written to a temporary checkpoint to list them)."""
-    saved = _tensor_keys(_reader(path))
-    tmp = tempfile.mkdtemp(prefix="psrec-shapes-")
-    try:
-        live = _tensor_keys(_reader(checkpoint.write(
-            str(Path(tmp) / "live"), options=io_options())))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    (live shapes are those of the variables; nothing is written)."""
+    saved, _ = saved_tensors(path)
+    live = live_tensors(checkpoint)
     return sorted(k for k in live.keys() & saved.keys()
-                  if list(live[k]) != list(saved[k]) and (
+                  if list(live[k].shape) != list(saved[k]) and (
                       not model_only or k.startswith("model/")))
 
 
@@ -247,7 +237,8 @@ _SLOT_RE = re.compile(r"^(?P<var>.+)/\.OPTIMIZER_SLOT/(?P<opt>[^/]+)/"
 def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
                              bad_keys: list[str], optimizers: dict,
                              tables: dict) -> list[str]:
-    """Assigns slot values of resharded tables from the checkpoint.
+    """Assigns slot values of resharded tables from the checkpoint, block
+    by block of rows (never a whole table on the coordinator).
 
     Args:
       bad_keys: keys that differ after the regular restore.
@@ -255,25 +246,31 @@ def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
       tables: checkpoint key prefix of a table -> its (sharded) variable.
 
     Returns:
-      The keys that are still not restored.
+      The keys that are not repaired (the repaired ones are checked again
+      by the caller).
     """
-    reader = _reader(path)
+    live = live_tensors(checkpoint)
+    saved, _ = saved_tensors(path)
     remaining = []
     for key in bad_keys:
         match = _SLOT_RE.match(key)
         table = tables.get(match.group("var")) if match else None
         optimizer = optimizers.get(match.group("opt")) if match else None
-        if table is None or optimizer is None:
+        if (table is None or optimizer is None or key not in live
+                or key not in saved
+                or list(live[key].shape) != list(saved[key])):
             remaining.append(key)
             continue
-        full = reader.get_tensor(key)
-        start = 0
-        for shard in getattr(table, "variables", [table]):
-            rows = shard.shape[0]
-            optimizer.get_slot(shard, match.group("slot")).assign(
-                full[start:start + rows])
-            start += rows
+        copy_rows(path, key, live[key], _io_device())
     return remaining
+
+
+def _does_not_fit(path: str, bad: list[str]) -> RestoreError:
+    return RestoreError(
+        f"checkpoint {path} does not fit this model: {len(bad)} key(s) have "
+        f"another shape in the checkpoint: {bad[:8]}. Was it written with "
+        "another spec or model configuration? Nothing was trained on the "
+        "partial state.")
 
 
 class CheckpointKeeper:
@@ -318,8 +315,9 @@ class CheckpointKeeper:
                 f"removed ({', '.join(removed) or 'none'}), the previous "
                 f"checkpoint ({self.latest}) is intact.") from error
 
-    def restore(self, path: str | None = None, *,
-                model_only: bool = False) -> str | None:
+    def restore(self, path: str | None = None, *, model_only: bool = False,
+                progress: reporting.Progress = reporting.SILENT
+                ) -> str | None:
         """Restores ``path`` (default: the latest) and proves it complete.
 
         Completeness is checked by value, not with the status object's
@@ -330,6 +328,8 @@ class CheckpointKeeper:
         Args:
           path: a checkpoint prefix; None for the latest.
           model_only: restore and check only ``model/`` keys (export, eval).
+          progress: told the bytes restored and checked (passes
+            ``restore`` and ``verify``) when the state is 1 GiB or more.
 
         Returns:
           The restored path, or None when there is no checkpoint.
@@ -340,25 +340,32 @@ class CheckpointKeeper:
         path = path or self.latest
         if path is None:
             return None
-        try:
-            self.checkpoint.restore(path, options=io_options()).expect_partial()
-        except (tf.errors.InvalidArgumentError, ValueError) as error:
-            # A tensor of another shape (e.g. another `dim` or bucket count)
-            # fails inside RestoreV2; report it as an incomplete restore.
-            bad = shape_mismatches(self.checkpoint, path, model_only)
-            raise RestoreError(
-                f"checkpoint {path} does not fit this model: {len(bad)} "
-                f"key(s) have another shape in the checkpoint: {bad[:8]}. "
-                "Was it written with another spec or model configuration? "
-                "Nothing was trained on the partial state.") from error
-        bad = compare_with_checkpoint(self.checkpoint, path, model_only)
+        if streamable(live_tensors(self.checkpoint)):
+            # Block by block: no variable is ever sent whole (giant tables).
+            if shape_mismatches(self.checkpoint, path):
+                raise _does_not_fit(path, shape_mismatches(
+                    self.checkpoint, path, model_only))
+            restore_streamed(self.checkpoint, path, _io_device(),
+                             progress=progress)
+        else:  # mirrored variables: TensorFlow's restore reaches replicas
+            try:
+                self.checkpoint.restore(
+                    path, options=io_options()).expect_partial()
+            except (tf.errors.InvalidArgumentError, ValueError) as error:
+                # A tensor of another shape (e.g. another `dim` or bucket
+                # count) fails inside RestoreV2: an incomplete restore.
+                raise _does_not_fit(path, shape_mismatches(
+                    self.checkpoint, path, model_only)) from error
+        bad = compare_with_checkpoint(self.checkpoint, path, model_only,
+                                      progress=progress)
         if bad:
             still = _restore_resharded_slots(self.checkpoint, path, bad,
                                              self._optimizers, self._tables)
-            if len(still) < len(bad):
-                still = compare_with_checkpoint(self.checkpoint, path,
-                                                model_only)
-            bad = still
+            repaired = set(bad) - set(still)
+            if repaired:  # only they changed: check them again
+                still += differing_keys(self.checkpoint, path, _io_device(),
+                                        repaired.__contains__)
+            bad = sorted(still)
         if bad:
             raise RestoreError(
                 f"checkpoint {path} restored incompletely: {len(bad)} key(s) "
