@@ -86,9 +86,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="checkpoint and log folder (default: a new "
                              "temporary folder, removed at the end)")
     parser.add_argument("--no-checkpoint", action="store_true",
-                        help="skip save, restore and verify (TensorFlow's "
-                             "save gathers the state on the coordinator: "
-                             "about 2x the state there, see the README)")
+                        help="skip save, restore and verify")
+    parser.add_argument("--coordinator-writes", action="store_true",
+                        help="save as psrec did before (every tensor sent "
+                             "to the coordinator, which writes them all: "
+                             "about 2x the state there) instead of each PS "
+                             "writing its own shards")
     parser.add_argument("--old-init", action="store_true",
                         help="initialise tables as before (full random "
                              "value materialised on the PS)")
@@ -124,6 +127,7 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
                                  PartitionConfig(kind="fixed"))
     out = {"rows": spec.tables[0].rows, "dim": args.dim, "ps": args.ps,
            "workers": args.workers, "old_init": args.old_init,
+           "coordinator_writes": args.coordinator_writes,
            "memory": {"idle": _snapshot(roles)}}
     began = time.perf_counter()
     trainer = Trainer(strategy, spec, model_config("dcn"), optimizer,
@@ -149,7 +153,8 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
         workdir / "checkpoints", trainer.checkpoint,
         optimizers={"sparse_optimizer": trainer.sparse_optimizer,
                     "dense_optimizer": trainer.dense_optimizer},
-        tables=table_checkpoint_keys(trainer.model), max_to_keep=1)
+        tables=table_checkpoint_keys(trainer.model), max_to_keep=1,
+        strategy=None if args.coordinator_writes else strategy)
     began = time.perf_counter()
     path = keeper.save(args.steps)
     out["save_s"] = round(time.perf_counter() - began, 2)
@@ -213,10 +218,10 @@ def _table(out: dict) -> str:
 
 def _check_memory(args: argparse.Namespace) -> None:
     """Refuses a run the free memory cannot hold: the state, every
-    process's TensorFlow (~0.6 GiB each) and, with a checkpoint, the
-    coordinator's copy of the state while TensorFlow saves (~2x)."""
+    process's TensorFlow (~0.6 GiB each) and, with ``--coordinator-writes``,
+    the coordinator's copy of the state while TensorFlow saves (~2x)."""
     state = (args.rows // 26) * 26 * args.dim * 4 * 2
-    need = state * (1.1 if args.no_checkpoint else 3.1) + (
+    need = state * (3.1 if args.coordinator_writes else 1.1) + (
         args.ps + args.workers + 1) * 0.6 * 2**30
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):

@@ -24,6 +24,7 @@ import tf_keras
 
 from psrec.progress import SILENT
 from psrec.progress import Progress
+from psrec.progress import default_progress
 
 BLOCK_BYTES = 32 << 20  # rows drawn and written at a time
 PROGRESS_ROWS = 10_000_000  # tables from this size report progress
@@ -61,16 +62,19 @@ def assign_rows(variable: tf.Variable, start: int, value: tf.Tensor) -> None:
 
 
 def fill_table(table, initializer: tf_keras.initializers.Initializer, *,
-               label: str = "init", progress: Progress = SILENT) -> None:
+               label: str = "init", progress: Progress | None = None) -> None:
     """Fills every shard of ``table`` (a variable or a ``ShardedVariable``)
     with ``initializer``'s values, one block of rows at a time on the
     shard's device. Tables of :data:`PROGRESS_ROWS` rows or more report
-    their rows to ``progress``."""
+    their rows to ``progress`` (default: the process's default progress,
+    bars on stderr in the CLI)."""
     shards = list(getattr(table, "variables", [table]))
     total = sum(int(s.shape[0]) for s in shards)
     row_bytes = table.dtype.size * int(np.prod(table.shape[1:]))
     step = max(1, BLOCK_BYTES // max(row_bytes, 1))
-    reporter = progress if total >= PROGRESS_ROWS else SILENT
+    reporter = SILENT
+    if total >= PROGRESS_ROWS:
+        reporter = default_progress() if progress is None else progress
     offset = 0
     with reporter.task(label, total, "rows") as task:
         for shard in shards:

@@ -38,12 +38,17 @@ from psrec import progress as reporting
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
+from psrec.ps_cluster.checkpoint_save import absolute
+from psrec.ps_cluster.checkpoint_save import save_options
+from psrec.ps_cluster.checkpoint_save import save_progress
+from psrec.ps_cluster.checkpoint_save import tasks_share_folder
 from psrec.ps_cluster.checkpoint_verify import copy_rows
 from psrec.ps_cluster.checkpoint_verify import differing_keys
 from psrec.ps_cluster.checkpoint_verify import live_tensors
 from psrec.ps_cluster.checkpoint_verify import restore_streamed
 from psrec.ps_cluster.checkpoint_verify import saved_tensors
 from psrec.ps_cluster.checkpoint_verify import streamable
+from psrec.ps_cluster.checkpoint_verify import tensor_bytes
 from psrec.uri import is_uri
 from psrec.uri import require_tf_filesystem
 from psrec.uri_path import UriPath
@@ -175,17 +180,10 @@ class Progress(tf.Module):
         self.resumes = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
-_COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
-
-
 def io_options() -> tf.train.CheckpointOptions:
-    """In a cluster, every byte goes through the coordinator's own CPU (not
-    the PS tasks' file systems), so only the coordinator writes checkpoint
-    files; outside a cluster, the default."""
-    in_cluster = any(d.name == _COORDINATOR_CPU
-                     for d in tf.config.list_logical_devices("CPU"))
-    return tf.train.CheckpointOptions(
-        experimental_io_device=_COORDINATOR_CPU if in_cluster else None)
+    """The options of a restore: in a cluster, the coordinator's own CPU
+    reads the files; outside a cluster, the default."""
+    return save_options(tasks_write=False)
 
 
 def _io_device() -> str:
@@ -282,14 +280,19 @@ class CheckpointKeeper:
       optimizers: checkpoint attribute name -> optimizer (for slot repair).
       tables: checkpoint key prefix -> table variable (for slot repair).
       max_to_keep: checkpoints kept.
+      strategy: the training strategy; when every task of its cluster
+        shares this folder (:func:`~psrec.ps_cluster.checkpoint_save.
+        tasks_share_folder`), each PS writes its own shards on save.
     """
 
     def __init__(self, directory: str | Path, checkpoint: tf.train.Checkpoint,
                  optimizers: dict | None = None, tables: dict | None = None,
-                 max_to_keep: int = 3) -> None:
+                 max_to_keep: int = 3, strategy=None) -> None:
         self.checkpoint = checkpoint
+        self.tasks_write = tasks_share_folder(strategy, directory)
         self.manager = tf.train.CheckpointManager(
-            checkpoint, str(directory), max_to_keep=max_to_keep)
+            checkpoint, absolute(directory) if self.tasks_write
+            else str(directory), max_to_keep=max_to_keep)
         self._optimizers = optimizers or {}
         self._tables = tables or {}
         self.directory = as_path(directory)
@@ -300,11 +303,18 @@ class CheckpointKeeper:
         return self.manager.latest_checkpoint
 
     def save(self, step: int) -> str:
-        """Saves checkpoint ``step``; a failed save removes its partial
-        ``*_temp`` files and raises :class:`SaveError`."""
+        """Saves checkpoint ``step`` (from each PS when they share the
+        folder, else through the coordinator); a failed save removes its
+        partial ``*_temp`` files and raises :class:`SaveError`. A save of
+        1 GiB or more reports the bytes written to the default progress."""
+        state = sum(tensor_bytes(t)
+                    for t in live_tensors(self.checkpoint).values())
+        prefix = f"{self.manager.directory}/ckpt-{step}"
         try:
-            return self.manager.save(checkpoint_number=step,
-                                     options=io_options())
+            with save_progress(prefix, state):
+                return self.manager.save(
+                    checkpoint_number=step,
+                    options=save_options(self.tasks_write))
         except (tf.errors.OpError, OSError) as error:
             removed = remove_partial_saves(self.directory)
             kind = (SaveInterruptedError
@@ -316,7 +326,7 @@ class CheckpointKeeper:
                 f"checkpoint ({self.latest}) is intact.") from error
 
     def restore(self, path: str | None = None, *, model_only: bool = False,
-                progress: reporting.Progress = reporting.SILENT
+                progress: reporting.Progress | None = None
                 ) -> str | None:
         """Restores ``path`` (default: the latest) and proves it complete.
 
@@ -329,7 +339,8 @@ class CheckpointKeeper:
           path: a checkpoint prefix; None for the latest.
           model_only: restore and check only ``model/`` keys (export, eval).
           progress: told the bytes restored and checked (passes
-            ``restore`` and ``verify``) when the state is 1 GiB or more.
+            ``restore`` and ``verify``) when the state is 1 GiB or more
+            (default: the process's default progress).
 
         Returns:
           The restored path, or None when there is no checkpoint.
@@ -340,6 +351,8 @@ class CheckpointKeeper:
         path = path or self.latest
         if path is None:
             return None
+        if progress is None:
+            progress = reporting.default_progress()
         if streamable(live_tensors(self.checkpoint)):
             # Block by block: no variable is ever sent whole (giant tables).
             if shape_mismatches(self.checkpoint, path):

@@ -124,13 +124,14 @@ def saved_tensors(path: str) -> tuple[dict[str, list[int]], dict]:
     return shapes, reader.get_variable_to_dtype_map()
 
 
-def _nbytes(tensor: LiveTensor) -> int:
+def tensor_bytes(tensor: LiveTensor) -> int:
+    """Bytes of ``tensor``'s full (logical) value."""
     return tensor.dtype.size * int(np.prod(tensor.shape))
 
 
 def _task(progress: Progress, label: str, tensors: list[LiveTensor]):
     """A pass over ``tensors`` in bytes, shown when it is large."""
-    total = sum(_nbytes(t) for t in tensors)
+    total = sum(tensor_bytes(t) for t in tensors)
     return (progress if total >= PROGRESS_BYTES else SILENT).task(
         label, total, "bytes")
 
@@ -241,7 +242,7 @@ def restore_streamed(root: tf.train.Checkpoint, path: str,
     with _task(progress, "restore", [live[k] for k in keys]) as task:
         for key in keys:
             copy_rows(path, key, live[key], io_device)
-            task.advance(_nbytes(live[key]))
+            task.advance(tensor_bytes(live[key]))
 
 
 def copy_rows(path: str, key: str, live: LiveTensor, io_device: str) -> None:

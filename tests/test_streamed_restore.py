@@ -23,6 +23,9 @@ from psrec.models import embedding
 from psrec.models import table_init
 from psrec.models.config import ModelConfig
 from psrec.models.embedding import SparseArch
+from psrec.progress import SILENT
+from psrec.progress import set_default_progress
+from psrec.ps_cluster import checkpoint_save
 from psrec.ps_cluster import checkpoint_verify
 from psrec.ps_cluster.checkpoint import CheckpointKeeper
 from psrec.ps_cluster.checkpoint import RestoreError
@@ -230,3 +233,84 @@ def test_an_eager_lookup_gathers_per_shard(ps_cluster):
     ids = np.array([[0, 2608], [2609, 5217], [5218, 7825]], np.int64)
     rows = embedding._lookup(table, tf.constant(ids))  # noqa: SLF001
     assert np.array_equal(rows.numpy(), full[ids])
+
+
+def _save_devices(monkeypatch) -> list[str]:
+    """Records the device of every ``SaveV2`` op TensorFlow's saver builds
+    (each save is traced again, so the wrapper is seen)."""
+    from tensorflow.python.ops import io_ops
+    devices = []
+    real_save = io_ops.save_v2
+
+    def save_v2(*args, **kwargs):
+        op = real_save(*args, **kwargs)
+        devices.append(getattr(op, "device", "eager"))
+        return op
+
+    monkeypatch.setattr(io_ops, "save_v2", save_v2)
+    return devices
+
+
+def test_each_ps_writes_its_own_shards_and_the_save_reports_bytes(
+        ps_cluster, trainer, tmp_path, monkeypatch):
+    # The in-process cluster is all on localhost: every task shares the
+    # folder, so no tensor is sent to the coordinator to be written.
+    assert trainer.keeper.tasks_write
+    devices = _save_devices(monkeypatch)
+    monkeypatch.setattr(checkpoint_save, "PROGRESS_BYTES", 1)
+    recorder = Recorder()
+    set_default_progress(recorder)
+    try:
+        path = trainer.save()
+    finally:
+        set_default_progress(SILENT)
+    assert sorted(d.split("/device")[0] for d in devices) == [
+        "/job:chief/replica:0/task:0", "/job:ps/replica:0/task:0",
+        "/job:ps/replica:0/task:1"]
+    state = sum(checkpoint_verify.tensor_bytes(t) for t in
+                checkpoint_verify.live_tensors(trainer.checkpoint).values())
+    assert [(t.label, t.total, t.unit, t.done, t.closed)
+            for t in recorder.tasks] == [("save", state, "bytes", state, True)]
+    assert compare_with_checkpoint(trainer.checkpoint, path) == []
+
+    # Coordinator-written (a folder the tasks may not share): every SaveV2
+    # on the coordinator, the same keys and values.
+    devices.clear()
+    keeper = CheckpointKeeper(tmp_path / "coordinator", trainer.checkpoint)
+    assert not keeper.tasks_write
+    other = keeper.save(int(trainer.progress.step.numpy()))
+    assert devices and {d.split("/device")[0] for d in devices} == {
+        "/job:chief/replica:0/task:0"}
+    assert checkpoint_verify.saved_tensors(other)[0] == (
+        checkpoint_verify.saved_tensors(path)[0])
+    assert compare_with_checkpoint(trainer.checkpoint, other) == []
+    strategy = build_ps_strategy(ps_cluster, PartitionConfig())
+    assert checkpoint_save.tasks_share_folder(strategy, tmp_path)
+    assert not checkpoint_save.tasks_share_folder(strategy, "ram://x/ckpt")
+
+
+def test_progress_goes_to_the_default_only_for_large_state(
+        ps_cluster, trainer, monkeypatch):
+    recorder = Recorder()
+    set_default_progress(recorder)
+    try:
+        path = trainer.save()  # small: nothing reported
+        assert trainer.keeper.restore(path) == path
+        strategy = build_ps_strategy(ps_cluster, PartitionConfig())
+        with strategy.scope():
+            SparseArch(SPEC)
+        assert recorder.tasks == []
+        # "Large" from 1 row / 1 byte: init, restore and its check report.
+        monkeypatch.setattr(table_init, "PROGRESS_ROWS", 1)
+        monkeypatch.setattr(checkpoint_verify, "PROGRESS_BYTES", 1)
+        with strategy.scope():
+            SparseArch(SPEC)
+        assert trainer.keeper.restore(path) == path
+    finally:
+        set_default_progress(SILENT)
+    rows = SPEC.tables[0].rows
+    assert [(t.label, t.unit, t.done == t.total, t.closed)
+            for t in recorder.tasks] == [
+        ("init categorical", "rows", True, True),
+        ("restore", "bytes", True, True), ("verify", "bytes", True, True)]
+    assert recorder.tasks[0].total == rows
