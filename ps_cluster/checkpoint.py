@@ -197,8 +197,8 @@ def _model_key(key: str) -> bool:
 
 def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
                             model_only: bool = False, *,
-                            progress: reporting.Progress = reporting.SILENT
-                            ) -> list[str]:
+                            progress: reporting.Progress = reporting.SILENT,
+                            on_tasks: bool = False) -> list[str]:
     """Keys whose live value differs from ``path``, or that only one side has.
 
     Streamed (:mod:`psrec.ps_cluster.checkpoint_verify`): each live variable
@@ -211,8 +211,11 @@ def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
       model_only: compare only the model's own variables (not optimizer
         slots, optimizers or progress), for a model restored alone.
       progress: told the bytes compared, for a large state.
+      on_tasks: read and compare each block on its variable's own task
+        (every task sees ``path``): only booleans reach the coordinator.
     """
-    return differing_keys(checkpoint, path, _io_device(),
+    return differing_keys(checkpoint, path,
+                          None if on_tasks else _io_device(),
                           _model_key if model_only else None,
                           progress=progress)
 
@@ -234,7 +237,8 @@ _SLOT_RE = re.compile(r"^(?P<var>.+)/\.OPTIMIZER_SLOT/(?P<opt>[^/]+)/"
 
 def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
                              bad_keys: list[str], optimizers: dict,
-                             tables: dict) -> list[str]:
+                             tables: dict, io_device: str | None
+                             ) -> list[str]:
     """Assigns slot values of resharded tables from the checkpoint, block
     by block of rows (never a whole table on the coordinator).
 
@@ -242,6 +246,7 @@ def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
       bad_keys: keys that differ after the regular restore.
       optimizers: checkpoint attribute name -> optimizer.
       tables: checkpoint key prefix of a table -> its (sharded) variable.
+      io_device: where blocks are read (None: on each shard's task).
 
     Returns:
       The keys that are not repaired (the repaired ones are checked again
@@ -259,7 +264,7 @@ def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
                 or list(live[key].shape) != list(saved[key])):
             remaining.append(key)
             continue
-        copy_rows(path, key, live[key], _io_device())
+        copy_rows(path, key, live[key], io_device)
     return remaining
 
 
@@ -353,12 +358,16 @@ class CheckpointKeeper:
             return None
         if progress is None:
             progress = reporting.default_progress()
+        # Each PS reads (and checks) its own rows when it sees the files.
+        device = None if self.tasks_write else _io_device()
+        if self.tasks_write:
+            path = absolute(path)
         if streamable(live_tensors(self.checkpoint)):
             # Block by block: no variable is ever sent whole (giant tables).
             if shape_mismatches(self.checkpoint, path):
                 raise _does_not_fit(path, shape_mismatches(
                     self.checkpoint, path, model_only))
-            restore_streamed(self.checkpoint, path, _io_device(),
+            restore_streamed(self.checkpoint, path, device,
                              progress=progress)
         else:  # mirrored variables: TensorFlow's restore reaches replicas
             try:
@@ -370,13 +379,15 @@ class CheckpointKeeper:
                 raise _does_not_fit(path, shape_mismatches(
                     self.checkpoint, path, model_only)) from error
         bad = compare_with_checkpoint(self.checkpoint, path, model_only,
-                                      progress=progress)
+                                      progress=progress,
+                                      on_tasks=self.tasks_write)
         if bad:
             still = _restore_resharded_slots(self.checkpoint, path, bad,
-                                             self._optimizers, self._tables)
+                                             self._optimizers, self._tables,
+                                             device)
             repaired = set(bad) - set(still)
             if repaired:  # only they changed: check them again
-                still += differing_keys(self.checkpoint, path, _io_device(),
+                still += differing_keys(self.checkpoint, path, device,
                                         repaired.__contains__)
             bad = sorted(still)
         if bad:

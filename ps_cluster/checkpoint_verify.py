@@ -180,14 +180,37 @@ def _live_rows(variable: tf.Variable, start: int,
             return variable.read_value()[start:start + rows].numpy()
 
 
-def differing_keys(root: tf.train.Checkpoint, path: str, io_device: str,
-                   keys_wanted=None, *,
+def _same_rows(path: str, key: str, tensor: LiveTensor, variable, start: int,
+               rows: int | None, begin: int, io_device: str | None) -> bool:
+    """Whether one block of ``variable`` equals the checkpoint's rows. With
+    ``io_device`` None the block is read and compared on the variable's
+    own device (its PS): only a boolean comes back."""
+    if io_device is not None:
+        expected = read_rows(path, key, tensor.shape, tensor.dtype, begin,
+                             rows, io_device)
+        return np.array_equal(_live_rows(variable, start, rows),
+                              expected.numpy())
+    with tf.device(variable.device):
+        expected = read_rows(path, key, tensor.shape, tensor.dtype, begin,
+                             rows, variable.device)
+        if rows is None:
+            live = variable.read_value()
+        else:
+            live = variable.sparse_read(
+                tf.range(start, start + rows, dtype=tf.int64))
+        return bool(tf.reduce_all(tf.equal(live, expected)).numpy())
+
+
+def differing_keys(root: tf.train.Checkpoint, path: str,
+                   io_device: str | None, keys_wanted=None, *,
                    progress: Progress = SILENT) -> list[str]:
     """Keys whose live value differs from checkpoint ``path``'s or that
     only one side has, compared block by block.
 
     Args:
-      io_device: the device that reads the checkpoint files.
+      io_device: the device that reads the checkpoint files; None: each
+        shard's own device (every task sees the files), where the block is
+        also compared.
       keys_wanted: a predicate on keys (None: all).
       progress: told the bytes compared (``verify``) when the state is
         :data:`PROGRESS_BYTES` or more.
@@ -205,14 +228,12 @@ def differing_keys(root: tf.train.Checkpoint, path: str, io_device: str,
         for key in same:
             tensor = live[key]
             for variable, start, rows, begin in _blocks(tensor):
-                expected = read_rows(path, key, tensor.shape, tensor.dtype,
-                                     begin, rows, io_device)
-                if not np.array_equal(_live_rows(variable, start, rows),
-                                      expected.numpy()):
+                if not _same_rows(path, key, tensor, variable, start, rows,
+                                  begin, io_device):
                     bad.add(key)
                     break
-                task.advance(expected.dtype.size * int(
-                    np.prod(expected.shape)))
+                task.advance(tensor_bytes(tensor) if rows is None else
+                             rows * tensor_bytes(tensor) // tensor.shape[0])
     return sorted(bad)
 
 
@@ -225,7 +246,8 @@ def streamable(live: dict[str, LiveTensor]) -> bool:
 
 
 def restore_streamed(root: tf.train.Checkpoint, path: str,
-                     io_device: str, *, progress: Progress = SILENT) -> None:
+                     io_device: str | None, *,
+                     progress: Progress = SILENT) -> None:
     """Restores every live variable of ``root`` that checkpoint ``path``
     holds with the same shape and dtype, block by block of rows
     (:func:`copy_rows`): at most one block is in flight, on the coordinator
@@ -245,12 +267,14 @@ def restore_streamed(root: tf.train.Checkpoint, path: str,
             task.advance(tensor_bytes(live[key]))
 
 
-def copy_rows(path: str, key: str, live: LiveTensor, io_device: str) -> None:
+def copy_rows(path: str, key: str, live: LiveTensor,
+              io_device: str | None) -> None:
     """Assigns checkpoint tensor ``key`` to ``live`` block by block (each
-    block read on ``io_device``, written on its shard's device)."""
+    block read on ``io_device``, or with None on its shard's own device,
+    and written on its shard's device)."""
     for variable, start, rows, begin in _blocks(live):
         value = read_rows(path, key, live.shape, live.dtype, begin, rows,
-                          io_device)
+                          io_device or variable.device)
         if rows is None:
             with tf.device(variable.device):
                 variable.assign(value)
