@@ -88,10 +88,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-checkpoint", action="store_true",
                         help="skip save, restore and verify")
     parser.add_argument("--coordinator-writes", action="store_true",
-                        help="save as psrec did before (every tensor sent "
-                             "to the coordinator, which writes them all: "
-                             "about 2x the state there) instead of each PS "
-                             "writing its own shards")
+                        help="save and restore as psrec did before (every "
+                             "tensor goes through the coordinator, which "
+                             "writes them all: about 2x the state there) "
+                             "instead of each PS writing, reading and "
+                             "checking its own shards")
     parser.add_argument("--old-init", action="store_true",
                         help="initialise tables as before (full random "
                              "value materialised on the PS)")
