@@ -38,6 +38,7 @@ from psrec.uri import is_uri
 COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
 PROGRESS_BYTES = 1 << 30  # saves of this many bytes report progress
 POLL_SECONDS = 0.5
+SLICE_BYTES = 64 << 20  # the largest slice of a tensor in a checkpoint
 
 
 def tasks_share_folder(strategy, directory) -> bool:
@@ -70,9 +71,18 @@ def in_cluster() -> bool:
 
 def save_options(tasks_write: bool) -> tf.train.CheckpointOptions:
     """The options of a save: each task writes its own variables when
-    ``tasks_write``, else (in a cluster) the coordinator writes all."""
+    ``tasks_write``, else (in a cluster) the coordinator writes all.
+
+    Tensors are stored in slices of at most :data:`SLICE_BYTES`
+    (``MaxShardSizePolicy``): TensorFlow reads a whole stored slice to
+    return any part of it, so a streamed restore reading one block of rows
+    of a table stored whole would read (and hold) the whole shard for
+    every block."""
     device = COORDINATOR_CPU if in_cluster() and not tasks_write else None
-    return tf.train.CheckpointOptions(experimental_io_device=device)
+    return tf.train.CheckpointOptions(
+        experimental_io_device=device,
+        experimental_sharding_callback=tf.train.experimental
+        .MaxShardSizePolicy(SLICE_BYTES))
 
 
 def _written(prefix: str) -> int:
