@@ -281,8 +281,8 @@ def copy_rows(path: str, key: str, live: LiveTensor,
         else:
             assign_rows(variable, start, value)
         if io_device is None:
-            # Ops on a remote task run asynchronously: without waiting for
-            # this block (a scalar comes back), every block of the table
-            # would be queued on the PS at once (measured +0.7 GiB there).
+            # Ops on a remote task run asynchronously: wait for this block
+            # (a scalar comes back) so that blocks are not all queued on
+            # the PS at once.
             with tf.device(variable.device):
                 tf.size(value).numpy()
