@@ -36,6 +36,9 @@ from psrec.launch import model_commands
 from psrec.launch import plan_commands
 from psrec.launch import retrieval_flags
 from psrec.launch import train_commands
+from psrec.launch.progress_bar import progress_for
+from psrec.progress import SILENT
+from psrec.progress import set_default_progress
 from psrec.runtime import configure_environment
 
 # -- argparse: one-line errors, defaults in --help ---------------------------
@@ -149,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
+    # Giant-table initialisation, checkpoint saves and restores report here.
+    set_default_progress(progress_for(args))
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
@@ -170,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()
             os._exit(code)
         return code
+    finally:
+        set_default_progress(SILENT)  # main() called again in one process
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
 from psrec.models.dynamic_table import DynamicTable
 from psrec.models.dynamic_table import table_device
+from psrec.models.table_init import fill_table
+from psrec.models.table_init import fills_in_blocks
 
 WIDE_SUFFIX = "__wide"
 _STATE = threading.local()
@@ -77,6 +79,12 @@ def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
     """
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
+    if tf.executing_eagerly() and hasattr(table, "variables"):
+        # In eager mode TensorFlow's lookup on a ShardedVariable silently
+        # concatenates the whole table on the caller (measured: the model's
+        # first call, on the coordinator); the shard list (split as the
+        # strategy splits: "div", extra rows first) gathers per shard.
+        table = list(table.variables)
     rows = tf.nn.embedding_lookup(table, unique)
     gathered = tf.gather(rows, index)
     return tf.reshape(gathered,
@@ -107,10 +115,18 @@ class SparseArch(tf_keras.layers.Layer):
         self.tables = {}
         with table_creation_scope():
             for table in spec.tables:
+                # Random tables are created from zeros and filled in blocks
+                # of rows on their PS (models.table_init): nothing the size
+                # of a table exists twice while it is initialised.
+                initializer = _initializer(table, default_scale)
+                in_blocks = fills_in_blocks(initializer)
                 self.tables[table.name] = self.add_weight(
                     name=table.name, shape=(table.rows, table.dim),
-                    initializer=_initializer(table, default_scale),
+                    initializer="zeros" if in_blocks else initializer,
                     trainable=True)
+                if in_blocks:
+                    fill_table(self.tables[table.name], initializer,
+                               label=f"init {table.name}")
                 if wide:
                     name = table.name + WIDE_SUFFIX
                     self.tables[name] = self.add_weight(

@@ -9,14 +9,19 @@ cut-off or failed save leaves is removed when a keeper starts and when a
 save fails; :func:`check_output_folder` checks a folder is writable with
 room for one checkpoint before any server starts.
 
-A restore is **verified by value**: the status object's
+A restore is **streamed and verified by value**
+(:mod:`psrec.ps_cluster.checkpoint_verify`). Variables that are plain (PS
+shards, one device) are restored block by block of rows, each block read by
+key and slice on the coordinator and written in place on its PS, so a
+multi-GB table is never sent (or held on the coordinator) whole; mirrored
+variables go through TensorFlow's restore. The status object's
 ``assert_existing_objects_matched()`` passes even when sharded optimizer
 slots silently keep their initial values (measured: a checkpoint from 2 PS
-shards restored into 3). So after restoring, every variable's live value is
-read back and compared with the checkpoint's tensor; a difference is an error
-naming the variables -- never a silent partial restore. Optimizer slots of
-resharded tables, which TensorFlow cannot restore itself, are restored by
-:func:`_restore_resharded_slots` from the checkpoint's full tensors.
+shards restored into 3), so after restoring, every variable's live value is
+compared, block by block, with the checkpoint's tensor -- nothing is written
+for it; a difference is an error naming the variables, never a silent
+partial restore. Optimizer slots of resharded tables that TensorFlow's
+restore leaves behind are restored by :func:`_restore_resharded_slots`.
 """
 
 from __future__ import annotations
@@ -27,19 +32,28 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
+from psrec import progress as reporting
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
 from psrec.errors import one_line
+from psrec.ps_cluster.checkpoint_save import absolute
+from psrec.ps_cluster.checkpoint_save import save_options
+from psrec.ps_cluster.checkpoint_save import save_progress
+from psrec.ps_cluster.checkpoint_save import tasks_share_folder
+from psrec.ps_cluster.checkpoint_verify import copy_rows
+from psrec.ps_cluster.checkpoint_verify import differing_keys
+from psrec.ps_cluster.checkpoint_verify import live_tensors
+from psrec.ps_cluster.checkpoint_verify import restore_streamed
+from psrec.ps_cluster.checkpoint_verify import saved_tensors
+from psrec.ps_cluster.checkpoint_verify import streamable
+from psrec.ps_cluster.checkpoint_verify import tensor_bytes
 from psrec.uri import is_uri
 from psrec.uri import require_tf_filesystem
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
-
-_SKIP_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter")
 
 
 class RestoreError(DataError):
@@ -156,95 +170,54 @@ class Progress(tf.Module):
         self.resumes = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
-_COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
-
-
 def io_options() -> tf.train.CheckpointOptions:
-    """In a cluster, every byte goes through the coordinator's own CPU (not
-    the PS tasks' file systems), so only the coordinator writes checkpoint
-    files; outside a cluster, the default."""
-    in_cluster = any(d.name == _COORDINATOR_CPU
-                     for d in tf.config.list_logical_devices("CPU"))
-    return tf.train.CheckpointOptions(
-        experimental_io_device=_COORDINATOR_CPU if in_cluster else None)
+    """The options of a restore: in a cluster, the coordinator's own CPU
+    reads the files; outside a cluster, the default."""
+    return save_options(tasks_write=False)
 
 
-def _reader(prefix: str) -> tf.train.CheckpointReader:
-    """The reader of the checkpoint at ``prefix``. Not
-    ``tf.train.load_checkpoint``: on ``ram://`` every prefix of a file name
-    is a folder, so it looks for a ``checkpoint`` file under the prefix."""
-    return tf.compat.v1.train.NewCheckpointReader(str(prefix))
+def _io_device() -> str:
+    """The device that reads checkpoint files for a verification."""
+    return io_options().experimental_io_device or "/device:CPU:0"
 
 
-def _tensor_keys(reader: tf.train.CheckpointReader) -> dict[str, list[int]]:
-    return {k: s for k, s in reader.get_variable_to_shape_map().items()
-            if not any(k.startswith(p) for p in _SKIP_KEYS)}
+def _model_key(key: str) -> bool:
+    return key.startswith("model/") and ".OPTIMIZER_SLOT" not in key
 
 
 def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
-                            model_only: bool = False) -> list[str]:
+                            model_only: bool = False, *,
+                            progress: reporting.Progress = reporting.SILENT,
+                            on_tasks: bool = False) -> list[str]:
     """Keys whose live value differs from ``path``, or that only one side has.
 
-    Writes the live state to a temporary checkpoint and compares tensor by
-    tensor; this works for any sharding because sharded variables (and their
-    slots) are saved as their full logical tensors.
+    Streamed (:mod:`psrec.ps_cluster.checkpoint_verify`): each live variable
+    is compared per shard and per block of rows with the checkpoint's tensor
+    read by key and slice; nothing is written, and the extra memory is two
+    blocks. Sharded variables (and their slots) are compared against their
+    full logical tensors, so any sharding compares.
 
     Args:
       model_only: compare only the model's own variables (not optimizer
         slots, optimizers or progress), for a model restored alone.
+      progress: told the bytes compared, for a large state.
+      on_tasks: read and compare each block on its variable's own task
+        (every task sees ``path``): only booleans reach the coordinator.
     """
-    def wanted(keys: dict) -> set[str]:
-        return {k for k in keys if not model_only or (
-            k.startswith("model/") and ".OPTIMIZER_SLOT" not in k)}
-
-    saved = _reader(path)
-    tmp = tempfile.mkdtemp(prefix="psrec-verify-")
-    try:
-        live_path = checkpoint.write(str(Path(tmp) / "live"),
-                                     options=io_options())
-        live = _reader(live_path)
-        expected = wanted(_tensor_keys(saved))
-        actual = wanted(_tensor_keys(live))
-        bad = sorted(actual ^ expected)
-        for key in sorted(actual & expected):
-            if not _same_tensor(live, saved, key):
-                bad.append(key)
-        return bad
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-_TABLE_SUFFIXES = ("/table-keys", "/table-values")
-
-
-def _same_tensor(live, saved, key: str) -> bool:
-    """Equal tensors; a lookup table (a dynamic table's map) saves its
-    pairs in iteration order, which a restore changes: compared sorted by
-    key."""
-    if not key.endswith(_TABLE_SUFFIXES):
-        return np.array_equal(live.get_tensor(key), saved.get_tensor(key))
-    base = key.rsplit("-", 1)[0]
-    pairs = []
-    for reader in (live, saved):
-        keys = reader.get_tensor(base + "-keys")
-        order = np.argsort(keys, kind="stable")
-        pairs.append((keys[order], reader.get_tensor(base + "-values")[order]))
-    return all(np.array_equal(a, b) for a, b in zip(*pairs))
+    return differing_keys(checkpoint, path,
+                          None if on_tasks else _io_device(),
+                          _model_key if model_only else None,
+                          progress=progress)
 
 
 def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str,
                      model_only: bool = False) -> list[str]:
     """Keys present on both sides whose live shape differs from ``path``'s
-    (the live state is written to a temporary checkpoint to list them)."""
-    saved = _tensor_keys(_reader(path))
-    tmp = tempfile.mkdtemp(prefix="psrec-shapes-")
-    try:
-        live = _tensor_keys(_reader(checkpoint.write(
-            str(Path(tmp) / "live"), options=io_options())))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    (live shapes are those of the variables; nothing is written)."""
+    saved, _ = saved_tensors(path)
+    live = live_tensors(checkpoint)
     return sorted(k for k in live.keys() & saved.keys()
-                  if list(live[k]) != list(saved[k]) and (
+                  if list(live[k].shape) != list(saved[k]) and (
                       not model_only or k.startswith("model/")))
 
 
@@ -254,34 +227,43 @@ _SLOT_RE = re.compile(r"^(?P<var>.+)/\.OPTIMIZER_SLOT/(?P<opt>[^/]+)/"
 
 def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
                              bad_keys: list[str], optimizers: dict,
-                             tables: dict) -> list[str]:
-    """Assigns slot values of resharded tables from the checkpoint.
+                             tables: dict, io_device: str | None
+                             ) -> list[str]:
+    """Assigns slot values of resharded tables from the checkpoint, block
+    by block of rows (never a whole table on the coordinator).
 
     Args:
       bad_keys: keys that differ after the regular restore.
       optimizers: checkpoint attribute name -> optimizer.
       tables: checkpoint key prefix of a table -> its (sharded) variable.
+      io_device: where blocks are read (None: on each shard's task).
 
     Returns:
-      The keys that are still not restored.
+      The keys that are not repaired (the repaired ones are checked again
+      by the caller).
     """
-    reader = _reader(path)
+    live = live_tensors(checkpoint)
+    saved, _ = saved_tensors(path)
     remaining = []
     for key in bad_keys:
         match = _SLOT_RE.match(key)
         table = tables.get(match.group("var")) if match else None
         optimizer = optimizers.get(match.group("opt")) if match else None
-        if table is None or optimizer is None:
+        if (table is None or optimizer is None or key not in live
+                or key not in saved
+                or list(live[key].shape) != list(saved[key])):
             remaining.append(key)
             continue
-        full = reader.get_tensor(key)
-        start = 0
-        for shard in getattr(table, "variables", [table]):
-            rows = shard.shape[0]
-            optimizer.get_slot(shard, match.group("slot")).assign(
-                full[start:start + rows])
-            start += rows
+        copy_rows(path, key, live[key], io_device)
     return remaining
+
+
+def _does_not_fit(path: str, bad: list[str]) -> RestoreError:
+    return RestoreError(
+        f"checkpoint {path} does not fit this model: {len(bad)} key(s) have "
+        f"another shape in the checkpoint: {bad[:8]}. Was it written with "
+        "another spec or model configuration? Nothing was trained on the "
+        "partial state.")
 
 
 class CheckpointKeeper:
@@ -293,14 +275,19 @@ class CheckpointKeeper:
       optimizers: checkpoint attribute name -> optimizer (for slot repair).
       tables: checkpoint key prefix -> table variable (for slot repair).
       max_to_keep: checkpoints kept.
+      strategy: the training strategy; when every task of its cluster
+        shares this folder (:func:`~psrec.ps_cluster.checkpoint_save.
+        tasks_share_folder`), each PS writes its own shards on save.
     """
 
     def __init__(self, directory: str | Path, checkpoint: tf.train.Checkpoint,
                  optimizers: dict | None = None, tables: dict | None = None,
-                 max_to_keep: int = 3) -> None:
+                 max_to_keep: int = 3, strategy=None) -> None:
         self.checkpoint = checkpoint
+        self.tasks_write = tasks_share_folder(strategy, directory)
         self.manager = tf.train.CheckpointManager(
-            checkpoint, str(directory), max_to_keep=max_to_keep)
+            checkpoint, absolute(directory) if self.tasks_write
+            else str(directory), max_to_keep=max_to_keep)
         self._optimizers = optimizers or {}
         self._tables = tables or {}
         self.directory = as_path(directory)
@@ -311,11 +298,18 @@ class CheckpointKeeper:
         return self.manager.latest_checkpoint
 
     def save(self, step: int) -> str:
-        """Saves checkpoint ``step``; a failed save removes its partial
-        ``*_temp`` files and raises :class:`SaveError`."""
+        """Saves checkpoint ``step`` (from each PS when they share the
+        folder, else through the coordinator); a failed save removes its
+        partial ``*_temp`` files and raises :class:`SaveError`. A save of
+        1 GiB or more reports the bytes written to the default progress."""
+        state = sum(tensor_bytes(t)
+                    for t in live_tensors(self.checkpoint).values())
+        prefix = f"{self.manager.directory}/ckpt-{step}"
         try:
-            return self.manager.save(checkpoint_number=step,
-                                     options=io_options())
+            with save_progress(prefix, state):
+                return self.manager.save(
+                    checkpoint_number=step,
+                    options=save_options(self.tasks_write))
         except (tf.errors.OpError, OSError) as error:
             removed = remove_partial_saves(self.directory)
             kind = (SaveInterruptedError
@@ -326,8 +320,9 @@ class CheckpointKeeper:
                 f"removed ({', '.join(removed) or 'none'}), the previous "
                 f"checkpoint ({self.latest}) is intact.") from error
 
-    def restore(self, path: str | None = None, *,
-                model_only: bool = False) -> str | None:
+    def restore(self, path: str | None = None, *, model_only: bool = False,
+                progress: reporting.Progress | None = None
+                ) -> str | None:
         """Restores ``path`` (default: the latest) and proves it complete.
 
         Completeness is checked by value, not with the status object's
@@ -338,6 +333,9 @@ class CheckpointKeeper:
         Args:
           path: a checkpoint prefix; None for the latest.
           model_only: restore and check only ``model/`` keys (export, eval).
+          progress: told the bytes restored and checked (passes
+            ``restore`` and ``verify``) when the state is 1 GiB or more
+            (default: the process's default progress).
 
         Returns:
           The restored path, or None when there is no checkpoint.
@@ -348,25 +346,40 @@ class CheckpointKeeper:
         path = path or self.latest
         if path is None:
             return None
-        try:
-            self.checkpoint.restore(path, options=io_options()).expect_partial()
-        except (tf.errors.InvalidArgumentError, ValueError) as error:
-            # A tensor of another shape (e.g. another `dim` or bucket count)
-            # fails inside RestoreV2; report it as an incomplete restore.
-            bad = shape_mismatches(self.checkpoint, path, model_only)
-            raise RestoreError(
-                f"checkpoint {path} does not fit this model: {len(bad)} "
-                f"key(s) have another shape in the checkpoint: {bad[:8]}. "
-                "Was it written with another spec or model configuration? "
-                "Nothing was trained on the partial state.") from error
-        bad = compare_with_checkpoint(self.checkpoint, path, model_only)
+        if progress is None:
+            progress = reporting.default_progress()
+        # Each PS reads (and checks) its own rows when it sees the files.
+        device = None if self.tasks_write else _io_device()
+        if self.tasks_write:
+            path = absolute(path)
+        if streamable(live_tensors(self.checkpoint)):
+            # Block by block: no variable is ever sent whole (giant tables).
+            if shape_mismatches(self.checkpoint, path):
+                raise _does_not_fit(path, shape_mismatches(
+                    self.checkpoint, path, model_only))
+            restore_streamed(self.checkpoint, path, device,
+                             progress=progress)
+        else:  # mirrored variables: TensorFlow's restore reaches replicas
+            try:
+                self.checkpoint.restore(
+                    path, options=io_options()).expect_partial()
+            except (tf.errors.InvalidArgumentError, ValueError) as error:
+                # A tensor of another shape (e.g. another `dim` or bucket
+                # count) fails inside RestoreV2: an incomplete restore.
+                raise _does_not_fit(path, shape_mismatches(
+                    self.checkpoint, path, model_only)) from error
+        bad = compare_with_checkpoint(self.checkpoint, path, model_only,
+                                      progress=progress,
+                                      on_tasks=self.tasks_write)
         if bad:
             still = _restore_resharded_slots(self.checkpoint, path, bad,
-                                             self._optimizers, self._tables)
-            if len(still) < len(bad):
-                still = compare_with_checkpoint(self.checkpoint, path,
-                                                model_only)
-            bad = still
+                                             self._optimizers, self._tables,
+                                             device)
+            repaired = set(bad) - set(still)
+            if repaired:  # only they changed: check them again
+                still += differing_keys(self.checkpoint, path, device,
+                                        repaired.__contains__)
+            bad = sorted(still)
         if bad:
             raise RestoreError(
                 f"checkpoint {path} restored incompletely: {len(bad)} key(s) "

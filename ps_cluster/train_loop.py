@@ -228,7 +228,37 @@ class ClosureExecutor(_Executor):
     def _collect_one(self, on_result: OnResult) -> None:
         step, value = self._pending.popleft()
         self.in_flight = len(self._pending)
-        self._record(step, value.fetch(), on_result)
+        self._record(step, self._fetch(value), on_result)
+
+    def _fetch(self, value):
+        """The closure's results, also when its worker was lost while
+        TensorFlow copied them to the coordinator.
+
+        TensorFlow marks a closure's value ready as soon as it has run, and
+        then its worker thread copies the results here; a fetch in between
+        copies them itself. When the worker dies in that window both copies
+        fail: the worker thread takes it for a worker failure and puts the
+        closure back (it runs again on another worker, at-least-once, as
+        any closure of a lost worker), but the fetch raised UNAVAILABLE and
+        ended the job (exit 138). Here the fetch waits for that re-run
+        (``join``) and takes its results.
+        """
+        try:
+            return value.fetch()
+        except (tf.errors.UnavailableError, tf.errors.AbortedError,
+                tf.errors.CancelledError) as error:
+            if not _from_a_worker(error):
+                raise
+        self.coordinator.join()
+        return value.fetch()
+
+
+def _from_a_worker(error: tf.errors.OpError) -> bool:
+    """The error came from an unreachable worker, not a PS (whose loss ends
+    the job), as TensorFlow's coordinator tells them apart."""
+    text = str(error)
+    return ("from remote target /job:worker/" in text
+            and "from remote target /job:ps" not in text)
 
 
 class DirectExecutor(_Executor):

@@ -178,7 +178,7 @@ class Trainer:
                 self.checkpoint_dir, self.checkpoint,
                 optimizers={"sparse_optimizer": self.sparse_optimizer,
                             "dense_optimizer": self.dense_optimizer},
-                tables=table_checkpoint_keys(self.model),
+                tables=table_checkpoint_keys(self.model), strategy=strategy,
                 max_to_keep=keep_checkpoints)
         self.step = TrainStep(
             self.model, self.sparse_optimizer, self.dense_optimizer,

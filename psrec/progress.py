@@ -9,6 +9,13 @@ prints; the CLI passes a :class:`Progress` that draws a bar on stderr
 
 Units: ``rows``, ``bytes`` (a display may show MiB) or ``shards``; ``total``
 is in the same unit, or None when unknown.
+
+Operations deep inside a job whose callers cannot pass a ``progress`` (the
+initialisation of a giant table while a model is built, a checkpoint save
+or restore of many GiB) report to the process's *default* progress,
+:func:`default_progress`: :data:`SILENT` unless a command set another with
+:func:`set_default_progress` (the CLI does: bars on stderr). They report
+only when large, so a small job prints nothing new.
 """
 
 from __future__ import annotations
@@ -51,3 +58,16 @@ class Progress:
 
 _SILENT_TASK = Task()
 SILENT = Progress()
+
+
+_DEFAULT: list[Progress] = [SILENT]
+
+
+def set_default_progress(progress: Progress) -> None:
+    """Makes ``progress`` the process's default (see the module text)."""
+    _DEFAULT[0] = progress
+
+
+def default_progress() -> Progress:
+    """The process's default progress (:data:`SILENT` unless set)."""
+    return _DEFAULT[0]

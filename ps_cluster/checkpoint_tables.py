@@ -1,0 +1,76 @@
+"""Lookup tables (a dynamic table's id -> row map and pending counts) in the
+streamed restore and its check.
+
+A ``MutableHashTable`` is saved as two tensors, ``<path>/.ATTRIBUTES/
+table-keys`` and ``table-values``, its pairs in the table's iteration order,
+which a restore changes: a table is restored whole (``LookupTableImportV2``
+on the table's own device, what TensorFlow's restore runs) and compared as
+pairs sorted by key. Tables hold one pair per admitted or pending id, far
+smaller than the rows they index, so they are not split into blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+_ATTRIBUTE = "/.ATTRIBUTES/table"
+SUFFIXES = ("-keys", "-values")
+
+
+def _is_table(value) -> bool:
+    return isinstance(value, (tf.lookup.experimental.MutableHashTable,
+                               tf.lookup.experimental.DenseHashTable))
+
+
+def live_tables(objects: list[tuple[object, str]]) -> dict[str, object]:
+    """``<path>/.ATTRIBUTES/table`` -> table, of the ``(object, checkpoint
+    path)`` pairs of a checkpoint's object graph."""
+    return {path + _ATTRIBUTE: table for table, path in objects
+            if _is_table(table)}
+
+
+def table_keys(tables: dict[str, object]) -> set[str]:
+    """The checkpoint keys the tables save under."""
+    return {base + suffix for base in tables for suffix in SUFFIXES}
+
+
+def _saved(path: str, base: str, table, device: str | None):
+    """The saved keys and values of one table, read on ``device`` (None:
+    the table's own)."""
+    with tf.device(device or table.resource_handle.device):
+        return tf.raw_ops.RestoreV2(
+            prefix=str(path), tensor_names=[base + s for s in SUFFIXES],
+            shape_and_slices=["", ""],
+            dtypes=[table.key_dtype, table.value_dtype])
+
+
+def _sorted_pairs(keys, values) -> tuple[np.ndarray, np.ndarray]:
+    keys, values = np.asarray(keys), np.asarray(values)
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order]
+
+
+def differing_tables(tables: dict[str, object], path: str,
+                     io_device: str | None) -> list[str]:
+    """The keys of the tables whose pairs differ from checkpoint ``path``'s
+    (order aside)."""
+    bad = []
+    for base, table in sorted(tables.items()):
+        saved = _sorted_pairs(*(t.numpy() for t in _saved(
+            path, base, table, io_device)))
+        with tf.device(table.resource_handle.device):
+            live = _sorted_pairs(*(t.numpy() for t in table.export()))
+        if not all(np.array_equal(a, b) for a, b in zip(live, saved)):
+            bad += [base + suffix for suffix in SUFFIXES]
+    return bad
+
+
+def restore_tables(tables: dict[str, object], path: str,
+                   io_device: str | None) -> None:
+    """Replaces each table's contents with checkpoint ``path``'s."""
+    for base, table in sorted(tables.items()):
+        keys, values = _saved(path, base, table, io_device)
+        with tf.device(table.resource_handle.device):
+            tf.raw_ops.LookupTableImportV2(
+                table_handle=table.resource_handle, keys=keys, values=values)
