@@ -18,8 +18,10 @@ PS), so a retried closure still counts each example exactly once.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import math
+import threading
 import time
 from typing import Callable
 
@@ -192,29 +194,62 @@ class ClosureExecutor(_Executor):
             dataset_fn))
         self._max_in_flight = max(1, num_workers) * (
             config.in_flight_per_worker)
+        # (step, fetched result) in step order, each fetched as it finishes
         self._pending: collections.deque = collections.deque()
 
     def run(self, start: int, end: int, on_result: OnResult) -> int:
         """Schedules closures from ``start`` up to ``end`` (or until
-        :attr:`should_stop`), joins; returns the step reached."""
+        :attr:`should_stop`), joins; returns the step reached.
+
+        At most ``max_in_flight`` closures are unfinished; finished ones
+        wait (reported in step order) behind an older one still running,
+        so one stuck worker (a network partition) does not stop scheduling
+        for the others until the next join."""
         reached = start
         for steps, step in self._chunks(start, end):
             value = self.coordinator.schedule(self._function(steps),
                                               args=(self._iterator,))
-            self._pending.append((step, value))
+            self._pending.append((step, fetched(value)))
             reached = step
             self.in_flight = len(self._pending)
-            while len(self._pending) > self._max_in_flight:
-                self._collect_one(on_result)
+            self._collect_finished(on_result)
+            while sum(not f.done() for _, f in self._pending) > (
+                    self._max_in_flight):
+                concurrent.futures.wait(
+                    [f for _, f in self._pending if not f.done()],
+                    return_when=concurrent.futures.FIRST_COMPLETED)
+                self._collect_finished(on_result)
         self.coordinator.join()
         while self._pending:
             self._collect_one(on_result)
         return reached
 
+    def _collect_finished(self, on_result: OnResult) -> None:
+        """Reports the oldest results that have finished, in order."""
+        while self._pending and self._pending[0][1].done():
+            self._collect_one(on_result)
+
     def _collect_one(self, on_result: OnResult) -> None:
-        step, value = self._pending.popleft()
+        step, result = self._pending.popleft()
         self.in_flight = len(self._pending)
-        self._record(step, value.fetch(), on_result)
+        self._record(step, result.result(), on_result)
+
+
+def fetched(value) -> concurrent.futures.Future:
+    """A future of ``value.fetch()`` (a ``RemoteValue``), fetched by a
+    daemon thread: it blocks only itself while the closure runs, and never
+    holds up the interpreter's exit (a closure on a lost worker may never
+    finish)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def fetch() -> None:
+        try:
+            future.set_result(value.fetch())
+        except BaseException as error:  # re-raised by result()
+            future.set_exception(error)
+
+    threading.Thread(target=fetch, name="psrec-fetch", daemon=True).start()
+    return future
 
 
 class DirectExecutor(_Executor):
