@@ -1,12 +1,14 @@
 """``--input-mode data-service`` on the command line: the flags, the
 ``psrec data-server`` role command, and the local tf.data service.
 
-The local launcher starts one dispatcher and one tf.data worker per
-training worker, each its own OS process on a free loopback port (beside
-the PS/worker roles, so a training worker that dies does not take a tf.data
-worker -- and the files it is reading -- with it), passes the dispatcher's
-address to the coordinator in ``PSREC_DATA_SERVICE`` and stops them by pid
-when the job ends (each also dies with the launcher, ``PR_SET_PDEATHSIG``).
+The local launcher starts the whole service as one OS process on free
+loopback ports: the dispatcher and one tf.data worker per training worker
+(one TensorFlow import instead of one per role; apart from the training
+workers, so a worker that dies does not take a tf.data worker -- and the
+files it is reading -- with it; it outlives coordinator and role
+restarts). It passes the dispatcher's address to the coordinator in
+``PSREC_DATA_SERVICE`` and stops the process by pid when the job ends (it
+also dies with the launcher, ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -31,22 +33,40 @@ from psrec.ps_cluster.data_service import ADDRESS_ENV
 from psrec.runtime import role_environment
 
 _START_TIMEOUT = 120.0  # seconds for the tf.data roles to listen
+INPUT_CHOICES = ("auto", "static", "data-service")
 
 
 def add_input_flags(group) -> None:
     """``--input-mode`` and ``--data-service`` of ``psrec train``."""
     group.add_argument(
-        "--input-mode", choices=("static", "data-service"), default="static",
+        "--input-mode", choices=INPUT_CHOICES, default="auto",
         help="static: each worker reads a fixed share of the train files (a "
         "lost worker's share is read by nobody, a restarted one starts it "
         "again); data-service: a tf.data service hands out one file at a "
         "time to whichever worker asks, so a lost worker's remaining files "
         "are read by the others (--strategy ps; local runs start the "
-        "service)")
+        "service); auto (default): data-service where psrec starts the "
+        "cluster itself with >= 2 workers or a dispatcher is given "
+        "(--data-service), static otherwise (one worker, an existing "
+        "cluster without --data-service, the other strategies)")
     group.add_argument(
         "--data-service", default=None, metavar="HOST:PORT",
         help="the tf.data service dispatcher of an existing cluster "
         "(`psrec data-server`), with --input-mode data-service")
+
+
+def resolve_input_mode(args: argparse.Namespace) -> str:
+    """The input mode ``--input-mode auto`` stands for (see its help); a
+    local run's coordinator (``--cluster`` from the supervisor) finds the
+    dispatcher its launcher started in :data:`ADDRESS_ENV`."""
+    if args.input_mode != "auto":
+        return args.input_mode
+    if args.strategy != "ps":
+        return "static"
+    if args.data_service or os.environ.get(ADDRESS_ENV, "").strip():
+        return "data-service"
+    existing = args.cluster or os.environ.get("TF_CONFIG", "").strip()
+    return "data-service" if not existing and args.workers >= 2 else "static"
 
 
 def use_dispatcher_flag(args: argparse.Namespace) -> None:
@@ -58,43 +78,36 @@ def use_dispatcher_flag(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def local_data_service(config, log=print) -> Iterator[None]:
     """Starts the local tf.data service when ``config`` asks for it (and
-    no dispatcher was given), with :data:`ADDRESS_ENV` set for the
+    no dispatcher was given) -- one process: the dispatcher and one tf.data
+    worker per training worker -- with :data:`ADDRESS_ENV` set for the
     coordinator; stops it on exit."""
     if config.input.mode != "data-service" or os.environ.get(ADDRESS_ENV):
         yield
         return
     logs = Path(config.workdir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    ports = free_loopback_ports(config.workers + 1)
-    dispatcher = f"127.0.0.1:{ports[0]}"
-    roles = [("dispatcher", ports[0], [])] + [
-        ("worker", port, ["--dispatcher", dispatcher])
-        for port in ports[1:]]
-    processes: list[tuple[str, subprocess.Popen]] = []
+    port = free_loopback_ports(1)[0]
+    dispatcher = f"127.0.0.1:{port}"
+    process = None
     try:
-        for index, (role, port, extra) in enumerate(roles):
-            name = (f"data-{role}" if role == "dispatcher"
-                    else f"data-worker-{index - 1}")
-            with open(logs / f"{name}.log", "ab") as out:
-                processes.append((name, subprocess.Popen(
-                    [sys.executable, "-P", "-m", "psrec", "data-server",
-                     "--role", role, "--port", str(port), "--run-dir",
-                     str(config.workdir), *extra],
-                    stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env=role_environment(),
-                    preexec_fn=die_with_parent)))
-        deadline = time.monotonic() + _START_TIMEOUT
-        for (name, process), (_, port, _) in zip(processes, roles):
-            wait_listening(name, process, f"127.0.0.1:{port}",
-                           logs / f"{name}.log", deadline, _START_TIMEOUT)
+        with open(logs / "data-dispatcher.log", "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "psrec", "data-server", "--role",
+                 "dispatcher", "--port", str(port), "--local-workers",
+                 str(config.workers), "--run-dir", str(config.workdir)],
+                stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=role_environment(),
+                preexec_fn=die_with_parent)
+        wait_listening("data-dispatcher", process, dispatcher,
+                       logs / "data-dispatcher.log",
+                       time.monotonic() + _START_TIMEOUT, _START_TIMEOUT)
         log(f"tf.data service: dispatcher {dispatcher} + {config.workers} "
-            f"tf.data workers (data pids "
-            f"{', '.join(str(p.pid) for _, p in processes)})")
+            f"tf.data workers, one process (data pid {process.pid})")
         os.environ[ADDRESS_ENV] = f"grpc://{dispatcher}"
         yield
     finally:
         os.environ.pop(ADDRESS_ENV, None)
-        stop_processes([p for _, p in processes])
+        stop_processes([process])
 
 
 def _cmd_data_server(args: argparse.Namespace) -> int:
@@ -102,13 +115,17 @@ def _cmd_data_server(args: argparse.Namespace) -> int:
     from psrec.ps_cluster.data_service import start_worker
     if args.role == "worker" and not args.dispatcher:
         raise UsageError("give --dispatcher HOST:PORT with --role worker.")
+    local = []  # a local service's tf.data workers, kept while it serves
     if args.role == "dispatcher":
         server = start_dispatcher(args.port, args.work_dir)
+        local = [start_worker(0, server.target)  # any free port
+                 for _ in range(args.local_workers)]
     else:
         server = start_worker(args.port, args.dispatcher)
     print(f"psrec data-server: tf.data {args.role} on port {args.port} "
           f"(pid {os.getpid()})", flush=True)
     server.join()
+    del local
     return EXIT_OK
 
 
@@ -128,5 +145,9 @@ def add_data_server_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", default=None,
                    help="dispatcher journal folder: fault-tolerant mode, "
                    "a restarted dispatcher recovers its jobs")
+    p.add_argument("--local-workers", type=non_negative, default=0,
+                   help="--role dispatcher: also run N tf.data workers in "
+                   "this process (a one-machine service, as psrec train "
+                   "starts it)")
     p.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=_cmd_data_server)

@@ -60,11 +60,13 @@ def classify(cluster: ClusterSpec,
              pending: set[TaskInfo] = frozenset()) -> Failure:
     """The failed role: PS first (the costliest remedy covers the rest),
     then workers (``pending``: workers already awaiting a restart), else
-    the coordinator."""
+    the coordinator. A worker absent from ``processes`` and not pending was
+    given up (``--no-restart-workers``, budget spent): not a candidate."""
     for role in ("ps", "worker"):
         bad, seen = [], []
         for task in cluster.tasks():
-            if task.type != role:
+            if task.type != role or (role == "worker" and task not in
+                                     processes and task not in pending):
                 continue
             if task in pending:
                 bad.append(task)

@@ -213,6 +213,17 @@ class LocalCluster:
                            self.log_dir / f"{name}.log", deadline,
                            self.start_timeout)
 
+    def live_spec(self) -> ClusterSpec:
+        """The spec the coordinator connects to: every PS, and the workers
+        still running or due back (a dropped worker is left out: TensorFlow
+        cannot connect to a cluster with a task down; the rest are
+        renumbered, which the workers accept)."""
+        spec = self.cluster
+        return ClusterSpec.build(
+            ps=spec.ps, chief=spec.chief,
+            workers=[spec.address_of(t) for t in spec.tasks()
+                     if t.type == "worker" and t in self.processes])
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes.values()]
 

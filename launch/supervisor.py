@@ -6,7 +6,9 @@ what TensorFlow itself promises:
 
 * a worker that dies is restarted on its port, with backoff; training goes
   on meanwhile (TF re-runs the lost closures elsewhere and rebuilds the
-  worker's dataset when it is back);
+  worker's dataset when it is back); with ``restart_workers`` off it stays
+  down, also when the coordinator exited over it (the coordinator restarts
+  on the remaining workers), and with none left the job stops;
 * a PS that dies, or a coordinator that exits with a retryable code (PS
   unreachable, stall watchdog, killed), gets the PS tasks and the
   coordinator restarted; the coordinator restores the latest complete
@@ -60,6 +62,10 @@ from psrec.launch.local import die_with_parent
 from psrec.launch.local import stop_processes
 from psrec.launch.restart_policy import RestartBudget
 from psrec.launch.restart_policy import RestartLimits
+from psrec.launch.signal_latch import Terminated
+from psrec.launch.signal_latch import clear as clear_signals
+from psrec.launch.signal_latch import on_signal
+from psrec.launch.signal_latch import raise_signalled
 from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.runtime import role_environment
 
@@ -92,34 +98,6 @@ class SupervisorConfig:
             return None
         return self.stall_timeout + max(3.0, min(10.0,
                                                  0.1 * self.stall_timeout))
-
-
-class _Terminated(Exception):
-    """SIGTERM received: unwind so every child is stopped."""
-
-
-def _raise_terminated(signum, frame) -> None:  # noqa: ARG001
-    raise _Terminated()
-
-
-# The signal that interrupted the supervisor. CPython swallows an exception
-# raised by a signal handler while an at-fork hook runs (``subprocess.Popen``
-# forking a child: "Exception ignored in ... _releaseLock"), so a SIGINT or
-# SIGTERM landing in that window would be lost; it is remembered here and
-# raised again by the watch loop.
-_SIGNALLED: list[int] = []
-
-
-def _on_signal(signum, frame) -> None:
-    _SIGNALLED.append(signum)
-    _raise_signalled()
-
-
-def _raise_signalled() -> None:
-    if _SIGNALLED:
-        if _SIGNALLED[0] == signal.SIGTERM:
-            _raise_terminated(signal.SIGTERM, None)
-        raise KeyboardInterrupt
 
 
 # Seconds a new coordinator may take to publish its first heartbeat
@@ -157,11 +135,11 @@ class Supervisor:
         self._due: dict[TaskInfo, float] = {}  # worker restarts scheduled
 
     def run(self) -> int:
-        _SIGNALLED.clear()
-        previous = signal.signal(signal.SIGTERM, _on_signal)
+        clear_signals()
+        previous = signal.signal(signal.SIGTERM, on_signal)
         previous_int = signal.getsignal(signal.SIGINT)
         if previous_int is signal.default_int_handler:  # not when ignored
-            signal.signal(signal.SIGINT, _on_signal)
+            signal.signal(signal.SIGINT, on_signal)
         try:
             with self.cluster:
                 self.log(f"local cluster: {self.cluster.cluster.num_workers} "
@@ -170,11 +148,11 @@ class Supervisor:
                          f"{', '.join(map(str, self.cluster.pids()))})")
                 try:
                     return self._loop()
-                except _Terminated:
+                except Terminated:
                     return self._shut_down(signal.SIGTERM)
                 except KeyboardInterrupt:
                     return self._shut_down(signal.SIGINT)
-        except _Terminated:
+        except Terminated:
             self.log("psrec train: terminated (SIGTERM); stopped all "
                      "processes")
             return EXIT_TERMINATED
@@ -189,9 +167,17 @@ class Supervisor:
     def _loop(self) -> int:
         cluster_file = self.workdir / "cluster.json"
         cluster_file.parent.mkdir(parents=True, exist_ok=True)
-        cluster_file.write_text(json.dumps(
-            self.cluster.cluster.to_tf_cluster_dict()) + "\n")
         while True:
+            live = self.cluster.live_spec()
+            if not live.num_workers:
+                self.log("psrec supervisor: no worker left (every worker "
+                         "died; --no-restart-workers or the worker restart "
+                         "budget); stopping: rerun to resume from the "
+                         "latest checkpoint")
+                return EXIT_RETRYABLE
+            # The workers given up are left out (see LocalCluster.live_spec).
+            cluster_file.write_text(json.dumps(
+                live.to_tf_cluster_dict()) + "\n")
             self.coordinator = subprocess.Popen(
                 [sys.executable, "-P", "-m", "psrec", *self.argv,
                  "--cluster", str(cluster_file)],
@@ -217,6 +203,9 @@ class Supervisor:
         False when that role's budget is spent."""
         why = (f"coordinator exit {code}; failed role: {failure.role} "
                f"({failure.seen})")
+        if failure.role == "worker" and not self.config.restart_workers:
+            self._drop_workers(failure.tasks, why)
+            return True
         if failure.role == "worker":
             for task in failure.tasks:
                 if task not in self._due and not self._spend(
@@ -245,7 +234,7 @@ class Supervisor:
         assert self.coordinator is not None
         deadline = self.config.stall_deadline()
         while True:
-            _raise_signalled()  # one that hit a fork was swallowed there
+            raise_signalled()  # one that hit a fork was swallowed there
             try:
                 code = self.coordinator.wait(timeout=0.2)
                 return code, None
@@ -274,6 +263,11 @@ class Supervisor:
                         "ps", (task,), f"ps-{task.index} exited "
                         f"({process.returncode})")
                 self._handle_dead_worker(task, process.returncode)
+                if not self.cluster.live_spec().num_workers:
+                    # It would wait forever; no closure can finish, so no
+                    # graceful save either.
+                    self._stop_coordinator(grace=0.0)
+                    return EXIT_RETRYABLE, Failure("worker", (), "none left")
             self._start_due_workers()
 
     def _stalled(self) -> tuple[int, Failure]:
@@ -341,6 +335,22 @@ class Supervisor:
         self._due[task] = time.monotonic() + self.budget.backoff(
             "worker", self.config.backoff)
 
+    def _drop_workers(self, tasks: Sequence[TaskInfo], why: str) -> None:
+        """``--no-restart-workers``: the failed workers stay down (a frozen
+        one is killed); the coordinator restarts on the others."""
+        if not tasks:
+            return
+        for task in tasks:
+            process = self.cluster.processes.pop(task, None)
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+        left = self.cluster.live_spec().num_workers
+        self.log(f"psrec supervisor: {why}; "
+                 f"{', '.join(t.name for t in tasks)} not restarted "
+                 f"(--no-restart-workers); restarting the coordinator on the "
+                 f"{left} remaining worker(s)")
+
     def _start_due_workers(self) -> None:
         now = time.monotonic()
         for task, due in list(self._due.items()):
@@ -382,8 +392,11 @@ class Supervisor:
         """A stalled (SIGSTOPped) worker looks alive; replace it."""
         for task, process in list(self.cluster.processes.items()):
             if task.type == "worker" and is_frozen(process.pid):
-                self.log(f"psrec supervisor: worker-{task.index} is stopped "
-                         "(frozen); replacing it")
+                why = f"worker-{task.index} is stopped (frozen)"
+                if not self.config.restart_workers:
+                    self._drop_workers([task], why)
+                    continue
+                self.log(f"psrec supervisor: {why}; replacing it")
                 self._replace([task], "worker")
 
     def _stop_coordinator(self, grace: float = 10.0) -> None:

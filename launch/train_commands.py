@@ -28,6 +28,7 @@ from psrec.launch.cli_support import print_result
 from psrec.launch.data_service_roles import add_data_server_command
 from psrec.launch.data_service_roles import add_input_flags
 from psrec.launch.data_service_roles import local_data_service
+from psrec.launch.data_service_roles import resolve_input_mode
 from psrec.launch.data_service_roles import use_dispatcher_flag
 from psrec.launch.netns import add_allow_exposed_flag
 from psrec.launch.reliability_flags import add_reliability_flags
@@ -100,7 +101,7 @@ def _job_config(args: argparse.Namespace):
             base_batch_size=args.base_batch_size,
             warmup_steps=args.warmup_steps),
         input=InputConfig(batch_size=args.batch_size, seed=args.seed,
-                          mode=args.input_mode),
+                          mode=resolve_input_mode(args)),
         loop=LoopConfig(steps=args.steps or DEFAULT_STEPS,
                         steps_per_closure=args.steps_per_closure,
                         log_every=args.log_every, eval_every=args.eval_every,

@@ -18,8 +18,11 @@ PS), so a retried closure still counts each example exactly once.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
+import functools
 import math
+import threading
 import time
 from typing import Callable
 
@@ -201,20 +204,32 @@ class ClosureExecutor(_Executor):
             dataset_fn))
         self._max_in_flight = max(1, num_workers) * (
             config.in_flight_per_worker)
+        # (step, fetched result) in step order, each fetched as it finishes
         self._pending: collections.deque = collections.deque()
 
     def run(self, start: int, end: int, on_result: OnResult) -> int:
         """Schedules closures from ``start`` up to ``end`` (or until
-        :attr:`should_stop`), joins; returns the step reached."""
+        :attr:`should_stop`), joins; returns the step reached.
+
+        At most ``max_in_flight`` closures are unfinished; finished ones
+        wait (reported in step order) behind an older one still running,
+        so one stuck worker (a network partition) does not stop scheduling
+        for the others until the next join."""
         reached = start
         for steps, step in self._chunks(start, end):
             value = self.coordinator.schedule(self._function(steps),
                                               args=(self._iterator,))
-            self._pending.append((step, value))
+            self._pending.append(
+                (step, fetched(functools.partial(self._fetch, value))))
             reached = step
             self.in_flight = len(self._pending)
-            while len(self._pending) > self._max_in_flight:
-                self._collect_one(on_result)
+            self._collect_finished(on_result)
+            while sum(not f.done() for _, f in self._pending) > (
+                    self._max_in_flight):
+                concurrent.futures.wait(
+                    [f for _, f in self._pending if not f.done()],
+                    return_when=concurrent.futures.FIRST_COMPLETED)
+                self._collect_finished(on_result)
             if self._maintenance_due(step):  # the map's only writer
                 self.coordinator.join()
                 while self._pending:
@@ -225,14 +240,19 @@ class ClosureExecutor(_Executor):
             self._collect_one(on_result)
         return reached
 
+    def _collect_finished(self, on_result: OnResult) -> None:
+        """Reports the oldest results that have finished, in order."""
+        while self._pending and self._pending[0][1].done():
+            self._collect_one(on_result)
+
     def _collect_one(self, on_result: OnResult) -> None:
-        step, value = self._pending.popleft()
+        step, result = self._pending.popleft()
         self.in_flight = len(self._pending)
-        self._record(step, self._fetch(value), on_result)
+        self._record(step, result.result(), on_result)
 
     def _fetch(self, value):
         """The closure's results, also when its worker was lost while
-        TensorFlow copied them to the coordinator.
+        TensorFlow copied them to the coordinator (run in a fetch thread).
 
         TensorFlow marks a closure's value ready as soon as it has run, and
         then its worker thread copies the results here; a fetch in between
@@ -241,7 +261,8 @@ class ClosureExecutor(_Executor):
         closure back (it runs again on another worker, at-least-once, as
         any closure of a lost worker), but the fetch raised UNAVAILABLE and
         ended the job (exit 138). Here the fetch waits for that re-run
-        (``join``) and takes its results.
+        (``join``: it returns once the loop stops scheduling, at the latest
+        at its next join) and takes its results.
         """
         try:
             return value.fetch()
@@ -259,6 +280,23 @@ def _from_a_worker(error: tf.errors.OpError) -> bool:
     text = str(error)
     return ("from remote target /job:worker/" in text
             and "from remote target /job:ps" not in text)
+
+
+def fetched(fetch: Callable[[], object]) -> concurrent.futures.Future:
+    """A future of ``fetch()`` (a ``RemoteValue``'s), run by a daemon
+    thread: it blocks only itself while the closure runs, and never holds
+    up the interpreter's exit (a closure on a lost worker may never
+    finish)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fetch())
+        except BaseException as error:  # re-raised by result()
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="psrec-fetch", daemon=True).start()
+    return future
 
 
 class DirectExecutor(_Executor):

@@ -16,6 +16,7 @@ not re-read (at-most-once, ``ShardingPolicy.DYNAMIC``); measured 51-92 % of
 this small epoch, and reported.
 """
 
+import argparse
 import json
 import os
 import signal
@@ -34,8 +35,10 @@ from psrec.data.manifest import Manifest
 from psrec.data.synthetic import write_synthetic_parquet
 from psrec.features import criteo
 from psrec.features.spec import ID_COLUMN
+from psrec.launch.data_service_roles import resolve_input_mode
 from psrec.ps_cluster.coverage import CoverageTally
 from psrec.ps_cluster.coverage import coverage_warning
+from psrec.ps_cluster.data_service import ADDRESS_ENV
 from psrec.ps_cluster.data_service import start_dispatcher
 from psrec.ps_cluster.data_service import start_worker
 from tests._proc import PsrecRun
@@ -159,3 +162,28 @@ def test_static_mode_loses_the_files_and_says_so(tmp_path, manifest_dir):
     assert "WARNING: train rows not visited" in out
     assert f"epoch 1: {judged[0]['seen']} of {TRAIN_ROWS} train rows seen" \
         in out
+
+
+@pytest.mark.parametrize("given, env, mode", [
+    ({}, {}, "data-service"),  # psrec starts 2 local workers
+    ({"workers": 1}, {}, "static"),
+    ({"strategy": "mirrored"}, {}, "static"),
+    ({"cluster": "cluster.json"}, {}, "static"),  # existing, no dispatcher
+    ({}, {"TF_CONFIG": '{"cluster": {}}'}, "static"),
+    ({"cluster": "cluster.json", "data_service": "h:1"}, {}, "data-service"),
+    # a supervised coordinator: --cluster, the launcher's dispatcher
+    ({"cluster": "cluster.json"}, {ADDRESS_ENV: "grpc://h:1"},
+     "data-service"),
+    ({"input_mode": "static"}, {}, "static"),
+    ({"input_mode": "data-service", "workers": 1}, {}, "data-service"),
+])
+def test_input_mode_auto_reads_through_the_service_where_psrec_can(
+        monkeypatch, given, env, mode):
+    for name in ("TF_CONFIG", ADDRESS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = argparse.Namespace(**({
+        "input_mode": "auto", "strategy": "ps", "data_service": None,
+        "cluster": None, "workers": 2} | given))
+    assert resolve_input_mode(args) == mode

@@ -185,25 +185,43 @@ def test_coordinator_killed_during_checkpoint_save_rerun_resumes(
     _kill_whole_job_then_rerun(tmp_path, manifest_dir, during_save)
 
 
-def test_stalled_worker_trips_watchdog_with_retryable_exit(tmp_path,
-                                                           manifest_dir):
+def test_stalled_worker_trips_watchdog_and_stays_down_without_restarts(
+        tmp_path, manifest_dir):
+    """A frozen worker: the coordinator's watchdog exits 138 with stacks;
+    under --no-restart-workers the worker is not restarted (it is killed)
+    and the coordinator restarts on the other one; with no worker left the
+    job stops with one line (exit 138)."""
     timeout = 12
     run = PsrecRun(train_args(tmp_path, manifest_dir, "--stall-timeout",
-                               str(timeout), "--max-restarts", "0"))
+                               str(timeout), "--no-restart-workers",
+                               "--steps", "2000"))
     stopped = None
     try:
         run.wait_for(r"^step (4\d|5\d|6\d)/", 240)
         stopped = _role_pid(run, 2)
         os.kill(stopped, signal.SIGSTOP)
         began = time.monotonic()
-        code = run.wait(timeout + 120)
-        assert code == 138, run.output[-3000:]
+        run.wait_for(r"failed role: worker \(worker-1 is frozen.*worker-1 "
+                     r"not restarted \(--no-restart-workers\); restarting "
+                     r"the coordinator on the 1 remaining", timeout + 120)
         fired = run.time_of("psrec watchdog: no training progress")
         assert fired - began <= timeout + 60
         assert "Python stacks of the coordinator" in run.output
         assert "closure(s) scheduled and not collected" in run.output
+        assert not pid_alive(stopped)  # killed, not left frozen
+        mark = len(run.lines)
+        progress = run.wait_for(PROGRESS, 240, after=mark)  # on worker-0
+        assert set(_per_worker(progress)) == {0}, progress.group(0)
+        assert len(run.coordinator_pids) == 2
+        resumed = time.monotonic()
+        os.kill(_role_pid(run, 1), signal.SIGKILL)  # the last worker
+        assert run.wait(120) == 138, run.output[-3000:]
+        assert "no worker left" in run.output
+        assert "worker-1 restarted" not in run.output
         print(f"\nstall: watchdog fired {fired - began:.1f} s after SIGSTOP "
-              f"(--stall-timeout {timeout})")
+              f"(--stall-timeout {timeout}); training on 1 worker "
+              f"{resumed - began:.1f} s after it; no worker left: exit "
+              f"{time.monotonic() - resumed:.1f} s after the last kill")
     finally:
         if stopped and pid_alive(stopped):
             os.kill(stopped, signal.SIGCONT)

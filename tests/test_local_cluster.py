@@ -52,9 +52,12 @@ MIN_AUC = 0.61
 
 
 def _train_args(workdir: Path, steps: int, rows: int = ROWS) -> list[str]:
+    # Static input: these runs are not about input modes, and the default's
+    # tf.data service costs ~4 s a run (CI time); test_faults, test_watchdog
+    # and test_isolation run the default.
     return ["train", "--workdir", workdir, "--synthetic-rows", rows,
             "--steps", steps, "--checkpoint-every", CHECKPOINT_EVERY,
-            "--batch-size", 256]
+            "--batch-size", 256, "--input-mode", "static"]
 
 
 def _ports(workdir: Path) -> list[str]:

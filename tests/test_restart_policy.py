@@ -120,6 +120,10 @@ def test_classify_names_the_failed_role(tmp_path):
         failure = classify(cluster, by_task)
         assert (failure.role, failure.tasks) == ("worker", (tasks[2],))
         assert "worker-1 exited (-9)" in failure.seen
+        # a worker the supervisor gave up (--no-restart-workers) is no
+        # candidate: every remaining role is healthy
+        dropped = {t: p for t, p in by_task.items() if t != tasks[2]}
+        assert classify(cluster, dropped).role == "coordinator"
         processes[0].send_signal(signal.SIGSTOP)  # a frozen PS outranks it
         deadline = time.monotonic() + 10
         while not is_frozen(processes[0].pid) and time.monotonic() < deadline:
