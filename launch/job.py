@@ -19,11 +19,11 @@ from typing import Iterator
 
 from psrec.data.files import write_json_atomic
 from psrec.data.manifest import Manifest
-from psrec.errors import one_line
 from psrec.launch.job_config import JobConfig
 from psrec.launch.job_data import load_verified
 from psrec.launch.job_data import prepare_data
 from psrec.launch.job_data import record_sampling
+from psrec.launch.job_errors import translated_errors
 from psrec.launch.job_reports import coverage_fields
 from psrec.launch.job_reports import coverage_lines
 from psrec.launch.job_reports import input_options
@@ -322,7 +322,7 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
         record_sampling(config.checkpoint_dir, manifest, log)
     if heartbeat is not None:  # phase restoring, with per-worker progress
         job_runtime.attach_trainer(heartbeat, trainer)
-    with _translated_errors(manifest, cluster):
+    with translated_errors(manifest, cluster):
         restored = trainer.restore()
     if restored:
         log(f"resumed from {restored} at step "
@@ -337,7 +337,7 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
         watchdog = Watchdog(config.stall_timeout, trainer.describe_pending)
         watchdog.start()
     try:
-        with _translated_errors(manifest, cluster), job_runtime.StopRequest(
+        with translated_errors(manifest, cluster), job_runtime.StopRequest(
                 config.grace_period) as stop:
             result = trainer.train(
                 trainer.dataset_fn(manifest, **input_options(
@@ -379,31 +379,6 @@ def _per_worker(trainer) -> str:
     counts = (dict(sorted(executor.closures_per_pipeline.items()))
               if executor else {})
     return "workers " + str(counts)
-
-
-@contextlib.contextmanager
-def _translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
-                       ) -> Iterator[None]:
-    """TF errors from the cluster -> psrec errors with exit codes: a lost
-    task is retryable (named after probing each task), a corrupted record
-    names its file."""
-    import tensorflow as tf
-
-    from psrec.data.records import corruption_named
-    from psrec.launch.cluster_probe import lost_task_message
-    from psrec.ps_cluster.errors import ClusterUnavailableError
-    try:
-        with corruption_named(manifest.files("train")
-                              + manifest.files("eval")):
-            yield
-    except (tf.errors.UnavailableError, tf.errors.AbortedError,
-            tf.errors.CancelledError) as error:
-        raise ClusterUnavailableError(
-            f"the cluster became unreachable ({type(error).__name__}: "
-            f"{one_line(error)[:600]}); "
-            f"{lost_task_message(cluster)}. Restart the lost task(s); a lost "
-            "PS also needs the coordinator rerun (it resumes from the latest "
-            "checkpoint).") from error
 
 
 def _base_rate(manifest: Manifest) -> float | None:

@@ -32,3 +32,27 @@ def test_a_tf_error_keeps_its_cause_and_drops_the_stubs():
 def test_a_plain_error_is_its_message_or_its_type():
     assert one_line(ValueError("bad\nvalue")) == "bad value"
     assert one_line(RuntimeError()) == "RuntimeError"
+
+
+class _NoFiles:
+    @staticmethod
+    def files(split: str) -> list[str]:
+        return []
+
+
+def test_a_worker_that_lost_its_functions_is_retryable_not_permanent():
+    import pytest
+
+    from psrec.errors import RetryableError
+    from psrec.launch.job_errors import translated_errors
+    lost = tf.errors.FailedPreconditionError(
+        None, None, "Could not find required function definition "
+        "__inference_evaluate_shard_1234")
+    with pytest.raises(RetryableError, match="lost its functions") as caught:
+        with translated_errors(_NoFiles()):
+            raise lost
+    assert caught.value.exit_code == 138
+    other = tf.errors.FailedPreconditionError(None, None, "disk is full")
+    with pytest.raises(tf.errors.FailedPreconditionError):
+        with translated_errors(_NoFiles()):
+            raise other
