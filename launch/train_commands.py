@@ -180,7 +180,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from psrec.launch.local import LocalCluster
         from psrec.launch.netns import announce
         from psrec.launch.supervisor import supervise
-        record_verified(config, prepare_data(config))
+        record_verified(config, prepare_data(config, _log(args)))
         local = LocalCluster(config.workers, config.ps,
                              log_dir=config.state_dir / "logs",
                              allow_exposed=args.allow_exposed)
@@ -190,7 +190,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                              supervisor_config(args), config.state_dir, metrics)
     if kind == "multi-worker-mirrored" and not tf_config:
         from psrec.launch.local_workers import run_local_workers
-        record_verified(config, prepare_data(config))
+        record_verified(config, prepare_data(config, _log(args)))
         data = run_local_workers(config, args.argv, log=_log(args),
                                  allow_exposed=args.allow_exposed)
         print_result(args, JobSummary.from_dict(data))
