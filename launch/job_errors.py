@@ -35,6 +35,15 @@ def translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
             f"{lost_task_message(cluster)}. Restart the lost task(s); a lost "
             "PS also needs the coordinator rerun (it resumes from the latest "
             "checkpoint).") from error
+    except tf.errors.OutOfRangeError as error:
+        if "IteratorGetNext" not in str(error):
+            raise
+        # The training stream repeats forever: an end means a worker's
+        # iterator was lost (measured right after a PS partition healed, on
+        # a worker the previous coordinator had used).
+        raise ClusterUnavailableError(
+            f"a worker's input iterator ended ({one_line(error)[:300]}); "
+            "rerun: it resumes from the latest checkpoint.") from error
     except tf.errors.FailedPreconditionError as error:
         if _LOST_FUNCTIONS not in str(error):
             raise

@@ -56,3 +56,15 @@ def test_a_worker_that_lost_its_functions_is_retryable_not_permanent():
     with pytest.raises(tf.errors.FailedPreconditionError):
         with translated_errors(_NoFiles()):
             raise other
+
+
+def test_an_ended_training_iterator_is_retryable():
+    import pytest
+
+    from psrec.errors import RetryableError
+    from psrec.launch.job_errors import translated_errors
+    ended = tf.errors.OutOfRangeError(
+        None, None, "End of sequence\n\t [[{{node while/IteratorGetNext}}]]")
+    with pytest.raises(RetryableError, match="iterator ended"):
+        with translated_errors(_NoFiles()):
+            raise ended
