@@ -35,6 +35,12 @@ def table_keys(tables: dict[str, object]) -> set[str]:
     return {base + suffix for base in tables for suffix in SUFFIXES}
 
 
+def in_checkpoint(tables: dict[str, object], saved_keys) -> dict[str, object]:
+    """The tables whose two keys are among ``saved_keys``."""
+    return {base: table for base, table in tables.items()
+            if table_keys({base: table}) <= saved_keys}
+
+
 def _saved(path: str, base: str, table, device: str | None):
     """The saved keys and values of one table, read on ``device`` (None:
     the table's own)."""

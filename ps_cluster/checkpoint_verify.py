@@ -26,6 +26,7 @@ from psrec.models.table_init import assign_rows
 from psrec.progress import SILENT
 from psrec.progress import Progress
 from psrec.ps_cluster.checkpoint_tables import differing_tables
+from psrec.ps_cluster.checkpoint_tables import in_checkpoint
 from psrec.ps_cluster.checkpoint_tables import live_tables
 from psrec.ps_cluster.checkpoint_tables import restore_tables
 from psrec.ps_cluster.checkpoint_tables import table_keys
@@ -222,12 +223,11 @@ def differing_keys(root: tf.train.Checkpoint, path: str,
     wanted = keys_wanted or (lambda key: True)
     live = {k: v for k, v in live_tensors(root).items() if wanted(k)}
     tables = {k: t for k, t in live_tables(_walk(root)).items()
-              if all(wanted(key) for key in table_keys({k: t}))}
+              if all(map(wanted, table_keys({k: t})))}
     shapes, dtypes = saved_tensors(path)
     saved = {k for k in shapes if wanted(k)} - table_keys(tables)
     bad = set(live.keys() ^ saved)
-    present = {k: t for k, t in tables.items()
-               if table_keys({k: t}) <= shapes.keys()}
+    present = in_checkpoint(tables, shapes.keys())
     bad.update(table_keys(tables) - table_keys(present))
     bad.update(differing_tables(present, path, io_device))
     same = [k for k in sorted(live.keys() & saved)
@@ -275,9 +275,8 @@ def restore_streamed(root: tf.train.Checkpoint, path: str,
         for key in keys:
             copy_rows(path, key, live[key], io_device)
             task.advance(tensor_bytes(live[key]))
-    tables = live_tables(_walk(root))
-    restore_tables({k: t for k, t in tables.items()
-                    if table_keys({k: t}) <= shapes.keys()}, path, io_device)
+    restore_tables(in_checkpoint(live_tables(_walk(root)), shapes.keys()),
+                   path, io_device)
 
 
 def copy_rows(path: str, key: str, live: LiveTensor,
