@@ -39,7 +39,7 @@ def add_checkpoint_flags(group) -> None:
                        "is proven to read and write it before training, "
                        "exit 2 naming the PS otherwise. coordinator: the "
                        "coordinator writes and reads every tensor (a folder "
-                       "only it sees; about 2x the training state in its "
+                       "only it sees; about the whole training state in its "
                        "memory during a save). auto: tasks for a "
                        "local path when every task is on this host (the "
                        "local cluster), else coordinator")

@@ -38,6 +38,10 @@ from psrec.ps_cluster.checkpoint_save import tasks_share_folder
 
 WRITERS = ("auto", "tasks", "coordinator")
 PROBE_PREFIX = ".psrec-probe-"
+# Errors of an unreachable task, not of its storage: raised as they are
+# (retryable), never reported as a folder the task does not see.
+_NETWORK_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                   tf.errors.CancelledError, tf.errors.DeadlineExceededError)
 
 
 class CheckpointFolderError(ConfigError):
@@ -78,13 +82,17 @@ def _read_on(device: str, path: str) -> bytes:
 def _probe_one(device: str, folder: str, token: bytes) -> str | None:
     """What ``device``'s task could not do with ``folder`` (None: it reads
     the coordinator's probe and writes its own, which the coordinator
-    reads back). Its own probe is left for the caller to remove."""
+    reads back). Its own probe is left for the caller to remove (one the
+    coordinator does not see stays on the task's storage: TensorFlow has
+    no op to delete a file on a task)."""
     coordinator_file = f"{folder}/{PROBE_PREFIX}coordinator"
     own = _own_probe(folder, device)
     try:
         if _read_on(device, coordinator_file) != token:
             return ("it read another file under the probe file's name: not "
                     "the coordinator's folder")
+    except _NETWORK_ERRORS:
+        raise
     except tf.errors.OpError as error:
         return ("it cannot read a file the coordinator wrote there "
                 f"({_reason(error)})")
@@ -93,6 +101,8 @@ def _probe_one(device: str, folder: str, token: bytes) -> str | None:
         with tf.device(device):
             tf.io.write_file(own, mine)
         _read_on(device, own)  # waits for the write (and its error)
+    except _NETWORK_ERRORS:
+        raise
     except tf.errors.OpError as error:
         return f"it cannot write there ({_reason(error)})"
     try:

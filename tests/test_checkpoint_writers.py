@@ -11,10 +11,8 @@ see what the coordinator writes there.
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
-import time
 import uuid
 
 import numpy as np
@@ -26,7 +24,6 @@ from psrec.errors import ConfigError
 from psrec.features.presets import criteo
 from psrec.launch.checkpoint_flags import WRITERS as FLAG_CHOICES
 from psrec.launch.job_config import JobConfig
-from psrec.launch.job_config import StrategyConfig
 from psrec.models import table_init
 from psrec.models.config import ModelConfig
 from psrec.ps_cluster import checkpoint_writers
@@ -79,6 +76,9 @@ def test_tasks_write_their_shards_wherever_the_folder_is(
     trainer = _trainer(ps_cluster, directory, "tasks")
     keeper = trainer.keeper
     assert keeper.tasks_write  # also on ram://, which auto never trusts
+    assert checkpoint_writers.ps_devices(trainer.strategy) == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0"]  # each was probed
     assert save_options(True).experimental_io_device is None
     assert not tf.io.gfile.exists(str(directory))  # probed, then removed
     _scramble(trainer, 1)
@@ -102,27 +102,25 @@ def test_coordinator_writes_even_where_the_tasks_could(ps_cluster, tmp_path):
     assert not _trainer(ps_cluster, "ram://x/auto", "auto").keeper.tasks_write
 
 
-def test_the_choice_is_in_the_job_config():
+@pytest.mark.cluster
+def test_an_unreachable_ps_is_retryable_not_a_folder_it_does_not_see(
+        ps_cluster, tmp_path, monkeypatch):
+    def unreachable(device, path):
+        raise tf.errors.UnavailableError(None, None, "Socket closed")
+
+    monkeypatch.setattr(checkpoint_writers, "_read_on", unreachable)
+    strategy = build_ps_strategy(ps_cluster, PartitionConfig())
+    with pytest.raises(tf.errors.UnavailableError):
+        checkpoint_writers.check_tasks_see_folder(strategy, tmp_path / "c",
+                                                  "tasks")
+    assert not (tmp_path / "c").exists()  # probe and folder removed
+
+
+def test_the_flag_offers_the_writers_the_job_knows():
+    # (The job config's codec and refusals: tests/test_job_config.py.)
     assert checkpoint_writers.WRITERS == FLAG_CHOICES
-    job = JobConfig(checkpoint_writers="tasks")
-    assert JobConfig.from_dict(job.to_dict()).checkpoint_writers == "tasks"
-    with pytest.raises(ConfigError, match="--checkpoint-writers.*--strategy"):
-        JobConfig(checkpoint_writers="tasks",
-                  strategy=StrategyConfig(kind="one-device"), workers=2)
     with pytest.raises(ConfigError, match="--checkpoint-writers"):
         JobConfig(checkpoint_writers="everyone")
-
-
-def _wait_listening(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"server exited {process.returncode}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"port {port} never listened")
 
 
 @pytest.mark.cluster
@@ -141,8 +139,7 @@ def test_a_ps_that_does_not_see_the_folder_stops_the_job_before_step_1(
                 [sys.executable, "-m", "psrec", "server"], cwd=REPO,
                 env=dict(role_environment(), TF_CONFIG=configs[key]),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for port, process in zip((ps, worker), servers):
-            _wait_listening(port, process)
+        # No wait for the servers: `psrec train` waits for every port.
         workdir = f"ram://psrec-{uuid.uuid4().hex[:8]}/run"
         done = subprocess.run(
             [sys.executable, "-m", "psrec", "train", "--workers", "1",
