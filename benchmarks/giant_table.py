@@ -87,12 +87,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "temporary folder, removed at the end)")
     parser.add_argument("--no-checkpoint", action="store_true",
                         help="skip save, restore and verify")
-    parser.add_argument("--coordinator-writes", action="store_true",
-                        help="save and restore as psrec did before (every "
-                             "tensor goes through the coordinator, which "
-                             "writes them all: about 2x the state there) "
-                             "instead of each PS writing, reading and "
-                             "checking its own shards")
+    parser.add_argument("--checkpoint-writers",
+                        choices=("auto", "tasks", "coordinator"),
+                        default="auto",
+                        help="psrec train's option: tasks (each PS writes, "
+                             "reads and checks its own shards), coordinator "
+                             "(every tensor goes through the coordinator, "
+                             "which writes them all: about 2x the state "
+                             "there), auto (tasks here: a local cluster)")
+    parser.add_argument("--coordinator-writes", dest="checkpoint_writers",
+                        action="store_const", const="coordinator",
+                        help="= --checkpoint-writers coordinator (the "
+                             "README's earlier commands)")
     parser.add_argument("--old-init", action="store_true",
                         help="initialise tables as before (full random "
                              "value materialised on the PS)")
@@ -128,7 +134,7 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
                                  PartitionConfig(kind="fixed"))
     out = {"rows": spec.tables[0].rows, "dim": args.dim, "ps": args.ps,
            "workers": args.workers, "old_init": args.old_init,
-           "coordinator_writes": args.coordinator_writes,
+           "checkpoint_writers": args.checkpoint_writers,
            "memory": {"idle": _snapshot(roles)}}
     began = time.perf_counter()
     trainer = Trainer(strategy, spec, model_config("dcn"), optimizer,
@@ -150,12 +156,15 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
     out["memory"]["train"] = _snapshot(roles)
     if args.no_checkpoint:
         return out
+    began = time.perf_counter()  # with the probe of the folder (tasks)
     keeper = CheckpointKeeper(
         workdir / "checkpoints", trainer.checkpoint,
         optimizers={"sparse_optimizer": trainer.sparse_optimizer,
                     "dense_optimizer": trainer.dense_optimizer},
         tables=table_checkpoint_keys(trainer.model), max_to_keep=1,
-        strategy=None if args.coordinator_writes else strategy)
+        strategy=strategy, writers=args.checkpoint_writers)
+    out["keeper_s"] = round(time.perf_counter() - began, 3)
+    out["tasks_write"] = keeper.tasks_write
     began = time.perf_counter()
     path = keeper.save(args.steps)
     out["save_s"] = round(time.perf_counter() - began, 2)
@@ -194,7 +203,8 @@ def _ratios(out: dict) -> dict:
 def _table(out: dict) -> str:
     gib = 2 ** 30
     lines = [f"rows {out['rows']:,} x {out['dim']}, {out['ps']} PS, "
-             f"{out['workers']} worker(s), old_init={out['old_init']}",
+             f"{out['workers']} worker(s), old_init={out['old_init']}, "
+             f"checkpoint writers {out['checkpoint_writers']}",
              "peak RSS (VmHWM, GiB) after each phase:",
              "role          idle  init  train  save  restore  verify"]
     for role in out["memory"]["idle"]:
@@ -219,10 +229,12 @@ def _table(out: dict) -> str:
 
 def _check_memory(args: argparse.Namespace) -> None:
     """Refuses a run the free memory cannot hold: the state, every
-    process's TensorFlow (~0.6 GiB each) and, with ``--coordinator-writes``,
-    the coordinator's copy of the state while TensorFlow saves (~2x)."""
+    process's TensorFlow (~0.6 GiB each) and, with ``--checkpoint-writers
+    coordinator``, the coordinator's copy of the state while TensorFlow
+    saves (~2x)."""
     state = (args.rows // 26) * 26 * args.dim * 4 * 2
-    need = state * (3.1 if args.coordinator_writes else 1.1) + (
+    coordinator = args.checkpoint_writers == "coordinator"
+    need = state * (3.1 if coordinator else 1.1) + (
         args.ps + args.workers + 1) * 0.6 * 2**30
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):

@@ -310,6 +310,7 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
         precision=precision_policy(config.strategy.mixed_precision),
         checkpoint_dir=config.checkpoint_dir,
         keep_checkpoints=config.keep_checkpoints,
+        checkpoint_writers=config.checkpoint_writers,
         positive_rate=_base_rate(manifest),
         neg_sample_rate=manifest.neg_sample_rate)
     config = dataclasses.replace(config, loop=resolve_loop(config, manifest))

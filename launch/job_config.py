@@ -28,6 +28,7 @@ from psrec.models.config import model_config
 from psrec.models.optim import OptimizerConfig
 from psrec.models.retrieval_config import RetrievalConfig
 from psrec.models.retrieval_config import check_no_dynamic_tables
+from psrec.ps_cluster.checkpoint_writers import WRITERS
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.train_loop import LoopConfig
 from psrec.uri_path import UriPath
@@ -145,6 +146,11 @@ class JobConfig:
       verify_checksums: recompute every shard's sha256 and check that the
         train and eval splits share no example id before starting.
       keep_checkpoints: recent checkpoints kept.
+      checkpoint_writers: ``ps``: who writes (and on restore reads and
+        checks) checkpoint files: ``tasks`` (each PS its own shards, on
+        storage every task shares), ``coordinator`` (every tensor through
+        it), ``auto`` (``tasks`` for a local path with every task on this
+        host, else ``coordinator``); see ``ps_cluster.checkpoint_writers``.
       max_corrupt_records: corrupted records that may be skipped (counted
         and reported); 0 refuses any corrupted shard.
       stall_timeout: seconds without progress before the watchdog exits
@@ -180,6 +186,7 @@ class JobConfig:
     verify_checksums: bool = True
     max_corrupt_records: int = 0
     keep_checkpoints: int = 3
+    checkpoint_writers: str = "auto"
     stall_timeout: float | None = 900.0
     connect_timeout: float = 300.0
     grace_period: float = 30.0
@@ -200,6 +207,10 @@ class JobConfig:
         _refuse(kind, "--ps", self.ps != 1, ("ps",))
         _refuse(kind, "--workers", self.workers != 2,
                 ("ps", "multi-worker-mirrored"))
+        check_choice("--checkpoint-writers", self.checkpoint_writers,
+                     WRITERS)
+        _refuse(kind, "--checkpoint-writers",
+                self.checkpoint_writers != "auto", ("ps",))
         check(self.stall_timeout is None or self.stall_timeout > 0,
               "--stall-timeout", self.stall_timeout,
               "must be > 0 (0 disables the watchdog)")
@@ -308,7 +319,8 @@ _DECODERS = {
     "synthetic": _nested("synthetic", SyntheticData), "workers": int,
     "ps": int,
     "export": bool, "verify_checksums": bool, "max_corrupt_records": int,
-    "keep_checkpoints": int, "stall_timeout": _same,
+    "keep_checkpoints": int, "checkpoint_writers": str,
+    "stall_timeout": _same,
     "connect_timeout": float, "grace_period": float,
     "retrieval": lambda value: (None if value is None else _nested(
         "retrieval", RetrievalConfig)(value)),

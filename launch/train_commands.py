@@ -17,6 +17,7 @@ from psrec.launch.argtypes import non_negative
 from psrec.launch.argtypes import positive
 from psrec.launch.argtypes import positive_float
 from psrec.launch.argtypes import positive_fraction
+from psrec.launch.checkpoint_flags import add_checkpoint_flags
 from psrec.launch.cli_support import UsageError
 from psrec.launch.cli_support import add_batch_flag
 from psrec.launch.cli_support import add_cluster_flags
@@ -124,6 +125,7 @@ def _job_config(args: argparse.Namespace):
         verify_checksums=not args.no_verify_checksums,
         max_corrupt_records=args.max_corrupt_records,
         keep_checkpoints=args.keep_checkpoints,
+        checkpoint_writers=args.checkpoint_writers,
         stall_timeout=args.stall_timeout or None,
         connect_timeout=args.connect_timeout, grace_period=args.grace_period,
         retrieval=retrieval_flags.retrieval_config(args, spec))
@@ -351,23 +353,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     reliability = p.add_argument_group("reliability")
     add_reliability_flags(reliability)
-    reliability.add_argument("--checkpoint-every", type=non_negative,
-                             default=200,
-                             help="steps between checkpoints; 0: only at the "
-                             "end")
-    reliability.add_argument("--keep-checkpoints", type=positive, default=3,
-                             help="recent checkpoints kept (the best one "
-                             "is kept besides them)")
-    reliability.add_argument("--keep-best", choices=("auc", "logloss", "none"),
-                             default="auc",
-                             help="keep the checkpoint with the best eval "
-                             "metric in checkpoints/best/ (recorded in "
-                             "checkpoints/best.json); the final export is "
-                             "that checkpoint")
-    reliability.add_argument("--early-stop-patience", type=non_negative,
-                             default=0,
-                             help="stop after N evaluations in a row without "
-                             "improvement of --keep-best's metric; 0: never")
+    add_checkpoint_flags(reliability)
 
     metrics_flags.add_metrics_flags(p.add_argument_group("monitoring"))
     output = p.add_argument_group("output")

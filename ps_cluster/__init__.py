@@ -27,6 +27,7 @@ __getattr__ = lazy_getattr("psrec.ps_cluster", {
     "TrainResult": "psrec.ps_cluster.trainer",
     "CheckpointKeeper": "psrec.ps_cluster.checkpoint",
     "RestoreError": "psrec.ps_cluster.checkpoint",
+    "CheckpointFolderError": "psrec.ps_cluster.checkpoint_writers",
     "EvalResult": "psrec.ps_cluster.metrics",
     "Watchdog": "psrec.ps_cluster.watchdog",
     "ClusterUnavailableError": "psrec.ps_cluster.errors",
@@ -36,6 +37,7 @@ __getattr__ = lazy_getattr("psrec.ps_cluster", {
 
 
 __all__ = [
+    "CheckpointFolderError",
     "CheckpointKeeper",
     "ClusterSpec",
     "ClusterSpecError",

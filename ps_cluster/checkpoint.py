@@ -1,4 +1,5 @@
-"""Checkpoints written by the coordinator only, and restores that are proven
+"""Checkpoints written by the PS tasks or the coordinator
+(:mod:`psrec.ps_cluster.checkpoint_writers`), and restores that are proven
 complete.
 
 ``tf.train.CheckpointManager`` writes the model, both optimizers (with their
@@ -12,7 +13,8 @@ room for one checkpoint before any server starts.
 A restore is **streamed and verified by value**
 (:mod:`psrec.ps_cluster.checkpoint_verify`). Variables that are plain (PS
 shards, one device) are restored block by block of rows, each block read by
-key and slice on the coordinator and written in place on its PS, so a
+key and slice (on its own PS when the tasks write, else on the
+coordinator) and written in place on its PS, so a
 multi-GB table is never sent (or held on the coordinator) whole; mirrored
 variables go through TensorFlow's restore. The status object's
 ``assert_existing_objects_matched()`` passes even when sharded optimizer
@@ -42,7 +44,6 @@ from psrec.errors import one_line
 from psrec.ps_cluster.checkpoint_save import absolute
 from psrec.ps_cluster.checkpoint_save import save_options
 from psrec.ps_cluster.checkpoint_save import save_progress
-from psrec.ps_cluster.checkpoint_save import tasks_share_folder
 from psrec.ps_cluster.checkpoint_verify import copy_rows
 from psrec.ps_cluster.checkpoint_verify import differing_keys
 from psrec.ps_cluster.checkpoint_verify import live_tensors
@@ -50,6 +51,8 @@ from psrec.ps_cluster.checkpoint_verify import restore_streamed
 from psrec.ps_cluster.checkpoint_verify import saved_tensors
 from psrec.ps_cluster.checkpoint_verify import streamable
 from psrec.ps_cluster.checkpoint_verify import tensor_bytes
+from psrec.ps_cluster.checkpoint_writers import check_tasks_see_folder
+from psrec.ps_cluster.checkpoint_writers import tasks_write
 from psrec.uri import is_uri
 from psrec.uri import require_tf_filesystem
 from psrec.uri_path import UriPath
@@ -275,16 +278,25 @@ class CheckpointKeeper:
       optimizers: checkpoint attribute name -> optimizer (for slot repair).
       tables: checkpoint key prefix -> table variable (for slot repair).
       max_to_keep: checkpoints kept.
-      strategy: the training strategy; when every task of its cluster
-        shares this folder (:func:`~psrec.ps_cluster.checkpoint_save.
-        tasks_share_folder`), each PS writes its own shards on save.
+      strategy: the training strategy (its PS tasks may write).
+      writers: ``--checkpoint-writers``: ``tasks`` (each PS writes, reads
+        and checks its own shards), ``coordinator`` (every tensor through
+        the coordinator), ``auto`` (``tasks`` where every task surely
+        shares the folder; :mod:`~psrec.ps_cluster.checkpoint_writers`).
+        When the tasks write, each PS is first proven to see the folder
+        (:class:`~psrec.ps_cluster.checkpoint_writers.
+        CheckpointFolderError` otherwise).
     """
 
     def __init__(self, directory: str | Path, checkpoint: tf.train.Checkpoint,
                  optimizers: dict | None = None, tables: dict | None = None,
-                 max_to_keep: int = 3, strategy=None) -> None:
+                 max_to_keep: int = 3, strategy=None,
+                 writers: str = "auto") -> None:
         self.checkpoint = checkpoint
-        self.tasks_write = tasks_share_folder(strategy, directory)
+        self.writers = writers
+        self.tasks_write = tasks_write(writers, strategy, directory)
+        if self.tasks_write:  # before anything is trained or restored
+            check_tasks_see_folder(strategy, absolute(directory), writers)
         self.manager = tf.train.CheckpointManager(
             checkpoint, absolute(directory) if self.tasks_write
             else str(directory), max_to_keep=max_to_keep)
@@ -298,8 +310,8 @@ class CheckpointKeeper:
         return self.manager.latest_checkpoint
 
     def save(self, step: int) -> str:
-        """Saves checkpoint ``step`` (from each PS when they share the
-        folder, else through the coordinator); a failed save removes its
+        """Saves checkpoint ``step`` (from each PS when the tasks write,
+        else through the coordinator); a failed save removes its
         partial ``*_temp`` files and raises :class:`SaveError`. A save of
         1 GiB or more reports the bytes written to the default progress."""
         state = sum(tensor_bytes(t)

@@ -16,7 +16,9 @@ device): the coordinator holds none of the tables, the PS writes from its
 own memory. The checkpoint has the same keys and slices (TensorFlow merges
 the per-task index files into one), so it restores and reshards exactly as
 before. Elsewhere (remote hosts, ``gs://`` or ``ram://`` folders, which a
-PS process may not share) the coordinator stays the only writer.
+PS process may not share) the coordinator stays the only writer, unless
+``--checkpoint-writers tasks`` says the tasks share the folder
+(:mod:`psrec.ps_cluster.checkpoint_writers`, which proves it first).
 """
 
 from __future__ import annotations

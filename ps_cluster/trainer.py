@@ -112,6 +112,7 @@ class Trainer:
       precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
       checkpoint_dir: where the chief writes checkpoints (None: none).
       keep_checkpoints: recent checkpoints kept.
+      checkpoint_writers: who writes checkpoints (the keeper's ``writers``).
       positive_rate: the train split's share of positives: the model starts
         predicting it (output bias at its logit); None starts at 0.5.
       neg_sample_rate: the share of negatives the train data kept
@@ -126,7 +127,7 @@ class Trainer:
                  input_config: InputConfig = InputConfig(), *,
                  micro_batches: int = 1, precision: str = "float32",
                  checkpoint_dir: str | Path | None = None,
-                 keep_checkpoints: int = 3,
+                 keep_checkpoints: int = 3, checkpoint_writers: str = "auto",
                  positive_rate: float | None = None,
                  neg_sample_rate: float = 1.0) -> None:
         check(micro_batches >= 1, "--grad-accum-steps", micro_batches,
@@ -172,14 +173,13 @@ class Trainer:
             state["loss_scale"] = self.loss_scale
         self.checkpoint = tf.train.Checkpoint(**state)
         self.checkpoint_dir = checkpoint_dir and as_path(checkpoint_dir)
-        self.keeper = None
-        if self.checkpoint_dir is not None:
-            self.keeper = CheckpointKeeper(
+        self.keeper = None if self.checkpoint_dir is None else (
+            CheckpointKeeper(
                 self.checkpoint_dir, self.checkpoint,
                 optimizers={"sparse_optimizer": self.sparse_optimizer,
                             "dense_optimizer": self.dense_optimizer},
                 tables=table_checkpoint_keys(self.model), strategy=strategy,
-                max_to_keep=keep_checkpoints)
+                max_to_keep=keep_checkpoints, writers=checkpoint_writers))
         self.step = TrainStep(
             self.model, self.sparse_optimizer, self.dense_optimizer,
             spec.label, loss_scale=self.loss_scale,

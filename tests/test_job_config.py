@@ -63,7 +63,7 @@ def _ps_job(tmp_path: Path) -> JobConfig:
                                 grad_accum_steps=2, ps_memory=8 << 30),
         partition=PartitionConfig(kind="max-size", max_shard_bytes=1 << 20,
                                   shards=3),
-        workers=3, ps=2, stall_timeout=None,
+        workers=3, ps=2, stall_timeout=None, checkpoint_writers="tasks",
         retrieval=RetrievalConfig(  # every field differs from its default
             tower_mlp=(8,), output_dim=8, temperature=0.1, normalize=False,
             logq=False, uniform_negatives=4, remove_accidental_hits=False))
@@ -90,13 +90,14 @@ def test_job_config_round_trips_through_dict_and_job_json(tmp_path, build):
 
 def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
     """The codec test above would miss a field the codec drops if that field
-    kept its default: the mirrored job sets every field but partition, ps and
-    workers (refused under mirrored) and retrieval (a ranking job), which
-    the PS job sets."""
+    kept its default: the mirrored job sets every field but partition, ps,
+    workers and checkpoint_writers (refused under mirrored) and retrieval (a
+    ranking job), which the PS job sets."""
     config, default = _mirrored_job(tmp_path), JobConfig()
     same = {f.name for f in dataclasses.fields(JobConfig)
             if getattr(config, f.name) == getattr(default, f.name)}
-    assert same == {"partition", "ps", "workers", "retrieval"}
+    assert same == {"partition", "ps", "workers", "checkpoint_writers",
+                    "retrieval"}
     ps = _ps_job(tmp_path)
     assert all(getattr(ps, name) != getattr(default, name) for name in same)
     strategy = config.strategy
@@ -157,6 +158,9 @@ def test_strategy_config_refuses_options_of_other_strategies(kind, options,
      "--partitioner/--table-shards"),
     ("mirrored", {"ps": 2}, "--ps"),
     ("one-device", {"workers": 3}, "--workers"),
+    ("mirrored", {"checkpoint_writers": "tasks"}, "--checkpoint-writers"),
+    ("one-device", {"checkpoint_writers": "coordinator"},
+     "--checkpoint-writers"),
     ("multi-worker-mirrored", {"loop": LoopConfig(early_stop_patience=2)},
      "--early-stop-patience"),
 ])
@@ -213,6 +217,8 @@ def _forbid_any_work(monkeypatch) -> None:
     (("--strategy", "mirrored", "--table-shards", "2"),
      "--partitioner/--table-shards"),
     (("--memory-fraction", "0.3"), "--memory-fraction"),
+    (("--strategy", "mirrored", "--checkpoint-writers", "tasks"),
+     "--checkpoint-writers"),
 ])
 def test_cli_refuses_in_one_line_before_any_server_starts(
         tmp_path, capsys, monkeypatch, extra, flag):
@@ -250,8 +256,10 @@ def test_cli_accepts_mixed_precision_and_accumulation_under_ps(
     monkeypatch.setattr(job_data, "prepare_data", prepare)
     with pytest.raises(_Reached):
         main(_train_args(tmp_path, "--mixed-precision", "--grad-accum-steps",
-                         "2", "--sync-batch-norm"))
+                         "2", "--sync-batch-norm", "--checkpoint-writers",
+                         "coordinator"))
     [config] = seen
+    assert config.checkpoint_writers == "coordinator"
     assert config.strategy == StrategyConfig(
         kind="ps", mixed_precision=True, grad_accum_steps=2)
     assert config.model.batch_norm == "sync"
