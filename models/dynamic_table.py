@@ -14,19 +14,22 @@ holds, beside the table's ordinary (sharded) embedding variable of
   ``evicted`` totals. After each maintenance at most ``capacity`` ids stay
   pending (the least seen are forgotten).
 
-Both hash tables live on one PS task, chosen by an explicit ``tf.device``
-(under ``ParameterServerStrategy`` a table created in the strategy's scope
-lands on the coordinator and fails when workers use it); round robin over
-the PS tasks by table index; without PS tasks, on the local device.
+Both hash tables and the row statistics live on one PS task, chosen by an
+explicit ``tf.device`` for the tables (under ``ParameterServerStrategy`` a
+table created in the strategy's scope lands on the coordinator and fails
+when workers use it) and colocation for the variables (the strategy places
+variables round robin otherwise); round robin over the PS tasks by table
+index; without PS tasks, on the local device.
 
 Workers only read the map (:meth:`DynamicTable.rows`): an unknown id reads
 the default row, whose gradient is dropped, and its count goes up by one
 per occurrence (a read and an insert, not atomic: two closures counting the
 same id at once may lose an increment, which only delays its admission).
 Hit rows get ``freq``/``last_seen`` updates by scatter ops. Rows are
-assigned only by :meth:`DynamicTable.maintain`, run eagerly by the
-coordinator at a join boundary (no closure in flight): it is the only
-writer of the map, so two ids never share a row.
+assigned only by :meth:`DynamicTable.maintain`, launched by the coordinator
+at a join boundary (no closure in flight): it is the only writer of the map,
+so two ids never share a row. The selection runs as ops on the table's PS
+(``models.dynamic_select``); only the rows given out come back.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from psrec.features.columns import TableConfig
+from psrec.models.dynamic_select import maintenance_ops
 
 
 def table_device(index: int) -> str | None:
@@ -65,6 +69,49 @@ class Maintenance:
 
 def _placed(device: str | None):
     return tf.device(device) if device else contextlib.nullcontext()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Anchor:
+    """What a variable is colocated with: a device (and a name for the
+    strategy's log line)."""
+
+    device: str
+    name: str = "dynamic-table-maps"
+
+
+def _colocated_variables(device: str | None):
+    """Variables created inside go to ``device`` (the maps' PS).
+
+    ``ParameterServerStrategy`` ignores ``tf.device`` for variables made in
+    its scope (it places them round robin over the PS tasks: measured, a
+    table's ``row_ids``, ``freq`` and ``last_seen`` landed on different PS
+    tasks from its maps); it honours a variable's ``colocate_with``, which
+    in eager mode means "on this object's device".
+    """
+    strategy = tf.distribute.get_strategy()
+    if device is None or not isinstance(
+            strategy, tf.distribute.ParameterServerStrategy):
+        return contextlib.nullcontext()
+
+    def creator(next_creator, **kwargs):
+        kwargs["colocate_with"] = _Anchor(device)
+        return next_creator(**kwargs)
+
+    return tf.variable_creator_scope(creator)
+
+
+class _Compiled:
+    """The table's maintenance, a ``tf.function`` whose ops are placed on
+    the table's device (held outside the table's tracked attributes, so a
+    SavedModel of the model does not try to save it)."""
+
+    def __init__(self, table: "DynamicTable") -> None:
+        def maintain(step):
+            with _placed(table.device):
+                return maintenance_ops(table, step)
+
+        self.maintain = tf.function(maintain, autograph=False)
 
 
 class DynamicTable(tf.Module):
@@ -96,14 +143,17 @@ class DynamicTable(tf.Module):
             return tf.Variable(value, trainable=False, name=name,
                                dtype=tf.int64)
 
-        self.row_ids = variable(tf.fill([self.capacity], np.int64(-1)),
-                                "row_ids")
-        self.freq = variable(tf.zeros([self.capacity + 1], tf.int64), "freq")
-        self.last_seen = variable(tf.zeros([self.capacity + 1], tf.int64),
-                                  "last_seen")
-        self.clock = variable(0, "clock")
-        self.admitted = variable(0, "admitted")
-        self.evicted = variable(0, "evicted")
+        with _placed(device), _colocated_variables(device):
+            self.row_ids = variable(
+                lambda: tf.fill([self.capacity], np.int64(-1)), "row_ids")
+            self.freq = variable(
+                lambda: tf.zeros([self.capacity + 1], tf.int64), "freq")
+            self.last_seen = variable(
+                lambda: tf.zeros([self.capacity + 1], tf.int64), "last_seen")
+            self.clock = variable(0, "clock")
+            self.admitted = variable(0, "admitted")
+            self.evicted = variable(0, "evicted")
+        self._compiled = _Compiled(self)
 
     @property
     def default_row(self) -> int:
@@ -161,61 +211,13 @@ class DynamicTable(tf.Module):
         """Admits the pending ids seen ``admit_threshold`` times (most seen
         first) into free rows, evicting the coldest rows when none are
         free (``lfu``: rows read less often than the id waiting; ``ttl``:
-        rows not read for more than ``ttl_steps``). Call only with no
-        closure in flight."""
-        self.clock.assign(step)
-        keys, counts = (t.numpy() for t in self.counts.export())
-        ready = counts >= self.config.admit_threshold
-        if not ready.any():
-            self._prune(keys, counts)
-            return Maintenance(np.zeros([0], np.int64), 0, 0)
-        order = np.argsort(-counts[ready], kind="stable")
-        ids, seen = keys[ready][order], counts[ready][order]
-        row_ids = self.row_ids.numpy()
-        free = np.flatnonzero(row_ids < 0)
-        victims = self._victims(row_ids, seen[len(free):], step)
-        if victims.size:
-            self.map.remove(tf.constant(row_ids[victims]))
-            self.evicted.assign_add(victims.size)
-        rows = np.concatenate([free, victims])[:len(ids)].astype(np.int64)
-        ids, seen = ids[:rows.size], seen[:rows.size]
-        self.map.insert(tf.constant(ids), tf.constant(rows))
-        self.counts.remove(tf.constant(ids))
-        waiting = ~np.isin(keys, ids)
-        self._prune(keys[waiting], counts[waiting])
-        self.row_ids.scatter_update(tf.IndexedSlices(ids, rows))
-        self.freq.scatter_update(tf.IndexedSlices(seen, rows))
-        self.last_seen.scatter_update(tf.IndexedSlices(
-            np.full(rows.shape, step, np.int64), rows))
-        self.admitted.assign_add(rows.size)
-        return Maintenance(rows, int(rows.size), int(victims.size))
-
-    def _prune(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Keeps at most ``capacity`` pending ids: the least seen beyond
-        that are forgotten (they count again from 0 when seen again), so
-        the pending table stays bounded however many ids stream by."""
-        extra = keys.size - self.capacity
-        if extra > 0:
-            coldest = np.argsort(counts, kind="stable")[:extra]
-            self.counts.remove(tf.constant(keys[coldest]))
-
-    def _victims(self, row_ids: np.ndarray, waiting: np.ndarray,
-                 step: int) -> np.ndarray:
-        """The rows to evict for the ``waiting`` ids' counts (highest
-        first) that found no free row."""
-        if not waiting.size:
-            return np.zeros([0], np.int64)
-        used = np.flatnonzero(row_ids >= 0)
-        last = self.last_seen.numpy()[used]
-        if self.config.evict == "ttl":
-            old = used[step - last > self.config.ttl_steps]
-            old = old[np.argsort(self.last_seen.numpy()[old], kind="stable")]
-            return old[:waiting.size]
-        freq = self.freq.numpy()[used]
-        coldest = used[np.lexsort((last, freq))][:waiting.size]
-        colder = self.freq.numpy()[coldest] < waiting[:coldest.size]
-        return coldest[:int(np.argmin(colder)) if not colder.all()
-                       else coldest.size]
+        rows not read for more than ``ttl_steps``). Runs as ops on the
+        table's device (``models.dynamic_select``): only the rows given
+        out and the counts come back. Call only with no closure in
+        flight."""
+        rows, evicted = self._compiled.maintain(tf.constant(step, tf.int64))
+        rows = rows.numpy()
+        return Maintenance(rows, int(rows.size), int(evicted.numpy()))
 
     # -- export ------------------------------------------------------------
 
@@ -229,7 +231,8 @@ class DynamicTable(tf.Module):
 
     def stats(self) -> dict[str, int]:
         """Rows used/free, admitted, evicted and pending ids (eager)."""
-        used = int(np.count_nonzero(self.row_ids.numpy() >= 0))
+        with _placed(self.device):  # counted where the rows live
+            used = int(tf.math.count_nonzero(self.row_ids >= 0).numpy())
         return {"capacity": self.capacity, "rows_used": used,
                 "rows_free": self.capacity - used,
                 "admitted": int(self.admitted.numpy()),

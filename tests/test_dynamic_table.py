@@ -127,6 +127,11 @@ def _accumulators(trainer, name: str) -> np.ndarray:
                                name].variables])
 
 
+def _statistics(table) -> tuple:
+    return (table.row_ids, table.freq, table.last_seen, table.clock,
+            table.admitted, table.evicted)
+
+
 def test_maps_live_on_ps_tasks_round_robin(trainer):
     for index, table in enumerate(SPEC.tables):
         if not table.dynamic:
@@ -135,6 +140,9 @@ def test_maps_live_on_ps_tasks_round_robin(trainer):
         want = f"/job:ps/replica:0/task:{index % 2}/device:CPU:0"
         assert dynamic.map.resource_handle.device == want
         assert dynamic.counts.resource_handle.device == want
+        # The row statistics too (the strategy would place them round
+        # robin over the PS tasks): maintenance reads them where they are.
+        assert {v.device for v in _statistics(dynamic)} == {want}
 
 
 def test_admission_only_at_the_threshold(trainer):
@@ -206,6 +214,44 @@ def test_concurrent_closures_never_share_a_row(trainer):
     assert len(mapping) == 64 == np.count_nonzero(row_ids >= 0)
     assert len(set(mapping.values())) == len(mapping)
     assert all(row_ids[row] == key for key, row in mapping.items())
+
+
+def test_maintenance_runs_on_the_tables_ps(trainer, monkeypatch):
+    """The selection is ops on the table's PS: the coordinator launches it
+    and gets the rows given out (O(admitted)) and a count, never the
+    pending counts, ``row_ids``, ``freq`` or ``last_seen``."""
+    table = _table(trainer, "pool")  # full: admitting means evicting
+    function = table._compiled.maintain.get_concrete_function(
+        tf.TensorSpec([], tf.int64))
+    graph = function.graph
+    nodes = [(op.type, op.device) for op in graph.get_operations()] + [
+        (node.op, node.device) for f in graph._functions.values()
+        for node in f.definition.node_def]
+    elsewhere = {t for t, device in nodes if device != table.device}
+    assert elsewhere <= {"Placeholder", "Identity", "NoOp"}  # plumbing
+    assert [(o.dtype, o.shape.as_list()) for o in function.outputs] == [
+        (tf.int64, [None]), (tf.int32, [])]
+    eager_reads = []
+
+    def guard(cls, name, watched):
+        original = getattr(cls, name)
+
+        def wrapped(self, *args, **kwargs):
+            if tf.executing_eagerly() and any(self is w for w in watched):
+                eager_reads.append(name)
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(cls, name, wrapped)
+
+    variables = _statistics(table)
+    for name in ("numpy", "read_value", "value", "_read_variable_op"):
+        guard(type(table.freq), name, variables)
+    guard(type(table.counts), "export", (table.map, table.counts))
+    _read(trainer, "pool", [1000 + i for i in range(8) for _ in range(100)])
+    done = _maintain(trainer, "pool", 70)
+    assert eager_reads == []
+    assert done.admitted == done.evicted == done.rows.size == 8
+    assert sorted(_mapping(table)[1000 + i] for i in range(8)) == sorted(
+        done.rows.tolist())
 
 
 @pytest.fixture(scope="module")
