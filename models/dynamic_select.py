@@ -1,15 +1,17 @@
-"""A dynamic table's maintenance as TensorFlow ops on the table's own PS.
+"""A dynamic table shard's maintenance as TensorFlow ops on its own PS.
 
 :func:`maintenance_ops` is traced into a ``tf.function`` under
-``tf.device(<the PS holding the table's maps and row statistics>)``: the
-pending counts, ``row_ids``, ``freq`` and ``last_seen`` are read, sorted and
-updated where they live. The coordinator only launches the function (at a
-join boundary: it stays the maps' only writer) and receives the rows given
-to newly admitted ids (O(admitted)) and the number evicted, never the
+``tf.device(<the PS holding the shard's map, pending table and row
+statistics>)``, once per shard (``models.dynamic_shards``): the pending
+counts, ``row_ids``, ``freq`` and ``last_seen`` are read, sorted and updated
+where they live. The coordinator only launches the function (at a join
+boundary: it stays the maps' only writer) and receives the rows given to
+newly admitted ids (O(admitted)) and the number evicted, never the
 statistics themselves: a 100M-row table's ~2.4 GB of statistics do not cross
 the network at every maintenance.
 
-The choices are those of the numpy version it replaces: ids seen
+Within a shard the choices are those of the numpy version this replaced
+(checked equal on random streams): ids seen
 ``admit_threshold`` times are admitted most seen first (ties: the pending
 table's order) into free rows (lowest first), then into evicted rows:
 ``lfu`` takes the rows read least often (ties: least recently), only while
@@ -28,11 +30,11 @@ def _stable_order(values: tf.Tensor) -> tf.Tensor:
     return tf.argsort(values, stable=True)
 
 
-def _lfu_victims(table, used: tf.Tensor, waiting: tf.Tensor) -> tf.Tensor:
+def _lfu_victims(shard, used: tf.Tensor, waiting: tf.Tensor) -> tf.Tensor:
     """The coldest used rows (fewest reads, then least recent), as long as
     each was read fewer times than the waiting id it would go to."""
-    freq = tf.gather(table.freq, used)
-    last = tf.gather(table.last_seen, used)
+    freq = tf.gather(shard.freq, used)
+    last = tf.gather(shard.last_seen, used)
     by_last = _stable_order(last)
     order = tf.gather(by_last, _stable_order(tf.gather(freq, by_last)))
     order = order[:tf.size(waiting)]
@@ -42,72 +44,71 @@ def _lfu_victims(table, used: tf.Tensor, waiting: tf.Tensor) -> tf.Tensor:
     return tf.gather(used, order[:take])
 
 
-def _ttl_victims(table, used: tf.Tensor, waiting: tf.Tensor,
+def _ttl_victims(shard, used: tf.Tensor, waiting: tf.Tensor,
                  step: tf.Tensor) -> tf.Tensor:
     """Used rows not read for more than ``ttl_steps``, oldest first."""
-    last = tf.gather(table.last_seen, used)
-    old = step - last > table.config.ttl_steps
+    last = tf.gather(shard.last_seen, used)
+    old = step - last > shard.config.ttl_steps
     old_rows, old_last = tf.boolean_mask(used, old), tf.boolean_mask(last,
                                                                      old)
     return tf.gather(old_rows, _stable_order(old_last))[:tf.size(waiting)]
 
 
-def _victims(table, waiting: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-    """Rows to evict for the ``waiting`` ids' counts (highest first) that
-    found no free row; nothing is sorted when none waits."""
+def _victims(shard, waiting: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+    """Local rows to evict for the ``waiting`` ids' counts (highest first)
+    that found no free row; nothing is sorted when none waits."""
     def choose():
-        used = tf.where(table.row_ids.read_value() >= 0)[:, 0]
-        if table.config.evict == "ttl":
-            return _ttl_victims(table, used, waiting, step)
-        return _lfu_victims(table, used, waiting)
+        used = tf.where(shard.row_ids.read_value() >= 0)[:, 0]
+        if shard.config.evict == "ttl":
+            return _ttl_victims(shard, used, waiting, step)
+        return _lfu_victims(shard, used, waiting)
 
     return tf.cond(tf.size(waiting) > 0, choose,
                    lambda: tf.zeros([0], tf.int64))
 
 
-def _prune(table, keys: tf.Tensor, counts: tf.Tensor) -> None:
+def _prune(shard, keys: tf.Tensor, counts: tf.Tensor) -> None:
     """Forgets the least seen pending ids beyond ``capacity``, so the
     pending table stays bounded however many ids stream by."""
-    extra = tf.size(keys) - table.capacity
+    extra = tf.size(keys) - shard.capacity
 
     def forget():
         coldest = _stable_order(counts)[:extra]
-        table.counts.remove(tf.gather(keys, coldest))
+        shard.counts.remove(tf.gather(keys, coldest))
         return tf.constant(0)
 
     tf.cond(extra > 0, forget, lambda: tf.constant(0))
 
 
-def maintenance_ops(table, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Admits, evicts and prunes ``table`` (a ``DynamicTable``) at
-    ``step``; returns ``(rows given to admitted ids, rows evicted)``.
+def maintenance_ops(shard, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Admits, evicts and prunes one shard (a ``dynamic_table.Shard``) of a
+    dynamic table at ``step``, within its own rows; returns ``(global rows
+    given to admitted ids, rows evicted)``.
 
-    Trace it under the table's device (``DynamicTable.maintain`` does):
+    Trace it under the shard's device (``DynamicTable.maintain`` does):
     every op reads and writes state on that device.
     """
-    table.clock.assign(step)
-    keys, counts = (tf.reshape(t, [-1]) for t in table.counts.export())
-    ready_at = tf.where(counts >= table.config.admit_threshold)[:, 0]
+    keys, counts = (tf.reshape(t, [-1]) for t in shard.counts.export())
+    ready_at = tf.where(counts >= shard.config.admit_threshold)[:, 0]
     ready_at = tf.gather(ready_at, _stable_order(-tf.gather(counts,
                                                             ready_at)))
     ids, seen = tf.gather(keys, ready_at), tf.gather(counts, ready_at)
-    free = tf.where(table.row_ids.read_value() < 0)[:, 0]
-    victims = _victims(table, seen[tf.size(free):], step)
-    rows = tf.concat([free, victims], 0)[:tf.size(ids)]
-    admitted = tf.size(rows)
+    free = tf.where(tf.equal(shard.row_ids.read_value(), -1))[:, 0]
+    victims = _victims(shard, seen[tf.size(free):], step)
+    local = tf.concat([free, victims], 0)[:tf.size(ids)]
+    rows = local + shard.first_row
+    admitted = tf.size(local)
     ids, seen, ready_at = ids[:admitted], seen[:admitted], ready_at[:admitted]
-    table.map.remove(tf.gather(table.row_ids, victims))
-    table.map.insert(ids, rows)
-    table.counts.remove(ids)
+    shard.map.remove(tf.gather(shard.row_ids, victims))
+    shard.map.insert(ids, rows)
+    shard.counts.remove(ids)
     waiting = tf.tensor_scatter_nd_update(
         tf.ones_like(keys, tf.bool), ready_at[:, None],
         tf.zeros([admitted], tf.bool))
-    _prune(table, tf.boolean_mask(keys, waiting),
+    _prune(shard, tf.boolean_mask(keys, waiting),
            tf.boolean_mask(counts, waiting))
-    table.row_ids.scatter_update(tf.IndexedSlices(ids, rows))
-    table.freq.scatter_update(tf.IndexedSlices(seen, rows))
-    table.last_seen.scatter_update(tf.IndexedSlices(
-        tf.fill(tf.shape(rows), step), rows))
-    table.admitted.assign_add(tf.cast(admitted, tf.int64))
-    table.evicted.assign_add(tf.cast(tf.size(victims), tf.int64))
+    shard.row_ids.scatter_update(tf.IndexedSlices(ids, local))
+    shard.freq.scatter_update(tf.IndexedSlices(seen, local))
+    shard.last_seen.scatter_update(tf.IndexedSlices(
+        tf.fill(tf.shape(local), step), local))
     return rows, tf.size(victims)
