@@ -12,7 +12,8 @@ and maintenance never moves statistics between tasks.
 
 :class:`ShardedMap` saves the shards of one map as ONE table (the keys and
 values of all shards, ``<path>/.ATTRIBUTES/table-keys`` / ``table-values``,
-the form a single ``MutableHashTable`` saves): a checkpoint does not depend
+the form a single ``MutableHashTable`` saves, after a marker pair of key
+-1 so that an empty map still saves a tensor): a checkpoint does not depend
 on the shard count, and a restore routes each pair to the shard that owns
 it now (the map: by row; pending counts: by id), so a table restores on
 another PS or shard count.
@@ -29,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 _KEYS, _VALUES = "table-keys", "table-values"
+MARKER = -1  # the key (and value) of the pair a saved map starts with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +78,14 @@ class ShardLayout:
         """The shards with rows to give (a tiny table's last shard may hold
         the default row alone)."""
         return tuple(k for k, c in enumerate(self.capacities) if c > 0)
+
+
+def saved_pairs(keys, values) -> tuple[tf.Tensor, tf.Tensor]:
+    """The pairs of a saved map: its keys and values without the marker
+    pair (key :data:`MARKER`: ids are never negative)."""
+    keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1])
+    kept = keys >= 0
+    return tf.boolean_mask(keys, kept), tf.boolean_mask(values, kept)
 
 
 def owner(ids: tf.Tensor, admitting: Sequence[int]) -> tf.Tensor:
@@ -144,8 +154,8 @@ class ShardedMap(tf.__internal__.tracking.Trackable):
 
     def import_pairs(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Replaces the contents with ``keys`` -> ``values``, each pair in
-        the shard that owns it now."""
-        keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1])
+        the shard that owns it now (the saved marker pair left out)."""
+        keys, values = saved_pairs(keys, values)
         parts = tf.dynamic_partition(
             tf.stack([keys, values], 1), self._route(keys, values),
             len(self.shards))
@@ -169,7 +179,12 @@ class ShardedMap(tf.__internal__.tracking.Trackable):
         if not (tf.executing_eagerly() or tf.inside_function()):
             return {}  # a SavedModel's graph: the shard tables save there
         keys, values = self.export()
-        return {_KEYS: keys, _VALUES: values}
+        # A marker pair first: a save cut into slices
+        # (``MaxShardSizePolicy``) drops an empty tensor, and a restore
+        # then finds no key for an empty map (measured: an empty pending
+        # table, every id admitted, failed the restore's check).
+        return {_KEYS: tf.concat([[MARKER], keys], 0),
+                _VALUES: tf.concat([[MARKER], values], 0)}
 
     def _restore_from_tensors(self, restored_tensors):
         self.import_pairs(restored_tensors[_KEYS], restored_tensors[_VALUES])

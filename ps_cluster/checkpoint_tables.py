@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from psrec.models.dynamic_shards import ShardedMap
+from psrec.models.dynamic_shards import saved_pairs
 
 _ATTRIBUTE = "/.ATTRIBUTES/table"
 SUFFIXES = ("-keys", "-values")
@@ -87,8 +88,10 @@ def differing_tables(tables: dict[str, object], path: str,
     (order aside)."""
     bad = []
     for base, table in sorted(tables.items()):
-        saved = _sorted_pairs(*(t.numpy() for t in _saved(
-            path, base, table, io_device)))
+        pairs = _saved(path, base, table, io_device)
+        if isinstance(table, ShardedMap):
+            pairs = saved_pairs(*pairs)
+        saved = _sorted_pairs(*(t.numpy() for t in pairs))
         live = _sorted_pairs(*(t.numpy() for t in _export(table)))
         if not all(np.array_equal(a, b) for a, b in zip(live, saved)):
             bad += [base + suffix for suffix in SUFFIXES]

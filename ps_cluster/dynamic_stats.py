@@ -11,7 +11,8 @@ rows per shard are those of the run (``psrec embeddings stats`` plans them
 from the ``job.json`` beside the checkpoint, as the partitioner cut them)
 or an even split (the last row, the default row, is neither used nor
 free), and ids pending per shard are counted as the run routes them
-(``models.dynamic_shards.owner``: id modulo the shards with rows).
+(``models.dynamic_shards.owner``: id modulo the shards with rows). A saved
+map starts with a marker pair of key -1, not counted.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def dynamic_stats(checkpoint: str, shards: int = 1,
         if row_ids.size == capacity:  # saved before: no default row entry
             row_ids = np.append(row_ids, DEFAULT_ROW)
         pending = reader.get_tensor(base + "counts/.ATTRIBUTES/table-keys")
+        pending = pending[pending >= 0]  # without the marker pair
         tables.append(TableStats(
             name=name, capacity=capacity,
             rows_used=int(np.count_nonzero(row_ids >= 0)),

@@ -33,11 +33,15 @@ from psrec.launch.cli import main
 from psrec.launch.job_config import JobConfig
 from psrec.models.config import ModelConfig
 from psrec.models.config import ModelConfigError
+from psrec.models.dynamic_shards import ShardLayout
+from psrec.models.dynamic_table import DynamicTable
 from psrec.models.dynamic_table import parts
 from psrec.models.export import export_saved_model
 from psrec.models.optim import OptimizerConfig
 from psrec.models.ranking import build_model
 from psrec.models.retrieval_config import check_no_dynamic_tables
+from psrec.ps_cluster.checkpoint_save import save_options
+from psrec.ps_cluster.checkpoint_verify import differing_keys
 from psrec.ps_cluster.dynamic_maintenance import Maintainer
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.planner import plan
@@ -350,6 +354,26 @@ def test_checkpoint_round_trip_and_reshard(trainer, trained, ps_cluster,
 
 def _totals(table) -> dict:
     return {k: v for k, v in table.stats().items() if k != "shards"}
+
+
+def test_an_empty_map_survives_a_sliced_save(tmp_path):
+    """A save cut into slices drops empty tensors: with every id admitted
+    the pending table is empty, and its restore must still find it."""
+    config = TableConfig("t", dim=2, mode="dynamic", capacity=4)
+    layout = ShardLayout((3, 2), (None, None))
+    table = DynamicTable(config, layout)
+    table.rows(tf.constant([5, 8], tf.int64), training=True)
+    assert table.maintain(10).admitted == 2
+    assert int(table.counts.size().numpy()) == 0
+    path = tf.train.Checkpoint(table=table).save(
+        str(tmp_path / "c"), options=save_options(False))
+    other = DynamicTable(config, ShardLayout((5,), (None,)))
+    other.rows(tf.constant([9], tf.int64), training=True)  # to be replaced
+    root = tf.train.Checkpoint(table=other)
+    root.restore(path).assert_consumed()
+    assert _mapping(other) == _mapping(table)
+    assert int(other.counts.size().numpy()) == 0
+    assert differing_keys(root, path, None) == []
 
 
 def test_embeddings_stats_reads_the_checkpoint_files(trainer, trained,
