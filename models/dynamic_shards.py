@@ -42,7 +42,7 @@ class ShardLayout:
         the table's last row).
       devices: each shard's device (None: local).
       anchors: each shard's embedding variable (what its statistics are
-        colocated with), or None.
+        colocated with); empty: local (no placement).
     """
 
     sizes: tuple[int, ...]

@@ -97,11 +97,11 @@ def _row_ids(size: int, last: bool):
                               tf.constant([DEFAULT], tf.int64)], 0)
 
 
-def _joined(parts: list[tf.Variable], name: str):
-    """One variable of ``parts``: a ``ShardedVariable`` (saved as one
-    tensor, restored to any sharding), or the part itself when alone (a
+def _joined(pieces: list[tf.Variable], name: str):
+    """One variable of ``pieces``: a ``ShardedVariable`` (saved as one
+    tensor, restored to any sharding), or the piece itself when alone (a
     local model's, which a SavedModel saves as a plain variable)."""
-    return parts[0] if len(parts) == 1 else _Sharded(parts, name=name)
+    return pieces[0] if len(pieces) == 1 else _Sharded(pieces, name=name)
 
 
 def parts(variable) -> list[tf.Variable]:
@@ -162,19 +162,19 @@ class DynamicTable(tf.Module):
                                  lambda keys, _: owner(keys, admitting))
         self.serving_map = None  # a StaticHashTable after freeze()
         anchors = self.layout.anchors or (None,) * len(devices)
-        parts = {"row_ids": [], "freq": [], "last_seen": []}
+        pieces = {"row_ids": [], "freq": [], "last_seen": []}
         for k, (size, anchor) in enumerate(zip(self.layout.sizes, anchors)):
             with placed(devices[k]), colocated_with(anchor):
                 last = k == len(devices) - 1
-                parts["row_ids"].append(_int64(_row_ids(size, last),
+                pieces["row_ids"].append(_int64(_row_ids(size, last),
                                                f"row_ids/part_{k}"))
                 for name in ("freq", "last_seen"):
-                    parts[name].append(_int64(
+                    pieces[name].append(_int64(
                         lambda size=size: tf.zeros([size], tf.int64),
                         f"{name}/part_{k}"))
-        self.row_ids = _joined(parts["row_ids"], "row_ids")
-        self.freq = _joined(parts["freq"], "freq")
-        self.last_seen = _joined(parts["last_seen"], "last_seen")
+        self.row_ids = _joined(pieces["row_ids"], "row_ids")
+        self.freq = _joined(pieces["freq"], "freq")
+        self.last_seen = _joined(pieces["last_seen"], "last_seen")
         with placed(devices[0]), colocated_with(anchors[0]):
             self.clock = _int64(0, "clock")
             self.admitted = _int64(0, "admitted")

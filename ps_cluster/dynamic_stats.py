@@ -121,6 +121,17 @@ def _shards(row_ids: np.ndarray, sizes: Sequence[int],
     return tuple(out)
 
 
+def _pending(reader, keys, base: str) -> np.ndarray:
+    """The ids pending admission, without the marker pair. A checkpoint
+    written before the marker has no tensor for an empty pending table (a
+    save cut into slices drops empty tensors): none pending."""
+    key = base + "counts/.ATTRIBUTES/table-keys"
+    if key not in keys:
+        return np.zeros([0], np.int64)
+    pending = reader.get_tensor(key)
+    return pending[pending >= 0]
+
+
 def dynamic_stats(checkpoint: str, shards: int = 1,
                   shard_rows: Mapping[str, Sequence[int]] | None = None
                   ) -> DynamicStats:
@@ -139,8 +150,7 @@ def dynamic_stats(checkpoint: str, shards: int = 1,
         capacity = int(np.count_nonzero(row_ids != DEFAULT_ROW))
         if row_ids.size == capacity:  # saved before: no default row entry
             row_ids = np.append(row_ids, DEFAULT_ROW)
-        pending = reader.get_tensor(base + "counts/.ATTRIBUTES/table-keys")
-        pending = pending[pending >= 0]  # without the marker pair
+        pending = _pending(reader, keys, base)
         tables.append(TableStats(
             name=name, capacity=capacity,
             rows_used=int(np.count_nonzero(row_ids >= 0)),
