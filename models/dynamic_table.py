@@ -2,55 +2,58 @@
 
 Per ``mode: dynamic`` table (``features.dynamic``) a :class:`DynamicTable`
 holds, beside the table's ordinary (sharded) embedding variable of
-``capacity + 1`` rows whose last row is the shared default row:
+``capacity + 1`` rows whose last row is the shared default row, one shard
+of its state per embedding shard (``models.dynamic_shards``), on the PS
+task holding that embedding shard's rows:
 
-* ``map``: a ``MutableHashTable`` id -> row of the admitted ids;
-* ``counts``: a ``MutableHashTable`` id -> times seen, of the ids waiting for
-  admission (pending);
-* ``row_ids`` (the id each row holds, -1: free -- the free list and the
-  reverse map), ``freq`` (times each row was read in training, from its
-  admission on) and ``last_seen`` (the step it was last read) variables,
-  ``clock`` (the step of the last maintenance) and the ``admitted`` /
-  ``evicted`` totals. After each maintenance at most ``capacity`` ids stay
-  pending (the least seen are forgotten).
+* ``map``: ``MutableHashTable`` shards id -> (global) row of the admitted
+  ids, shard ``k`` holding the ids whose row is in shard ``k``'s range;
+* ``counts``: shards id -> times seen of the ids waiting for admission
+  (pending), an id counted by shard ``id mod`` (shards with rows);
+* ``row_ids`` (the id each row holds, -1: free, -2: the default row -- the
+  free list and the reverse map), ``freq`` (times each row was read in
+  training, from its admission on) and ``last_seen`` (the step it was last
+  read): ``ShardedVariable`` s cut as the embedding is, each shard
+  colocated with its embedding shard; ``clock`` (the step of the last
+  maintenance) and the ``admitted`` / ``evicted`` totals, with shard 0.
 
-Both hash tables live on one PS task, chosen by an explicit ``tf.device``
-(under ``ParameterServerStrategy`` a table created in the strategy's scope
-lands on the coordinator and fails when workers use it); round robin over
-the PS tasks by table index; without PS tasks, on the local device.
+Each shard admits its own pending ids into its own rows, evicting its own
+coldest rows: capacity, LFU/TTL and the bound on pending ids (at most a
+shard's capacity after each maintenance) are per shard. Hash tables are
+placed by an explicit ``tf.device`` (under ``ParameterServerStrategy`` a
+table created in the strategy's scope lands on the coordinator and fails
+when workers use it); without PS tasks everything is local, one shard.
 
-Workers only read the map (:meth:`DynamicTable.rows`): an unknown id reads
-the default row, whose gradient is dropped, and its count goes up by one
-per occurrence (a read and an insert, not atomic: two closures counting the
-same id at once may lose an increment, which only delays its admission).
-Hit rows get ``freq``/``last_seen`` updates by scatter ops. Rows are
-assigned only by :meth:`DynamicTable.maintain`, run eagerly by the
-coordinator at a join boundary (no closure in flight): it is the only
-writer of the map, so two ids never share a row.
+Workers only read the maps (:meth:`DynamicTable.rows`, one lookup per
+shard: an id is in at most one): an unknown id reads the default row, whose
+gradient is dropped, and its count goes up by one per occurrence (a read
+and an insert, not atomic: two closures counting the same id at once may
+lose an increment, which only delays its admission). Hit rows get
+``freq``/``last_seen`` updates by scatter ops on their shard. Rows are
+assigned only by :meth:`DynamicTable.maintain`, launched by the coordinator
+at a join boundary (no closure in flight): it is the only writer of the
+maps, so two ids never share a row. The selection runs as ops on each
+shard's PS (``models.dynamic_select``); only the rows given out come back.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import numpy as np
 import tensorflow as tf
 
 from psrec.features.columns import TableConfig
+from psrec.models.dynamic_select import maintenance_ops
+from psrec.models.dynamic_shards import ShardedMap
+from psrec.models.dynamic_shards import ShardLayout
+from psrec.models.dynamic_shards import colocated_with
+from psrec.models.dynamic_shards import owner
+from psrec.models.dynamic_shards import placed
+from psrec.models.dynamic_shards import row_shard
 
-
-def table_device(index: int) -> str | None:
-    """The device of the hash tables of table number ``index``: PS task
-    ``index % PS count`` under ``ParameterServerStrategy``, else None
-    (local)."""
-    strategy = tf.distribute.get_strategy()
-    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
-        return None
-    resolver = (strategy.cluster_resolver
-                or getattr(strategy, "_cluster_resolver", None))
-    num_ps = resolver.cluster_spec().num_tasks("ps")
-    return f"/job:ps/replica:0/task:{index % num_ps}/device:CPU:0"
+FREE, DEFAULT = -1, -2  # row_ids of a free row and of the default row
+_Sharded = tf.__internal__.distribute.ShardedVariable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,47 +66,134 @@ class Maintenance:
     evicted: int
 
 
-def _placed(device: str | None):
-    return tf.device(device) if device else contextlib.nullcontext()
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One shard's part of a table's state (what maintenance reads).
+
+    ``row_ids``/``freq``/``last_seen`` are indexed by local row
+    (``row - first_row``); ``map`` values are global rows."""
+
+    config: TableConfig
+    device: str | None
+    first_row: int
+    capacity: int
+    map: tf.lookup.experimental.MutableHashTable
+    counts: tf.lookup.experimental.MutableHashTable
+    row_ids: tf.Variable
+    freq: tf.Variable
+    last_seen: tf.Variable
+
+
+def _int64(value, name: str) -> tf.Variable:
+    return tf.Variable(value, trainable=False, name=name, dtype=tf.int64)
+
+
+def _row_ids(size: int, last: bool):
+    """A shard's initial ``row_ids``: free rows (the default row, the
+    table's last, marked so)."""
+    if not last:
+        return lambda: tf.fill([size], np.int64(FREE))
+    return lambda: tf.concat([tf.fill([size - 1], np.int64(FREE)),
+                              tf.constant([DEFAULT], tf.int64)], 0)
+
+
+def _joined(pieces: list[tf.Variable], name: str):
+    """One variable of ``pieces``: a ``ShardedVariable`` (saved as one
+    tensor, restored to any sharding), or the piece itself when alone (a
+    local model's, which a SavedModel saves as a plain variable)."""
+    return pieces[0] if len(pieces) == 1 else _Sharded(pieces, name=name)
+
+
+def parts(variable) -> list[tf.Variable]:
+    """The shard variables of a (possibly sharded) variable."""
+    return list(getattr(variable, "variables", [variable]))
+
+
+class _Compiled:
+    """The table's maintenance, a ``tf.function`` whose ops are placed on
+    the shards' devices (held outside the table's tracked attributes, so a
+    SavedModel of the model does not try to save it)."""
+
+    def __init__(self, table: "DynamicTable") -> None:
+        def maintain(step):
+            rows, evicted = [], []
+            for shard in table.shards():
+                with placed(shard.device):
+                    r, e = maintenance_ops(shard, step)
+                rows.append(r)
+                evicted.append(e)
+            with placed(table.layout.devices[0]):
+                table.clock.assign(step)
+                table.admitted.assign_add(tf.cast(tf.add_n(
+                    [tf.size(r) for r in rows]), tf.int64))
+                table.evicted.assign_add(tf.cast(tf.add_n(evicted),
+                                                 tf.int64))
+            return rows, evicted
+
+        self.maintain = tf.function(maintain, autograph=False)
 
 
 class DynamicTable(tf.Module):
-    """The id -> row map, pending counts and row statistics of one table.
+    """The id -> row maps, pending counts and row statistics of one table.
 
     Args:
       config: the ``mode: dynamic`` table.
-      device: where the hash tables live (a PS task's CPU), None: local.
+      layout: its embedding variable's shards (``ShardLayout.of``); None:
+        one local shard.
       initializer: ``shape -> values`` of fresh rows (the table's).
     """
 
-    def __init__(self, config: TableConfig, device: str | None = None,
+    def __init__(self, config: TableConfig, layout: ShardLayout | None = None,
                  initializer=None) -> None:
         super().__init__(name=f"dynamic_{config.name}")
         self.config = config
         self.initializer = initializer or tf.zeros
         self.capacity = config.capacity
-        self.device = device
-        with _placed(device):
-            self.map = tf.lookup.experimental.MutableHashTable(
-                tf.int64, tf.int64, default_value=-1,
-                name=f"{config.name}_map")
-            self.counts = tf.lookup.experimental.MutableHashTable(
-                tf.int64, tf.int64, default_value=0,
-                name=f"{config.name}_counts")
+        self.layout = layout or ShardLayout.local(config.capacity + 1)
+        if sum(self.layout.sizes) != self.capacity + 1:
+            raise ValueError(f"dynamic table {config.name!r}: shards of "
+                             f"{self.layout.sizes} rows, not capacity + 1 = "
+                             f"{self.capacity + 1}")
+        first, admitting = self.layout.first_rows, self.layout.admitting
+        devices = self.layout.devices
+        self.map = ShardedMap(f"{config.name}_map", devices, -1,
+                              lambda keys, rows: row_shard(rows, first))
+        self.counts = ShardedMap(f"{config.name}_counts", devices, 0,
+                                 lambda keys, _: owner(keys, admitting))
         self.serving_map = None  # a StaticHashTable after freeze()
+        anchors = self.layout.anchors or (None,) * len(devices)
+        pieces = {"row_ids": [], "freq": [], "last_seen": []}
+        for k, (size, anchor) in enumerate(zip(self.layout.sizes, anchors)):
+            with placed(devices[k]), colocated_with(anchor):
+                last = k == len(devices) - 1
+                pieces["row_ids"].append(_int64(_row_ids(size, last),
+                                               f"row_ids/part_{k}"))
+                for name in ("freq", "last_seen"):
+                    pieces[name].append(_int64(
+                        lambda size=size: tf.zeros([size], tf.int64),
+                        f"{name}/part_{k}"))
+        self.row_ids = _joined(pieces["row_ids"], "row_ids")
+        self.freq = _joined(pieces["freq"], "freq")
+        self.last_seen = _joined(pieces["last_seen"], "last_seen")
+        with placed(devices[0]), colocated_with(anchors[0]):
+            self.clock = _int64(0, "clock")
+            self.admitted = _int64(0, "admitted")
+            self.evicted = _int64(0, "evicted")
+        self._compiled = _Compiled(self)
 
-        def variable(value, name: str) -> tf.Variable:
-            return tf.Variable(value, trainable=False, name=name,
-                               dtype=tf.int64)
+    def shards(self) -> list[Shard]:
+        """Each shard's state (the maintenance's view)."""
+        return [Shard(self.config, self.layout.devices[k],
+                      self.layout.first_rows[k], self.layout.capacities[k],
+                      self.map.shards[k], self.counts.shards[k],
+                      parts(self.row_ids)[k], parts(self.freq)[k],
+                      parts(self.last_seen)[k])
+                for k in range(len(self.layout.sizes))]
 
-        self.row_ids = variable(tf.fill([self.capacity], np.int64(-1)),
-                                "row_ids")
-        self.freq = variable(tf.zeros([self.capacity + 1], tf.int64), "freq")
-        self.last_seen = variable(tf.zeros([self.capacity + 1], tf.int64),
-                                  "last_seen")
-        self.clock = variable(0, "clock")
-        self.admitted = variable(0, "admitted")
-        self.evicted = variable(0, "evicted")
+    @property
+    def device(self) -> str | None:
+        """The device of shard 0 (the clock and totals)."""
+        return self.layout.devices[0]
 
     @property
     def default_row(self) -> int:
@@ -127,8 +217,12 @@ class DynamicTable(tf.Module):
         of the rows read."""
         flat = tf.reshape(ids, [-1])
         unique, index, seen = tf.unique_with_counts(flat, out_idx=tf.int32)
-        table = self.serving_map if self.serving_map is not None else self.map
-        found = tf.reshape(table.lookup(unique), [-1])
+        if self.serving_map is not None:
+            found = tf.reshape(self.serving_map.lookup(unique), [-1])
+        else:  # every shard: an id is in one at most (-1 elsewhere)
+            found = tf.reduce_max(tf.stack(
+                [tf.reshape(t.lookup(unique), [-1])
+                 for t in self.map.shards]), 0)
         known = found >= 0
         if training:
             self._record(unique, tf.cast(seen, tf.int64), found, known)
@@ -139,13 +233,24 @@ class DynamicTable(tf.Module):
     def _record(self, unique, seen, found, known) -> None:
         pending = tf.logical_and(tf.logical_not(known), unique >= 0)
         new_ids = tf.boolean_mask(unique, pending)
-        self.counts.insert(new_ids, self.counts.lookup(new_ids)
-                           + tf.boolean_mask(seen, pending))
-        hit = tf.boolean_mask(found, known)
-        self.freq.scatter_add(tf.IndexedSlices(tf.boolean_mask(seen, known),
-                                               hit))
-        self.last_seen.scatter_max(tf.IndexedSlices(
-            tf.fill(tf.shape(hit), self.clock.read_value()), hit))
+        new_seen = tf.boolean_mask(seen, pending)
+        counter = owner(new_ids, self.layout.admitting)
+        for k in self.layout.admitting:
+            mine = tf.equal(counter, k)
+            ids_k, table = tf.boolean_mask(new_ids, mine), self.counts.shards[k]
+            table.insert(ids_k, table.lookup(ids_k)
+                         + tf.boolean_mask(new_seen, mine))
+        hit, hit_seen = tf.boolean_mask(found, known), tf.boolean_mask(seen,
+                                                                       known)
+        holder = row_shard(hit, self.layout.first_rows)
+        clock = self.clock.read_value()
+        for k, first in enumerate(self.layout.first_rows):
+            mine = tf.equal(holder, k)
+            local = tf.boolean_mask(hit, mine) - first
+            parts(self.freq)[k].scatter_add(tf.IndexedSlices(
+                tf.boolean_mask(hit_seen, mine), local))
+            parts(self.last_seen)[k].scatter_max(tf.IndexedSlices(
+                tf.fill(tf.shape(local), clock), local))
 
     @staticmethod
     def drop_default_gradient(embeddings: tf.Tensor, rows: tf.Tensor,
@@ -161,61 +266,14 @@ class DynamicTable(tf.Module):
         """Admits the pending ids seen ``admit_threshold`` times (most seen
         first) into free rows, evicting the coldest rows when none are
         free (``lfu``: rows read less often than the id waiting; ``ttl``:
-        rows not read for more than ``ttl_steps``). Call only with no
-        closure in flight."""
-        self.clock.assign(step)
-        keys, counts = (t.numpy() for t in self.counts.export())
-        ready = counts >= self.config.admit_threshold
-        if not ready.any():
-            self._prune(keys, counts)
-            return Maintenance(np.zeros([0], np.int64), 0, 0)
-        order = np.argsort(-counts[ready], kind="stable")
-        ids, seen = keys[ready][order], counts[ready][order]
-        row_ids = self.row_ids.numpy()
-        free = np.flatnonzero(row_ids < 0)
-        victims = self._victims(row_ids, seen[len(free):], step)
-        if victims.size:
-            self.map.remove(tf.constant(row_ids[victims]))
-            self.evicted.assign_add(victims.size)
-        rows = np.concatenate([free, victims])[:len(ids)].astype(np.int64)
-        ids, seen = ids[:rows.size], seen[:rows.size]
-        self.map.insert(tf.constant(ids), tf.constant(rows))
-        self.counts.remove(tf.constant(ids))
-        waiting = ~np.isin(keys, ids)
-        self._prune(keys[waiting], counts[waiting])
-        self.row_ids.scatter_update(tf.IndexedSlices(ids, rows))
-        self.freq.scatter_update(tf.IndexedSlices(seen, rows))
-        self.last_seen.scatter_update(tf.IndexedSlices(
-            np.full(rows.shape, step, np.int64), rows))
-        self.admitted.assign_add(rows.size)
-        return Maintenance(rows, int(rows.size), int(victims.size))
-
-    def _prune(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Keeps at most ``capacity`` pending ids: the least seen beyond
-        that are forgotten (they count again from 0 when seen again), so
-        the pending table stays bounded however many ids stream by."""
-        extra = keys.size - self.capacity
-        if extra > 0:
-            coldest = np.argsort(counts, kind="stable")[:extra]
-            self.counts.remove(tf.constant(keys[coldest]))
-
-    def _victims(self, row_ids: np.ndarray, waiting: np.ndarray,
-                 step: int) -> np.ndarray:
-        """The rows to evict for the ``waiting`` ids' counts (highest
-        first) that found no free row."""
-        if not waiting.size:
-            return np.zeros([0], np.int64)
-        used = np.flatnonzero(row_ids >= 0)
-        last = self.last_seen.numpy()[used]
-        if self.config.evict == "ttl":
-            old = used[step - last > self.config.ttl_steps]
-            old = old[np.argsort(self.last_seen.numpy()[old], kind="stable")]
-            return old[:waiting.size]
-        freq = self.freq.numpy()[used]
-        coldest = used[np.lexsort((last, freq))][:waiting.size]
-        colder = self.freq.numpy()[coldest] < waiting[:coldest.size]
-        return coldest[:int(np.argmin(colder)) if not colder.all()
-                       else coldest.size]
+        rows not read for more than ``ttl_steps``), each shard within its
+        own rows. Runs as ops on the shards' devices
+        (``models.dynamic_select``): only the rows given out and the
+        counts come back. Call only with no closure in flight."""
+        rows, evicted = self._compiled.maintain(tf.constant(step, tf.int64))
+        rows = np.concatenate([r.numpy() for r in rows]).astype(np.int64)
+        return Maintenance(rows, int(rows.size),
+                           sum(int(e.numpy()) for e in evicted))
 
     # -- export ------------------------------------------------------------
 
@@ -228,13 +286,20 @@ class DynamicTable(tf.Module):
             tf.lookup.KeyValueTensorInitializer(keys, rows), default_value=-1)
 
     def stats(self) -> dict[str, int]:
-        """Rows used/free, admitted, evicted and pending ids (eager)."""
-        used = int(np.count_nonzero(self.row_ids.numpy() >= 0))
-        return {"capacity": self.capacity, "rows_used": used,
-                "rows_free": self.capacity - used,
+        """Rows used/free, admitted, evicted and pending ids, in total and
+        per shard (``shards``: rows used and ids pending per shard,
+        counted on each shard's PS)."""
+        used = []
+        for device, part in zip(self.layout.devices, parts(self.row_ids)):
+            with placed(device):
+                used.append(int(tf.math.count_nonzero(part >= 0).numpy()))
+        return {"capacity": self.capacity, "rows_used": sum(used),
+                "rows_free": self.capacity - sum(used),
                 "admitted": int(self.admitted.numpy()),
                 "evicted": int(self.evicted.numpy()),
-                "pending": int(self.counts.size().numpy())}
+                "pending": int(self.counts.size().numpy()),
+                "shards": [{"rows_used": u, "pending": p} for u, p in zip(
+                    used, self.counts.shard_sizes())]}
 
 
 def freeze_tables(model) -> None:

@@ -22,8 +22,8 @@ import tf_keras
 
 from psrec.features.columns import TableConfig
 from psrec.features.spec import FeatureSpec
+from psrec.models.dynamic_shards import ShardLayout
 from psrec.models.dynamic_table import DynamicTable
-from psrec.models.dynamic_table import table_device
 from psrec.models.table_init import fill_table
 from psrec.models.table_init import fills_in_blocks
 
@@ -134,9 +134,9 @@ class SparseArch(tf_keras.layers.Layer):
                         initializer="zeros", trainable=True)
         # Raw ids -> rows of the `mode: dynamic` tables (models.dynamic_table).
         self.dynamic_tables = {
-            t.name: DynamicTable(t, table_device(i),
+            t.name: DynamicTable(t, ShardLayout.of(self.tables[t.name]),
                                  _initializer(t, default_scale))
-            for i, t in enumerate(spec.tables) if t.dynamic}
+            for t in spec.tables if t.dynamic}
         self._by_table = collections.defaultdict(list)
         for feature in spec.categorical:
             self._by_table[feature.table].append(feature)

@@ -7,6 +7,12 @@ which a restore changes: a table is restored whole (``LookupTableImportV2``
 on the table's own device, what TensorFlow's restore runs) and compared as
 pairs sorted by key. Tables hold one pair per admitted or pending id, far
 smaller than the rows they index, so they are not split into blocks.
+
+A dynamic table's sharded map (``models.dynamic_shards.ShardedMap``: one
+hash table per embedding shard) saves as one table and is handled as one
+here: its pairs are exported from every shard and restored through its
+``import_pairs``, which puts each pair in the shard that owns it now (any
+shard count restores).
 """
 
 from __future__ import annotations
@@ -14,13 +20,32 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from psrec.models.dynamic_shards import ShardedMap
+from psrec.models.dynamic_shards import saved_pairs
+
 _ATTRIBUTE = "/.ATTRIBUTES/table"
 SUFFIXES = ("-keys", "-values")
 
 
 def _is_table(value) -> bool:
     return isinstance(value, (tf.lookup.experimental.MutableHashTable,
-                               tf.lookup.experimental.DenseHashTable))
+                               tf.lookup.experimental.DenseHashTable,
+                               ShardedMap))
+
+
+def _device(table) -> str:
+    """Where a table's saved pairs are read (a sharded map: its first
+    shard's device)."""
+    if isinstance(table, ShardedMap):
+        return table.devices[0] or ""
+    return table.resource_handle.device
+
+
+def _export(table):
+    if isinstance(table, ShardedMap):
+        return table.export()  # each shard on its own device
+    with tf.device(table.resource_handle.device):
+        return table.export()
 
 
 def live_tables(objects: list[tuple[object, str]]) -> dict[str, object]:
@@ -44,7 +69,7 @@ def in_checkpoint(tables: dict[str, object], saved_keys) -> dict[str, object]:
 def _saved(path: str, base: str, table, device: str | None):
     """The saved keys and values of one table, read on ``device`` (None:
     the table's own)."""
-    with tf.device(device or table.resource_handle.device):
+    with tf.device(device or _device(table)):
         return tf.raw_ops.RestoreV2(
             prefix=str(path), tensor_names=[base + s for s in SUFFIXES],
             shape_and_slices=["", ""],
@@ -63,10 +88,11 @@ def differing_tables(tables: dict[str, object], path: str,
     (order aside)."""
     bad = []
     for base, table in sorted(tables.items()):
-        saved = _sorted_pairs(*(t.numpy() for t in _saved(
-            path, base, table, io_device)))
-        with tf.device(table.resource_handle.device):
-            live = _sorted_pairs(*(t.numpy() for t in table.export()))
+        pairs = _saved(path, base, table, io_device)
+        if isinstance(table, ShardedMap):
+            pairs = saved_pairs(*pairs)
+        saved = _sorted_pairs(*(t.numpy() for t in pairs))
+        live = _sorted_pairs(*(t.numpy() for t in _export(table)))
         if not all(np.array_equal(a, b) for a, b in zip(live, saved)):
             bad += [base + suffix for suffix in SUFFIXES]
     return bad
@@ -77,6 +103,9 @@ def restore_tables(tables: dict[str, object], path: str,
     """Replaces each table's contents with checkpoint ``path``'s."""
     for base, table in sorted(tables.items()):
         keys, values = _saved(path, base, table, io_device)
+        if isinstance(table, ShardedMap):
+            table.import_pairs(keys, values)
+            continue
         with tf.device(table.resource_handle.device):
             tf.raw_ops.LookupTableImportV2(
                 table_handle=table.resource_handle, keys=keys, values=values)

@@ -3,12 +3,16 @@
 
 Each ``mode: dynamic`` table saves, under
 ``model/sparse_arch/dynamic_tables/<table>/``, its ``row_ids`` (the id each
-row holds, -1: free), the pending ``counts`` table and its ``admitted`` /
-``evicted`` totals (``psrec.models.dynamic_table``). Row variables are
-saved whole: rows per shard are those of the run (``psrec embeddings
-stats`` plans them from the ``job.json`` beside the checkpoint, as the
-partitioner cut them) or an even split (the last row, the default row, is
-neither used nor free).
+row holds, -1: free, -2: the default row; checkpoints written before the
+maps were sharded have no entry for the default row), the pending
+``counts`` table and its ``admitted`` / ``evicted`` totals
+(``psrec.models.dynamic_table``). Row variables and maps are saved whole:
+rows per shard are those of the run (``psrec embeddings stats`` plans them
+from the ``job.json`` beside the checkpoint, as the partitioner cut them)
+or an even split (the last row, the default row, is neither used nor
+free), and ids pending per shard are counted as the run routes them
+(``models.dynamic_shards.owner``: id modulo the shards with rows). A saved
+map starts with a marker pair of key -1, not counted.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from psrec.uri_path import as_path
 
 PREFIX = "model/sparse_arch/dynamic_tables/"
 _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+DEFAULT_ROW = -2  # row_ids of the default row (models.dynamic_table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +76,8 @@ class DynamicStats:
                     f"    shard {shard['index']}: rows {shard['first_row']}.."
                     f"{shard['first_row'] + shard['rows'] - 1}, "
                     f"{shard['rows_used']:,} used, "
-                    f"{shard['rows_free']:,} free")
+                    f"{shard['rows_free']:,} free, "
+                    f"{shard['pending']:,} ids pending")
         return "\n".join(lines)
 
 
@@ -97,15 +103,33 @@ def even_shards(rows: int, shards: int) -> list[int]:
             for i in range(shards)]
 
 
-def _shards(row_ids: np.ndarray, sizes: Sequence[int]) -> tuple[dict, ...]:
+def _shards(row_ids: np.ndarray, sizes: Sequence[int],
+            pending: np.ndarray) -> tuple[dict, ...]:
+    """Rows used/free and ids pending of each shard of ``sizes`` rows."""
+    held = np.split(row_ids, np.cumsum(sizes)[:-1])
+    admitting = [k for k, part in enumerate(held)
+                 if np.count_nonzero(part >= -1)]  # shards with rows
+    counter = (np.asarray(admitting)[pending % len(admitting)]
+               if admitting and pending.size else np.zeros([0], np.int64))
     out, start = [], 0
-    for index, size in enumerate(sizes):
-        held = row_ids[start:start + size]  # the default row is not in it
-        used = int(np.count_nonzero(held >= 0))
+    for index, (size, part) in enumerate(zip(sizes, held)):
         out.append({"index": index, "first_row": start, "rows": size,
-                    "rows_used": used, "rows_free": held.size - used})
+                    "rows_used": int(np.count_nonzero(part >= 0)),
+                    "rows_free": int(np.count_nonzero(part == -1)),
+                    "pending": int(np.count_nonzero(counter == index))})
         start += size
     return tuple(out)
+
+
+def _pending(reader, keys, base: str) -> np.ndarray:
+    """The ids pending admission, without the marker pair. A checkpoint
+    written before the marker has no tensor for an empty pending table (a
+    save cut into slices drops empty tensors): none pending."""
+    key = base + "counts/.ATTRIBUTES/table-keys"
+    if key not in keys:
+        return np.zeros([0], np.int64)
+    pending = reader.get_tensor(key)
+    return pending[pending >= 0]
 
 
 def dynamic_stats(checkpoint: str, shards: int = 1,
@@ -123,12 +147,16 @@ def dynamic_stats(checkpoint: str, shards: int = 1,
     for name in names:
         base = PREFIX + name + "/"
         row_ids = reader.get_tensor(base + "row_ids" + _VALUE)
+        capacity = int(np.count_nonzero(row_ids != DEFAULT_ROW))
+        if row_ids.size == capacity:  # saved before: no default row entry
+            row_ids = np.append(row_ids, DEFAULT_ROW)
+        pending = _pending(reader, keys, base)
         tables.append(TableStats(
-            name=name, capacity=int(row_ids.size),
+            name=name, capacity=capacity,
             rows_used=int(np.count_nonzero(row_ids >= 0)),
             admitted=int(reader.get_tensor(base + "admitted" + _VALUE)),
             evicted=int(reader.get_tensor(base + "evicted" + _VALUE)),
-            pending=int(keys[base + "counts/.ATTRIBUTES/table-keys"][0]),
+            pending=int(pending.size),
             shards=_shards(row_ids, (shard_rows or {}).get(name) or
-                           even_shards(row_ids.size + 1, shards))))
+                           even_shards(row_ids.size, shards), pending)))
     return DynamicStats(path, tuple(tables))

@@ -40,7 +40,8 @@ from psrec.models.sizing import SLOTS
 from psrec.models.sizing import dense_parameter_count
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.partitioning import TablePartitioner
-from psrec.ps_cluster.planner_dynamic import dynamic_ps_bytes
+from psrec.ps_cluster.planner_dynamic import dynamic_names
+from psrec.ps_cluster.planner_dynamic import dynamic_table_bytes
 
 VALUE_BYTES = 4  # float32 variables
 MAX_PLANNED_PS = 1024  # the largest PS count min_ps looks at
@@ -139,7 +140,7 @@ class ShardingPlan:
       tables: every table variable, in creation order.
       dense_bytes: dense weights and their slots, counted on every PS.
       ps_bytes: per PS task: its shards, their slots, ``dense_bytes`` and
-        the maps and row statistics of its dynamic tables
+        the maps and row statistics of its dynamic table shards
         (``planner_dynamic``).
       ps_memory: the budget of one PS task (None: no budget).
       min_ps: the smallest PS count (up to ``MAX_PLANNED_PS``) whose
@@ -250,15 +251,17 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
 
 def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
                   partition: PartitionConfig, slots: int, dense: int,
-                  dynamic: np.ndarray) -> int:
+                  dynamic: frozenset[str]) -> int:
     """``max_ps_bytes`` of a plan on ``num_ps`` PS tasks, without building
     it (``min_ps`` tries up to ``MAX_PLANNED_PS`` counts)."""
     counter = FIRST_TABLE_VARIABLE
-    per_ps = np.full(num_ps, float(dense)) + dynamic
-    for _, rows, dim in variables:
-        rows_each = shard_rows(rows, num_ps, partition, dim)
-        sizes = (np.asarray(rows_each, dtype=np.float64)
-                 * (VALUE_BYTES * dim * (1 + slots)))
+    per_ps = np.full(num_ps, float(dense))
+    for name, rows, dim in variables:
+        rows_each = np.asarray(shard_rows(rows, num_ps, partition, dim),
+                               dtype=np.float64)
+        sizes = rows_each * (VALUE_BYTES * dim * (1 + slots))
+        if name in dynamic:  # its maps and statistics, shard by shard
+            sizes += dynamic_table_bytes(rows_each)
         places = (counter + np.arange(len(sizes))) % num_ps
         per_ps += np.bincount(places, weights=sizes, minlength=num_ps)
         counter += len(sizes)
@@ -275,7 +278,7 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
     slots = SLOTS[optimizer.sparse]
     for num_ps in range(1, MAX_PLANNED_PS + 1):
         if _max_ps_bytes(variables, num_ps, partition, slots, dense,
-                         dynamic_ps_bytes(spec, num_ps)) <= ps_memory:
+                         dynamic_names(spec)) <= ps_memory:
             return num_ps
     return None
 
@@ -285,11 +288,13 @@ def _layout(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             dense_parameters: int) -> ShardingPlan:
     tables = _tables(spec, model, num_ps, partition, SLOTS[optimizer.sparse])
     dense = VALUE_BYTES * dense_parameters * (1 + SLOTS[optimizer.dense])
-    # + the maps and row statistics of dynamic tables (planner_dynamic)
-    ps_bytes = [dense + int(b) for b in dynamic_ps_bytes(spec, num_ps)]
+    ps_bytes = [dense] * num_ps
+    dynamic = dynamic_names(spec)
     for table in tables:
         for shard in table.shards:
             ps_bytes[shard.ps] += shard.total_bytes
+            if table.name in dynamic:  # + its maps and row statistics
+                ps_bytes[shard.ps] += dynamic_table_bytes(shard.rows)
     return ShardingPlan(ps=num_ps, optimizer=optimizer.sparse,
                         partition=partition, tables=tables, dense_bytes=dense,
                         ps_bytes=ps_bytes)

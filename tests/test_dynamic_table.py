@@ -33,10 +33,15 @@ from psrec.launch.cli import main
 from psrec.launch.job_config import JobConfig
 from psrec.models.config import ModelConfig
 from psrec.models.config import ModelConfigError
+from psrec.models.dynamic_shards import ShardLayout
+from psrec.models.dynamic_table import DynamicTable
+from psrec.models.dynamic_table import parts
 from psrec.models.export import export_saved_model
 from psrec.models.optim import OptimizerConfig
 from psrec.models.ranking import build_model
 from psrec.models.retrieval_config import check_no_dynamic_tables
+from psrec.ps_cluster.checkpoint_save import save_options
+from psrec.ps_cluster.checkpoint_verify import differing_keys
 from psrec.ps_cluster.dynamic_maintenance import Maintainer
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.planner import plan
@@ -127,14 +132,46 @@ def _accumulators(trainer, name: str) -> np.ndarray:
                                name].variables])
 
 
-def test_maps_live_on_ps_tasks_round_robin(trainer):
-    for index, table in enumerate(SPEC.tables):
+def _statistics(shard) -> tuple:
+    return (shard.row_ids, shard.freq, shard.last_seen)
+
+
+def _row_ids(table) -> np.ndarray:
+    return tf.concat(parts(table.row_ids), 0).numpy()
+
+
+def _check_shards(table) -> None:
+    """Each map shard holds only rows of its own range, one id per row, as
+    ``row_ids`` says."""
+    row_ids = _row_ids(table)
+    for shard in table.shards():
+        keys, rows = (t.numpy() for t in shard.map.export())
+        assert ((rows >= shard.first_row)
+                & (rows < shard.first_row + shard.row_ids.shape[0])).all()
+        assert (row_ids[rows] == keys).all()
+    rows = table.map.export()[1].numpy()
+    assert len(set(rows.tolist())) == rows.size == np.count_nonzero(
+        row_ids >= 0)
+
+
+def test_map_shards_live_with_their_embedding_shards(trainer):
+    for table in SPEC.tables:
         if not table.dynamic:
             continue
         dynamic = _table(trainer, table.name)
-        want = f"/job:ps/replica:0/task:{index % 2}/device:CPU:0"
-        assert dynamic.map.resource_handle.device == want
-        assert dynamic.counts.resource_handle.device == want
+        embedding = trainer.model.sparse_arch.tables[table.name].variables
+        assert len(dynamic.shards()) == len(embedding) == 2
+        for shard, part in zip(dynamic.shards(), embedding):
+            assert part.device.startswith("/job:ps/")
+            assert shard.map.resource_handle.device == part.device
+            assert shard.counts.resource_handle.device == part.device
+            # The row statistics too (the strategy would place them round
+            # robin over the PS tasks): maintenance reads them where they
+            # are.
+            assert {v.device for v in _statistics(shard)} == {part.device}
+        assert {v.device for v in (dynamic.clock, dynamic.admitted,
+                                   dynamic.evicted)} == {embedding[0].device}
+    assert len({p.device for p in embedding}) == 2  # both PS tasks
 
 
 def test_admission_only_at_the_threshold(trainer):
@@ -202,10 +239,55 @@ def test_concurrent_closures_never_share_a_row(trainer):
         assert _table(trainer, "pool").counts.size().numpy() <= 64
     table = _table(trainer, "pool")
     mapping = _mapping(table)
-    row_ids = table.row_ids.numpy()
+    row_ids = _row_ids(table)
     assert len(mapping) == 64 == np.count_nonzero(row_ids >= 0)
     assert len(set(mapping.values())) == len(mapping)
     assert all(row_ids[row] == key for key, row in mapping.items())
+    _check_shards(table)  # each shard admitted into its own rows
+    assert [s["rows_used"] for s in table.stats()["shards"]] == [33, 31]
+
+
+def test_maintenance_runs_on_the_tables_ps(trainer, monkeypatch):
+    """The selection is ops on the table's PS: the coordinator launches it
+    and gets the rows given out (O(admitted)) and a count, never the
+    pending counts, ``row_ids``, ``freq`` or ``last_seen``."""
+    table = _table(trainer, "pool")  # full: admitting means evicting
+    function = table._compiled.maintain.get_concrete_function(
+        tf.TensorSpec([], tf.int64))
+    graph = function.graph
+    nodes = [(op.type, op.device) for op in graph.get_operations()] + [
+        (node.op, node.device) for f in graph._functions.values()
+        for node in f.definition.node_def]
+    devices = {s.device for s in table.shards()}
+    elsewhere = {t for t, device in nodes if device not in devices}
+    assert elsewhere <= {"Placeholder", "Identity", "NoOp"}  # plumbing
+    # per shard: the rows it gave out, the number it evicted
+    assert [(o.dtype, o.shape.as_list()) for o in function.outputs] == [
+        (tf.int64, [None])] * 2 + [(tf.int32, [])] * 2
+    eager_reads = []
+
+    def guard(cls, name, watched):
+        original = getattr(cls, name)
+
+        def wrapped(self, *args, **kwargs):
+            if tf.executing_eagerly() and any(self is w for w in watched):
+                eager_reads.append(name)
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(cls, name, wrapped)
+
+    shards = table.shards()
+    variables = [v for s in shards for v in _statistics(s)]
+    for name in ("numpy", "read_value", "value", "_read_variable_op"):
+        guard(type(shards[0].freq), name, variables)
+    guard(type(shards[0].counts), "export",
+          [t for s in shards for t in (s.map, s.counts)])
+    _read(trainer, "pool", [1000 + i for i in range(8) for _ in range(100)])
+    done = _maintain(trainer, "pool", 70)
+    assert eager_reads == []
+    assert done.admitted == done.evicted == done.rows.size == 8
+    assert sorted(_mapping(table)[1000 + i] for i in range(8)) == sorted(
+        done.rows.tolist())
+    _check_shards(table)
 
 
 @pytest.fixture(scope="module")
@@ -250,10 +332,48 @@ def test_checkpoint_round_trip_and_reshard(trainer, trained, ps_cluster,
     assert len(other.model.sparse_arch.tables["big"].variables) == 3
     other.keeper.restore(result.checkpoint)  # verified by value, slots too
     moved = _table(other, "big")
-    assert (_mapping(moved), moved.stats()) == saved
+    assert (_mapping(moved), _totals(moved)) == (saved[0], _totals(table))
     assert np.array_equal(_rows_of(other, "big"), _rows_of(trainer, "big"))
     assert np.array_equal(_accumulators(other, "big"),
                           _accumulators(trainer, "big"))
+    # Each pair went to the shard owning its row, each pending id to the
+    # shard counting it; the 3 shards then admit into their own rows.
+    _check_shards(moved)
+    for k, shard in enumerate(moved.shards()):
+        keys = shard.counts.export()[0].numpy()
+        assert (keys % 3 == k).all()
+    fresh = [3_000_000 + k for k in range(3)]  # one per shard
+    moved.rows(tf.constant(fresh * 3, tf.int64), training=True)
+    done = moved.maintain(60)
+    _check_shards(moved)
+    rows = _mapping(moved)
+    starts = [s.first_row for s in moved.shards()] + [301]
+    assert done.admitted == 3 and all(
+        starts[k] <= rows[i] < starts[k + 1] for k, i in enumerate(fresh))
+
+
+def _totals(table) -> dict:
+    return {k: v for k, v in table.stats().items() if k != "shards"}
+
+
+def test_an_empty_map_survives_a_sliced_save(tmp_path):
+    """A save cut into slices drops empty tensors: with every id admitted
+    the pending table is empty, and its restore must still find it."""
+    config = TableConfig("t", dim=2, mode="dynamic", capacity=4)
+    layout = ShardLayout((3, 2), (None, None))
+    table = DynamicTable(config, layout)
+    table.rows(tf.constant([5, 8], tf.int64), training=True)
+    assert table.maintain(10).admitted == 2
+    assert int(table.counts.size().numpy()) == 0
+    path = tf.train.Checkpoint(table=table).save(
+        str(tmp_path / "c"), options=save_options(False))
+    other = DynamicTable(config, ShardLayout((5,), (None,)))
+    other.rows(tf.constant([9], tf.int64), training=True)  # to be replaced
+    root = tf.train.Checkpoint(table=other)
+    root.restore(path).assert_consumed()
+    assert _mapping(other) == _mapping(table)
+    assert int(other.counts.size().numpy()) == 0
+    assert differing_keys(root, path, None) == []
 
 
 def test_embeddings_stats_reads_the_checkpoint_files(trainer, trained,
@@ -265,8 +385,12 @@ def test_embeddings_stats_reads_the_checkpoint_files(trainer, trained,
     tables = {t["name"]: t for t in report["tables"]}
     assert sorted(tables) == ["big", "lfu", "pool", "ttl"]
     big, live = tables["big"], _table(trainer, "big")
-    row_ids = live.row_ids.numpy()
+    row_ids = _row_ids(live)
     assert big["rows_used"] == np.count_nonzero(row_ids >= 0) > 0
+    assert big["capacity"] == 300 and big["rows_free"] == np.count_nonzero(
+        row_ids == -1)
+    assert [s["pending"] for s in big["shards"]] == [
+        s["pending"] for s in live.stats()["shards"]]
     assert (big["admitted"], big["evicted"], big["pending"]) == (
         int(live.admitted.numpy()), int(live.evicted.numpy()),
         int(live.counts.size().numpy()))
@@ -358,7 +482,7 @@ def test_raw_ids_are_64_bit_fingerprints_and_hashed_specs_unchanged():
     assert all("raw_ids" not in f for f in preset["categorical"])
 
 
-def test_planner_counts_the_maps_and_row_statistics():
+def test_planner_counts_the_map_shards_where_they_live(trainer):
     hashed = _spec_dict()
     for table in hashed["tables"][1:]:
         table.update(mode="hashed", rows=table["capacity"] + 1)
@@ -367,10 +491,17 @@ def test_planner_counts_the_maps_and_row_statistics():
             table.pop(key, None)
     for feature in hashed["categorical"][1:]:
         feature["hash_buckets"] = 2
-    plain = plan(FeatureSpec.from_dict(hashed), MODEL, 2)
-    dynamic = plan(SPEC, MODEL, 2)
-    # Tables 1 (lfu) and 3 (pool) on PS 1, 2 (ttl) and 4 (big) on PS 0.
-    assert [d - p for d, p in zip(dynamic.ps_bytes, plain.ps_bytes)] == [
-        dynamic_table_bytes(2) + dynamic_table_bytes(300),
-        dynamic_table_bytes(2) + dynamic_table_bytes(64)]
+    plain = plan(FeatureSpec.from_dict(hashed), MODEL, 2,
+                 partitioner="fixed")
+    dynamic = plan(SPEC, MODEL, 2, partitioner="fixed")
+    # Each shard's maps and statistics on the PS task of its embedding
+    # shard, as the trainer (same partitioning) placed them.
+    want = [0, 0]
+    for name, table in trainer.model.sparse_arch.dynamic_tables.items():
+        for shard, part in zip(table.shards(), trainer.model.sparse_arch
+                               .tables[name].variables):
+            want[int(part.device.split("task:")[1][0])] += (
+                dynamic_table_bytes(int(part.shape[0])))
+    assert [d - p for d, p in zip(dynamic.ps_bytes, plain.ps_bytes)] == want
+    assert min(want) > 0  # spread over both PS tasks
     assert dynamic_table_bytes(300) >= 300 * (2 * 16 + 3 * 8)
