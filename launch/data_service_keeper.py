@@ -15,8 +15,11 @@ state folder (``data-service-journal``, emptied when the launcher starts,
 so a rerun never joins the jobs of an earlier run): a restarted dispatcher
 recovers the jobs, the iterations and the files it had handed out, and the
 training workers' iterators reconnect to it by themselves (TF 2.21,
-measured: see ``tests/test_data_service.py``). The files the dead tf.data
-workers were reading are lost for that epoch (at-most-once).
+measured: see ``tests/test_data_service.py``), so the coordinator goes on.
+Without the journal they do not: their next read fails with "Unknown
+iteration client id ... The dispatcher is not configured to be fault
+tolerant" (NotFound) and the coordinator exits 1 (measured). What the dead
+tf.data workers had read ahead is not re-read (at-most-once).
 """
 
 from __future__ import annotations
