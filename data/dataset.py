@@ -265,7 +265,8 @@ def _distributed(dataset: tf.data.Dataset, service: str, job_name: str
     restart of the tf.data service process training crawled (~10x slower
     to the end of the run): requests wait on the dead tf.data workers'
     tasks, which the recovered dispatcher still lists, and a fixed limit of
-    them leaves few or none for the live ones (2 restarts with 4: the same).
+    them leaves few or none for the live ones (with 4: 3-5x slower after
+    2 restarts).
     """
     dataset = dataset.apply(tf.data.experimental.service.distribute(
         processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
