@@ -6,9 +6,11 @@ loopback ports: the dispatcher and one tf.data worker per training worker
 (one TensorFlow import instead of one per role; apart from the training
 workers, so a worker that dies does not take a tf.data worker -- and the
 files it is reading -- with it; it outlives coordinator and role
-restarts). It passes the dispatcher's address to the coordinator in
-``PSREC_DATA_SERVICE`` and stops the process by pid when the job ends (it
-also dies with the launcher, ``PR_SET_PDEATHSIG``).
+restarts, and the supervisor restarts it on its port when it dies:
+:mod:`psrec.launch.data_service_keeper`). It passes the dispatcher's
+address to the coordinator in ``PSREC_DATA_SERVICE`` and stops the process
+by pid when the job ends (it also dies with the launcher,
+``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -16,23 +18,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Iterator
 
 from psrec.errors import EXIT_OK
 from psrec.launch.argtypes import non_negative
 from psrec.launch.cli_support import UsageError
-from psrec.launch.local import die_with_parent
-from psrec.launch.local import stop_processes
-from psrec.launch.local import wait_listening
-from psrec.ps_cluster.addresses import free_loopback_ports
+from psrec.launch.data_service_keeper import LocalDataService
 from psrec.ps_cluster.data_service import ADDRESS_ENV
-from psrec.runtime import role_environment
 
-_START_TIMEOUT = 120.0  # seconds for the tf.data roles to listen
 INPUT_CHOICES = ("auto", "static", "data-service")
 
 
@@ -76,38 +69,25 @@ def use_dispatcher_flag(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def local_data_service(config, log=print) -> Iterator[None]:
+def local_data_service(config, log=print
+                       ) -> Iterator[LocalDataService | None]:
     """Starts the local tf.data service when ``config`` asks for it (and
     no dispatcher was given) -- one process: the dispatcher and one tf.data
     worker per training worker -- with :data:`ADDRESS_ENV` set for the
-    coordinator; stops it on exit."""
+    coordinator; yields it (None when not started) for the supervisor to
+    keep alive (:meth:`LocalDataService.keep`); stops it on exit."""
     if config.input.mode != "data-service" or os.environ.get(ADDRESS_ENV):
-        yield
+        yield None
         return
-    logs = Path(config.workdir) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    port = free_loopback_ports(1)[0]
-    dispatcher = f"127.0.0.1:{port}"
-    process = None
+    service = LocalDataService(config.workers, config.state_dir,
+                               str(config.workdir), log)
     try:
-        with open(logs / "data-dispatcher.log", "ab") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "psrec", "data-server", "--role",
-                 "dispatcher", "--port", str(port), "--local-workers",
-                 str(config.workers), "--run-dir", str(config.workdir)],
-                stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=role_environment(),
-                preexec_fn=die_with_parent)
-        wait_listening("data-dispatcher", process, dispatcher,
-                       logs / "data-dispatcher.log",
-                       time.monotonic() + _START_TIMEOUT, _START_TIMEOUT)
-        log(f"tf.data service: dispatcher {dispatcher} + {config.workers} "
-            f"tf.data workers, one process (data pid {process.pid})")
-        os.environ[ADDRESS_ENV] = f"grpc://{dispatcher}"
-        yield
+        service.start()
+        os.environ[ADDRESS_ENV] = f"grpc://{service.address}"
+        yield service
     finally:
         os.environ.pop(ADDRESS_ENV, None)
-        stop_processes([process])
+        service.stop()
 
 
 def _cmd_data_server(args: argparse.Namespace) -> int:

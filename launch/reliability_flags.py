@@ -24,6 +24,11 @@ def add_reliability_flags(group) -> None:
     group.add_argument("--max-ps-restarts", type=non_negative, default=None,
                        help="restarts of PS tasks, each with the coordinator "
                        "from the latest checkpoint (default: --max-restarts)")
+    group.add_argument("--max-data-service-restarts", type=non_negative,
+                       default=None,
+                       help="restarts of the local tf.data service process "
+                       "(--input-mode data-service), on its port; the "
+                       "training workers reconnect (default: --max-restarts)")
     group.add_argument("--restart-budget-refill", type=non_negative_float,
                        default=600.0,
                        help="seconds a role runs without failing after which "
@@ -57,7 +62,7 @@ def add_reliability_flags(group) -> None:
 def supervisor_config(args: argparse.Namespace):
     """The :class:`SupervisorConfig` of ``psrec train``'s arguments."""
     from psrec.launch.restart_policy import RestartLimits
-    from psrec.launch.supervisor import SupervisorConfig
+    from psrec.launch.restart_policy import SupervisorConfig
 
     def given(value):
         return args.max_restarts if value is None else value
@@ -65,6 +70,7 @@ def supervisor_config(args: argparse.Namespace):
         limits=RestartLimits(
             worker=given(args.max_worker_restarts),
             ps=given(args.max_ps_restarts), coordinator=args.max_restarts,
+            data_service=given(args.max_data_service_restarts),
             refill_after=args.restart_budget_refill),
         restart_workers=not args.no_restart_workers,
         stall_timeout=args.stall_timeout or None,

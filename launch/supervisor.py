@@ -28,6 +28,8 @@ what TensorFlow itself promises:
 * SIGTERM/SIGINT are forwarded to the coordinator, which saves a
   checkpoint within ``grace_period`` and prints one line; then every role
   is stopped (exit 143 / 130);
+* the local tf.data service (``data_service``), when its process dies, is
+  restarted on its port within its own budget (``data_service_keeper``);
 * a coordinator exit with a permanent code (bad data, bad arguments, bad
   checkpoint) stops everything and is passed through.
 
@@ -37,7 +39,6 @@ child is also bound to the supervisor's life with ``PR_SET_PDEATHSIG``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import signal
@@ -60,8 +61,9 @@ from psrec.launch.heartbeat import heartbeat_path
 from psrec.launch.local import LocalCluster
 from psrec.launch.local import die_with_parent
 from psrec.launch.local import stop_processes
+from psrec.launch.restart_policy import BUDGET_FLAGS
 from psrec.launch.restart_policy import RestartBudget
-from psrec.launch.restart_policy import RestartLimits
+from psrec.launch.restart_policy import SupervisorConfig
 from psrec.launch.signal_latch import Terminated
 from psrec.launch.signal_latch import clear as clear_signals
 from psrec.launch.signal_latch import on_signal
@@ -69,42 +71,9 @@ from psrec.launch.signal_latch import raise_signalled
 from psrec.ps_cluster.tf_config import TaskInfo
 from psrec.runtime import role_environment
 
-
-@dataclasses.dataclass(frozen=True)
-class SupervisorConfig:
-    """Restart policy.
-
-    Attributes:
-      limits: restarts allowed per role, and when a budget refills.
-      restart_workers: restart a worker that died (otherwise training goes
-        on with the remaining workers).
-      backoff: first backoff in seconds, doubled per restart of a role,
-        capped at 60.
-      stall_timeout: seconds without a new heartbeat before the
-        coordinator is declared stalled (None: not watched).
-      grace_period: seconds the coordinator gets after SIGTERM/SIGINT to
-        save a checkpoint and exit before it is killed.
-    """
-
-    limits: RestartLimits = RestartLimits()
-    restart_workers: bool = True
-    backoff: float = 1.0
-    stall_timeout: float | None = None
-    grace_period: float = 30.0
-
-    def stall_deadline(self) -> float | None:
-        """The supervisor's stall limit: the timeout plus a margin."""
-        if not self.stall_timeout:
-            return None
-        return self.stall_timeout + max(3.0, min(10.0,
-                                                 0.1 * self.stall_timeout))
-
-
 # Seconds a new coordinator may take to publish its first heartbeat
 # (importing TensorFlow on a loaded machine), when above the stall limit.
 STARTUP_ALLOWANCE = 120.0
-_BUDGET_FLAGS = {"worker": "--max-worker-restarts",
-                 "ps": "--max-ps-restarts", "coordinator": "--max-restarts"}
 
 
 class Supervisor:
@@ -120,8 +89,9 @@ class Supervisor:
 
     def __init__(self, cluster: LocalCluster, coordinator_argv: Sequence[str],
                  config: SupervisorConfig, workdir: str | Path,
-                 log=None) -> None:
+                 log=None, data_service=None) -> None:
         self.cluster = cluster
+        self.data_service = data_service  # kept alive: see .keep()
         self.argv = list(coordinator_argv)
         self.config = config
         self.workdir = Path(workdir)
@@ -235,6 +205,8 @@ class Supervisor:
         deadline = self.config.stall_deadline()
         while True:
             raise_signalled()  # one that hit a fork was swallowed there
+            if self.data_service is not None:
+                self.data_service.keep(self._spend)
             try:
                 code = self.coordinator.wait(timeout=0.2)
                 return code, None
@@ -368,7 +340,7 @@ class Supervisor:
         if not self.budget.spend(role):
             self.log(f"psrec supervisor: {why}; giving up: the {role} "
                      f"restart budget is spent ({self.budget.used[role]}/"
-                     f"{self.budget.limit(role)}, {_BUDGET_FLAGS[role]})")
+                     f"{self.budget.limit(role)}, {BUDGET_FLAGS[role]})")
             return False
         self.log(f"psrec supervisor: {why}; {self.budget.describe(role)}")
         return True
@@ -405,13 +377,14 @@ class Supervisor:
 
 def supervise(cluster: LocalCluster, coordinator_argv: Sequence[str],
               config: SupervisorConfig, workdir: str | Path,
-              metrics=None) -> int:
+              metrics=None, data_service=None) -> int:
     """Runs the job under a :class:`Supervisor`; returns its exit code.
     With a ``metrics`` socket the supervisor serves ``/metrics`` (restarts
     per role included) and ``/healthz``, and the coordinator does not."""
     from psrec.launch.metrics_http import serving
     argv = [*coordinator_argv, *(["--metrics-port", "0"] if metrics else [])]
-    supervisor = Supervisor(cluster, argv, config, workdir)
+    supervisor = Supervisor(cluster, argv, config, workdir,
+                            data_service=data_service)
     with serving(metrics, workdir, config.stall_timeout, supervisor.log,
                  restarts=lambda: supervisor.budget.total):
         return supervisor.run()

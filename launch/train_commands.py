@@ -187,9 +187,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
                              log_dir=config.state_dir / "logs",
                              allow_exposed=args.allow_exposed)
         announce(local.exposed, local.exposed_warning, _log(args))
-        with local_data_service(config, _log(args)):
+        with local_data_service(config, _log(args)) as service:
             return supervise(local, args.argv + ["--data-verified"],
-                             supervisor_config(args), config.state_dir, metrics)
+                             supervisor_config(args), config.state_dir, metrics,
+                             service)
     if kind == "multi-worker-mirrored" and not tf_config:
         from psrec.launch.local_workers import run_local_workers
         record_verified(config, prepare_data(config, _log(args)))

@@ -134,7 +134,8 @@ def test_metric_names_and_values(live_run):
     assert 0.0 < _value(last, "psrec_eval_auc") < 1.0
     assert {dict(k[1])["role"]: v for k, v in last.items()
             if k[0] == "psrec_restarts_total"} == {
-                "worker": 0.0, "ps": 0.0, "coordinator": 0.0}
+                "worker": 0.0, "ps": 0.0, "coordinator": 0.0,
+                "data_service": 0.0}
     info = [dict(k[1]) for k in last if k[0] == "psrec_build_info"]
     assert info and info[0]["version"] == __version__
     # A checkpoint was written during the run, before the scrape.

@@ -153,7 +153,11 @@ def test_flags_build_per_role_budgets():
          "--stall-timeout", "40", "--grace-period", "10"])
     config = supervisor_config(args)
     assert (config.limits.worker, config.limits.ps,
-            config.limits.coordinator) == (2, 5, 2)
+            config.limits.coordinator, config.limits.data_service) == (
+                2, 5, 2, 2)
+    args = build_parser().parse_args(
+        ["train", "--max-data-service-restarts", "4"])
+    assert supervisor_config(args).limits.data_service == 4
     assert config.grace_period == 10.0
     assert config.stall_timeout == 40.0 and config.stall_deadline() > 40.0
 
@@ -168,3 +172,30 @@ def test_supervisor_status_lines_go_to_stderr(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "coordinator pid 1" in captured.err
+
+
+def test_dead_data_service_past_its_budget_ends_the_job(tmp_path):
+    """A local tf.data service process that died is restarted from the
+    ``data_service`` budget; with that spent the job ends (138) with one
+    line naming the pid, the signal and the flag, and nothing restarted."""
+    from psrec.errors import RetryableError
+    from psrec.launch.data_service_keeper import LocalDataService
+    from psrec.launch.supervisor import Supervisor
+    from psrec.launch.supervisor import SupervisorConfig
+    lines = []
+    supervisor = Supervisor(None, [], SupervisorConfig(
+        limits=RestartLimits(data_service=0)), tmp_path, log=lines.append)
+    service = LocalDataService(2, tmp_path, str(tmp_path), lines.append)
+    assert not service.keep(supervisor._spend)  # not started: nothing
+    service.process = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal; "
+         "os.kill(os.getpid(), signal.SIGKILL)"])
+    service.process.wait()
+    with pytest.raises(RetryableError, match=(
+            rf"data pid {service.process.pid}\) died \(signal SIGKILL\) "
+            r"with its restart budget spent \(--max-data-service-restarts")):
+        service.keep(supervisor._spend)
+    assert lines == [
+        f"psrec supervisor: tf.data service died (data pid "
+        f"{service.process.pid}, signal SIGKILL); giving up: the data_service "
+        "restart budget is spent (0/0, --max-data-service-restarts)"]
