@@ -29,7 +29,9 @@ shard: an id is in at most one): an unknown id reads the default row, whose
 gradient is dropped, and its count goes up by one per occurrence (a read
 and an insert, not atomic: two closures counting the same id at once may
 lose an increment, which only delays its admission). Hit rows get
-``freq``/``last_seen`` updates by scatter ops on their shard. Rows are
+``freq``/``last_seen`` updates by scatter ops on their shard; the counting
+and these updates are ops placed on each shard's PS (the step's ids go
+there once). Rows are
 assigned only by :meth:`DynamicTable.maintain`, launched by the coordinator
 at a join boundary (no closure in flight): it is the only writer of the
 maps, so two ids never share a row. The selection runs as ops on each
