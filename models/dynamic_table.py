@@ -29,7 +29,9 @@ shard: an id is in at most one): an unknown id reads the default row, whose
 gradient is dropped, and its count goes up by one per occurrence (a read
 and an insert, not atomic: two closures counting the same id at once may
 lose an increment, which only delays its admission). Hit rows get
-``freq``/``last_seen`` updates by scatter ops on their shard. Rows are
+``freq``/``last_seen`` updates by scatter ops on their shard; the counting
+and these updates are ops placed on each shard's PS (the step's ids go
+there once). Rows are
 assigned only by :meth:`DynamicTable.maintain`, launched by the coordinator
 at a join boundary (no closure in flight): it is the only writer of the
 maps, so two ids never share a row. The selection runs as ops on each
@@ -231,26 +233,33 @@ class DynamicTable(tf.Module):
         return tf.reshape(tf.gather(rows, index), tf.shape(ids))
 
     def _record(self, unique, seen, found, known) -> None:
+        """Counts the unknown ids and updates the statistics of the rows
+        read, shard by shard, each shard's ops placed on its PS: the ids,
+        counts and rows found are sent there once, and the pending counts
+        are read, summed and written there (not a lookup's result sent
+        back to the worker and an insert sent out again)."""
         pending = tf.logical_and(tf.logical_not(known), unique >= 0)
-        new_ids = tf.boolean_mask(unique, pending)
-        new_seen = tf.boolean_mask(seen, pending)
-        counter = owner(new_ids, self.layout.admitting)
-        for k in self.layout.admitting:
-            mine = tf.equal(counter, k)
-            ids_k, table = tf.boolean_mask(new_ids, mine), self.counts.shards[k]
-            table.insert(ids_k, table.lookup(ids_k)
-                         + tf.boolean_mask(new_seen, mine))
-        hit, hit_seen = tf.boolean_mask(found, known), tf.boolean_mask(seen,
-                                                                       known)
-        holder = row_shard(hit, self.layout.first_rows)
         clock = self.clock.read_value()
-        for k, first in enumerate(self.layout.first_rows):
-            mine = tf.equal(holder, k)
-            local = tf.boolean_mask(hit, mine) - first
-            parts(self.freq)[k].scatter_add(tf.IndexedSlices(
-                tf.boolean_mask(hit_seen, mine), local))
-            parts(self.last_seen)[k].scatter_max(tf.IndexedSlices(
-                tf.fill(tf.shape(local), clock), local))
+        admitting, first_rows = self.layout.admitting, self.layout.first_rows
+        for k, device in enumerate(self.layout.devices):
+            with placed(device):
+                if k in admitting:
+                    self._count(k, unique, seen, pending)
+                mine = tf.logical_and(known, tf.equal(
+                    row_shard(found, first_rows), k))
+                local = tf.boolean_mask(found, mine) - first_rows[k]
+                parts(self.freq)[k].scatter_add(tf.IndexedSlices(
+                    tf.boolean_mask(seen, mine), local))
+                parts(self.last_seen)[k].scatter_max(tf.IndexedSlices(
+                    tf.fill(tf.shape(local), clock), local))
+
+    def _count(self, k: int, unique, seen, pending) -> None:
+        """Adds ``seen`` to the pending counts of the ``pending`` ids that
+        shard ``k`` counts (:func:`owner`)."""
+        mine = tf.logical_and(pending, tf.equal(
+            owner(unique, self.layout.admitting), k))
+        ids, table = tf.boolean_mask(unique, mine), self.counts.shards[k]
+        table.insert(ids, table.lookup(ids) + tf.boolean_mask(seen, mine))
 
     @staticmethod
     def drop_default_gradient(embeddings: tf.Tensor, rows: tf.Tensor,

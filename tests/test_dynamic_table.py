@@ -290,6 +290,30 @@ def test_maintenance_runs_on_the_tables_ps(trainer, monkeypatch):
     _check_shards(table)
 
 
+def test_workers_count_ids_on_the_shards_ps(trainer):
+    """A train step's pending counts are read, summed and written on each
+    shard's PS, and its row statistics scattered there: the ids go there
+    once, no lookup result comes back to the worker to be sent out
+    again."""
+    table = _table(trainer, "pool")
+    graph = tf.function(lambda ids: table.rows(ids, training=True)
+                        ).get_concrete_function(
+                            tf.TensorSpec([None], tf.int64)).graph
+    devices = {tf.DeviceSpec.from_string(s.device) for s in table.shards()}
+
+    def device(op):
+        return tf.DeviceSpec.from_string(op.device)
+
+    inserts = [op for op in graph.get_operations()
+               if op.type == "LookupTableInsertV2"]
+    assert {device(op) for op in inserts} == devices
+    for op in inserts:  # the summed counts are computed where they go
+        assert device(op.inputs[2].op) == device(op)
+    scatters = [op for op in graph.get_operations()
+                if op.type.startswith("ResourceScatter")]
+    assert len(scatters) == 4 and {device(op) for op in scatters} == devices
+
+
 @pytest.fixture(scope="module")
 def trained(trainer, tmp_path_factory):
     """``big`` trained by the loop (maintained every 10 steps) on data
