@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from psrec.errors import RetryableError
+from psrec.launch.failure import is_frozen
 from psrec.launch.local import die_with_parent
 from psrec.launch.local import stop_processes
 from psrec.launch.local import wait_listening
@@ -115,6 +116,21 @@ class LocalDataService:
         self.log(f"psrec supervisor: tf.data service restarted on "
                  f"{self.address} (data pid {self.process.pid}) from its "
                  "journal; the training workers reconnect")
+        return True
+
+    def frozen(self) -> bool:
+        """True when the service process is alive but stopped (SIGSTOP)."""
+        return (self.process is not None and self.process.poll() is None
+                and is_frozen(self.process.pid))
+
+    def kill_if_frozen(self) -> bool:
+        """After a stall: a frozen service cannot hand out data (the
+        coordinator's closures wait on it), so it is killed, and the next
+        :meth:`keep` restarts it from its journal; True when it was."""
+        if not self.frozen():
+            return False
+        self.process.kill()
+        self.process.wait()
         return True
 
     def stop(self) -> None:

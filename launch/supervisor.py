@@ -165,8 +165,25 @@ class Supervisor:
             if failure is None:  # probe the roles: which one failed?
                 failure = classify(self.cluster.cluster,
                                    self.cluster.processes, set(self._due))
+            if failure.role == "coordinator" and self._restart_frozen_data(
+                    code):
+                continue  # the coordinator's restart is the data's
             if not self._recover(failure, code):
                 return code
+
+    def _restart_frozen_data(self, code: int) -> bool:
+        """A frozen (SIGSTOPped) local tf.data service stalls every
+        closure, so the coordinator stalls while every PS and worker is
+        healthy: the service is the failed role. It is killed and restarted
+        from its journal on the data_service budget (the coordinator's is
+        not spent); True when it was frozen."""
+        if self.data_service is None or not self.data_service.frozen():
+            return False
+        self.data_service.kill_if_frozen()
+        self.data_service.keep(lambda role, why: self._spend(
+            role, f"coordinator exit {code}; failed role: data_service "
+            f"(the tf.data service was frozen): {why}"))
+        return True
 
     def _recover(self, failure: Failure, code: int) -> bool:
         """Restarts what failed (the coordinator is restarted by the loop);
@@ -251,6 +268,9 @@ class Supervisor:
         if is_frozen(self.coordinator.pid):
             frozen = "coordinator" + ("" if frozen == "none" else
                                       f", {frozen}")
+        if self.data_service is not None and self.data_service.frozen():
+            frozen = "data-service" + ("" if frozen == "none" else
+                                       f", {frozen}")
         failure = classify(self.cluster.cluster, self.cluster.processes,
                            set(self._due))
         self.log(f"psrec supervisor: stall: no heartbeat from the "

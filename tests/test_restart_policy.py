@@ -1,6 +1,7 @@
 """The supervisor's decisions without a cluster: heartbeat staleness,
 per-role restart budgets, which role failed, the connect probe."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -199,3 +200,41 @@ def test_dead_data_service_past_its_budget_ends_the_job(tmp_path):
         f"psrec supervisor: tf.data service died (data pid "
         f"{service.process.pid}, signal SIGKILL); giving up: the data_service "
         "restart budget is spent (0/0, --max-data-service-restarts)"]
+
+
+def test_frozen_data_service_is_the_failed_role_of_a_stall(tmp_path):
+    """A stopped (SIGSTOP) tf.data service looks alive to ``keep`` while
+    every closure waits on it; when the coordinator then stalls (exit 138,
+    every PS and worker healthy) the supervisor names the service as the
+    failed role, kills it and restarts it from the data_service budget --
+    here spent: one line naming the SIGKILL, no coordinator budget used."""
+    from psrec.errors import RetryableError
+    from psrec.launch.data_service_keeper import LocalDataService
+    from psrec.launch.supervisor import Supervisor
+    from psrec.launch.supervisor import SupervisorConfig
+    lines = []
+    service = LocalDataService(2, tmp_path, str(tmp_path), lines.append)
+    supervisor = Supervisor(None, [], SupervisorConfig(
+        limits=RestartLimits(data_service=0)), tmp_path, log=lines.append,
+        data_service=service)
+    service.process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert not service.frozen() and not service.kill_if_frozen()
+        assert not supervisor._restart_frozen_data(138)  # not the data's
+        os.kill(service.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while not is_frozen(service.process.pid):
+            assert time.monotonic() < deadline, "SIGSTOP never took effect"
+            time.sleep(0.01)
+        assert service.frozen()
+        assert not service.keep(supervisor._spend)  # frozen looks alive
+        with pytest.raises(RetryableError, match=r"died \(signal SIGKILL\)"):
+            supervisor._restart_frozen_data(138)
+        assert service.process.returncode == -signal.SIGKILL
+        assert "failed role: data_service (the tf.data service was frozen)" \
+            in lines[-1], lines
+        assert supervisor.budget.total["coordinator"] == 0
+    finally:
+        service.process.kill()
+        service.process.wait()
