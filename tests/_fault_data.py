@@ -1,6 +1,10 @@
 """The data and the ``psrec train`` command line shared by the fault and
-watchdog tests: 20,000 synthetic Criteo rows in 4 shards (20% eval), 300
-steps of 128 rows, 5 steps per closure, a checkpoint every 50 steps."""
+watchdog tests: 20,000 synthetic Criteo rows in 4 shards (20% eval), 200
+steps of 128 rows, 5 steps per closure, a checkpoint every 50 steps.
+
+The faults are injected by step ~150 at the latest (test_faults' PS kill
+after ckpt-100); what runs after a fault only has to reach the last step,
+so 200 steps (not more: CI time) leave room for each scenario."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from psrec.data.convert import convert
 from psrec.data.synthetic import write_synthetic_parquet
 from psrec.features import criteo
 
-STEPS = 300
+STEPS = 200
 EVERY = 50
 
 

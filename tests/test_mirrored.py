@@ -13,10 +13,12 @@ prints one JSON line of results; the test asserts on them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Losses of mirrored (2 replicas) and single-device training may differ only
 # by float reduction order: measured differences are ~1e-7; allowed 1e-4.
 LOSS_TOLERANCE = 1e-4
+_MANY = "--many"  # the script's argument: run the named checks in turn
 
 
 def _run(name: str, *args: str, timeout: float = 240
@@ -50,6 +53,36 @@ def _run_check(name: str, *args: str, timeout: float = 240) -> dict:
     return json.loads(lines[-1])
 
 
+# The checks without arguments run one after the other in one fresh process
+# (one TensorFlow start-up instead of one each: CI time); each builds its
+# own strategies and models, and one that raises reports its traceback
+# without hiding the others' results.
+_SHARED_CHECKS = ("equivalence", "sync_batch_norm", "accumulation",
+                  "mixed_precision")
+
+
+@pytest.fixture(scope="module")
+def shared_checks() -> dict:
+    """``{check: JSON result or {"error": traceback}}`` of _SHARED_CHECKS."""
+    done = _run(_MANY, *_SHARED_CHECKS, timeout=480)
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            found[record.pop("check")] = record
+    assert done.returncode == 0 and set(found) == set(_SHARED_CHECKS), (
+        f"shared checks failed (exit {done.returncode}), results of "
+        f"{sorted(found)}:\n" + "\n".join(done.stderr.splitlines()[-30:]))
+    return found
+
+
+def _shared_result(shared_checks: dict, name: str) -> dict:
+    """One shared check's result; fails with its traceback if it raised."""
+    record = shared_checks[name]
+    assert "error" not in record, f"check {name} failed:\n{record['error']}"
+    return record["result"]
+
+
 # The stall check's timeout: long enough that building the input pipeline
 # on a loaded 2-core CI machine never counts as a stall (1 s did, once),
 # short against the hung call (20x as long).
@@ -60,8 +93,9 @@ _STALL_TIMEOUT = 6.0
 
 
 @pytest.mark.slow
-def test_mirrored_on_two_replicas_matches_single_device_training():
-    out = _run_check("equivalence")
+def test_mirrored_on_two_replicas_matches_single_device_training(
+        shared_checks):
+    out = _shared_result(shared_checks, "equivalence")
     assert out["replicas"] == {"one": 1, "mirrored": 2}
     one, mirrored = np.array(out["one"]), np.array(out["mirrored"])
     assert len(one) == len(mirrored) == 6  # mean loss of each 2 updates
@@ -79,8 +113,8 @@ def test_mirrored_on_two_replicas_matches_single_device_training():
     assert "step 12" in out["describe"]
 
 
-def test_sync_batch_norm_normalizes_with_global_statistics():
-    out = _run_check("sync_batch_norm")
+def test_sync_batch_norm_normalizes_with_global_statistics(shared_checks):
+    out = _shared_result(shared_checks, "sync_batch_norm")
     x0, x1 = np.array(out["inputs"][0]), np.array(out["inputs"][1])
     both = np.concatenate([x0, x1])
     mean, var = both.mean(axis=0), both.var(axis=0)  # by hand: global
@@ -100,8 +134,8 @@ def test_sync_batch_norm_normalizes_with_global_statistics():
 
 
 @pytest.mark.slow
-def test_mixed_precision_keeps_float32_logits_and_loss():
-    out = _run_check("mixed_precision")
+def test_mixed_precision_keeps_float32_logits_and_loss(shared_checks):
+    out = _shared_result(shared_checks, "mixed_precision")
     for name, dtype in out["model_logits"].items():
         assert dtype == "float32", name
     assert set(out["compute_dtypes"]) == {"bfloat16"}
@@ -117,8 +151,8 @@ def test_mixed_precision_keeps_float32_logits_and_loss():
 
 
 @pytest.mark.slow
-def test_gradient_accumulation_equals_one_k_times_larger_batch():
-    out = _run_check("accumulation")
+def test_gradient_accumulation_equals_one_k_times_larger_batch(shared_checks):
+    out = _shared_result(shared_checks, "accumulation")
     assert out["replicas"] == 2
     # Same rows, same summed gradient, one SGD update per k micro-batches.
     assert out["weights_max_diff"] < 1e-5
@@ -297,7 +331,11 @@ def _train(trainer, dataset_fn, loop) -> tuple[object, list[float]]:
     return result, losses
 
 
+@functools.cache
 def _strategies():
+    """(one-device, mirrored): one pair per process. The shared checks run
+    in one process; a second MirroredStrategy there would reuse the first
+    one's collective instance keys (TensorFlow aborts: shape mismatch)."""
     from psrec.ps_cluster.strategy import build_replicated_strategy
     return (build_replicated_strategy("one-device"),
             build_replicated_strategy("mirrored"))
@@ -552,7 +590,15 @@ def _main(argv: list[str]) -> int:
               "mixed_precision": _check_mixed_precision,
               "accumulation": _check_accumulation, "job": _check_job,
               "stall": _check_stall}
-    print(json.dumps(checks[argv[0]](*argv[1:])), flush=True)
+    if argv[0] != _MANY:
+        print(json.dumps(checks[argv[0]](*argv[1:])), flush=True)
+        return 0
+    for name in argv[1:]:  # one line per check, in order
+        try:
+            record = {"result": checks[name]()}
+        except Exception:  # reported; the next check still runs
+            record = {"error": traceback.format_exc()}
+        print(json.dumps({"check": name, **record}), flush=True)
     return 0
 
 

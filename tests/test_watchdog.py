@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from tests._fault_data import STEPS
 from tests._fault_data import synthetic_run_data
 from tests._fault_data import train_args
 from tests._proc import PsrecRun
@@ -65,7 +66,7 @@ def test_frozen_coordinator_is_detected_killed_and_restarted(tmp_path,
         resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
         assert run.wait(300) == 0, run.output[-3000:]
         assert int(resumed.group(2)) >= 50
-        assert max(_steps_seen(run)) == 300
+        assert max(_steps_seen(run)) == STEPS
         assert "ps-0 restarted" not in run.output  # only what failed
         print(f"\nfrozen coordinator: stall reported "
               f"{run.time_of('supervisor: stall') - began:.1f} s after "
@@ -96,7 +97,7 @@ def test_frozen_ps_is_classified_and_only_it_is_restarted(tmp_path,
         run.wait_for(r"ps-0 restarted \(pid \d+\)", 60)
         resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
         assert run.wait(300) == 0, run.output[-3000:]
-        assert max(_steps_seen(run)) == 300
+        assert max(_steps_seen(run)) == STEPS
         assert not pid_alive(frozen)
         # only what failed: neither worker was replaced
         assert not re.search(r"worker-\d restarted", run.output)
