@@ -59,42 +59,10 @@ def _spec(mode: str, buckets: int, dim: int, maintenance_every: int):
 def _dataset_fn(spec, batch_size: int, buckets: int):
     """``psrec bench``'s synthetic batches; feature ``j``'s ids are
     ``j * buckets + U[0, buckets)`` in both modes."""
-    import tensorflow as tf
-
-    from psrec.data.dataset import PIPELINE_COLUMN
-    from psrec.features.spec import DENSE_COLUMN
-    from psrec.features.spec import ID_COLUMN
-    offsets = tf.constant([j * buckets for j in range(_NUM_SPARSE)],
-                          tf.int64)
-
-    def dataset_fn(context=None):
-        pipeline = (tf.distribute.coordinator
-                    .experimental_get_current_worker_index())
-
-        def batch(i):
-            seed = tf.stack([i, pipeline])
-            dense = tf.random.stateless_uniform([batch_size, _NUM_DENSE],
-                                                seed=seed)
-            raw = tf.random.stateless_uniform(
-                [batch_size, _NUM_SPARSE], seed=seed + 1, maxval=buckets,
-                dtype=tf.int64)
-            logit = (tf.reduce_sum(dense, 1) - 6.5 + tf.reduce_sum(
-                tf.cast(raw % 7 == 0, tf.float32), 1) - 3.7)
-            label = tf.cast(tf.random.stateless_uniform(
-                [batch_size], seed=seed + 2) < tf.sigmoid(logit), tf.float32)
-            ids = raw + offsets
-            out = {DENSE_COLUMN: dense, spec.label.name: label,
-                   ID_COLUMN: tf.zeros([batch_size], tf.int64),
-                   PIPELINE_COLUMN: pipeline}
-            for j, feature in enumerate(spec.categorical):
-                out[feature.name] = ids[:, j]
-            return out
-
-        return tf.data.Dataset.range(2 ** 62).map(
-            batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
-                tf.data.AUTOTUNE)
-
-    return dataset_fn
+    from psrec.launch.bench import synthetic_dataset_fn
+    return synthetic_dataset_fn(
+        spec, batch_size, True, buckets=buckets,
+        offsets=[j * buckets for j in range(_NUM_SPARSE)])
 
 
 def _timed_maintenance() -> list[float]:

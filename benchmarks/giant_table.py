@@ -143,7 +143,7 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
     out["memory"]["init"] = _snapshot(roles)
     out["state_bytes"] = _state_bytes(trainer.checkpoint)
 
-    dataset_fn = bench._synthetic_dataset_fn(  # noqa: SLF001
+    dataset_fn = bench.synthetic_dataset_fn(
         spec, args.batch_size, True)
     began = time.perf_counter()
     trainer.train(dataset_fn, LoopConfig(steps=args.steps,

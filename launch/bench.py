@@ -45,15 +45,20 @@ class BenchConfig:
     single_process: bool = False
 
 
-def _synthetic_dataset_fn(spec: FeatureSpec, batch_size: int,
-                          on_ps_workers: bool):
+def synthetic_dataset_fn(spec: FeatureSpec, batch_size: int,
+                         on_ps_workers: bool, buckets: int | None = None,
+                         offsets: list[int] | None = None):
     """Whole synthetic batches in the decoded-record format, per worker.
 
-    Each worker's stream is seeded by its own index (under
-    ParameterServerStrategy every ``input_context`` says pipeline 0, so that
-    would give every worker the same batches)."""
-    buckets = spec.categorical[0].hash_buckets
-    offsets = tf.constant([f.row_offset for f in spec.categorical], tf.int64)
+    Feature ``j``'s ids are ``offsets[j] + U[0, buckets)`` (default: the
+    spec's hash buckets and row offsets). Each worker's stream is seeded by
+    its own index (under ParameterServerStrategy every ``input_context``
+    says pipeline 0, so that would give every worker the same batches)."""
+    if buckets is None:
+        buckets = spec.categorical[0].hash_buckets
+    if offsets is None:
+        offsets = [f.row_offset for f in spec.categorical]
+    offsets = tf.constant(offsets, tf.int64)
     num_dense, num_sparse = len(spec.dense), len(spec.categorical)
 
     def dataset_fn(context: tf.distribute.InputContext | None = None):
@@ -124,7 +129,7 @@ def _measure(config: BenchConfig, strategy, on_ps_workers: bool) -> dict:
     spec, model_cfg, optimizer_cfg = _workload(config)
     trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,
                       InputConfig(batch_size=config.batch_size))
-    dataset_fn = _synthetic_dataset_fn(spec, config.batch_size,
+    dataset_fn = synthetic_dataset_fn(spec, config.batch_size,
                                        on_ps_workers)
     warm = max(config.steps_per_closure * 5, config.steps // 5)
     trainer.train(dataset_fn, LoopConfig(
