@@ -29,6 +29,22 @@ _RESTARTED_PID = re.compile(r"restarted \(pid (\d+)\)")
 # -- pids ---------------------------------------------------------------------
 
 
+def one_ps_one_worker_configs() -> tuple[dict, dict]:
+    """A chief, one PS and one worker on free loopback ports: the
+    ``TF_CONFIG`` JSON of each task by ``(type, index)``, and each task's
+    port by type."""
+    from psrec.ps_cluster.addresses import free_loopback_ports
+    from psrec.ps_cluster.tf_config import ClusterSpec
+    from psrec.ps_cluster.tf_config import tf_configs_for_all_tasks
+    ps, worker, chief = free_loopback_ports(3)
+    cluster = ClusterSpec.build(ps=[f"127.0.0.1:{ps}"],
+                                workers=[f"127.0.0.1:{worker}"],
+                                chief=f"127.0.0.1:{chief}")
+    configs = {(c.task.type, c.task.index): c.to_json()
+               for c in tf_configs_for_all_tasks(cluster)}
+    return configs, {"ps": ps, "worker": worker, "chief": chief}
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
@@ -181,6 +197,14 @@ class WatchedProcess:
         raise AssertionError(f"{self.label}no line matching {pattern!r}")
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default action. A test
+    run started from a script's background job inherits SIGINT ignored
+    (bash does that without job control; Python then keeps it ignored), and
+    the tests that stop psrec with SIGINT would wait in vain."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class PsrecRun(WatchedProcess):
     """``python -m psrec ARGS`` in its own session (process group), its
     merged stdout/stderr collected line by line, with arrival times, by a
@@ -201,7 +225,7 @@ class PsrecRun(WatchedProcess):
             [sys.executable, "-m", "psrec", *self.args], cwd=cwd or REPO,
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True, bufsize=1,
-            start_new_session=True))
+            start_new_session=True, preexec_fn=_default_sigint))
 
     def __enter__(self) -> "PsrecRun":
         return self

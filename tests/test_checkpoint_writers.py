@@ -27,18 +27,16 @@ from psrec.launch.job_config import JobConfig
 from psrec.models import table_init
 from psrec.models.config import ModelConfig
 from psrec.ps_cluster import checkpoint_writers
-from psrec.ps_cluster.addresses import free_loopback_ports
 from psrec.ps_cluster.checkpoint import compare_with_checkpoint
 from psrec.ps_cluster.checkpoint_save import COORDINATOR_CPU
 from psrec.ps_cluster.checkpoint_save import save_options
 from psrec.ps_cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.tf_config import ClusterSpec
-from psrec.ps_cluster.tf_config import tf_configs_for_all_tasks
 from psrec.ps_cluster.trainer import Trainer
 from psrec.runtime import role_environment
 from tests._proc import REPO
 from tests._proc import kill_pids
+from tests._proc import one_ps_one_worker_configs
 
 SPEC = criteo(buckets=200, dim=4)
 TABLE = "model/sparse_arch/categorical/.ATTRIBUTES/VARIABLE_VALUE"
@@ -126,12 +124,7 @@ def test_the_flag_offers_the_writers_the_job_knows():
 @pytest.mark.cluster
 def test_a_ps_that_does_not_see_the_folder_stops_the_job_before_step_1(
         tmp_path):
-    ps, worker, chief = free_loopback_ports(3)
-    cluster = ClusterSpec.build(ps=[f"127.0.0.1:{ps}"],
-                                workers=[f"127.0.0.1:{worker}"],
-                                chief=f"127.0.0.1:{chief}")
-    configs = {(c.task.type, c.task.index): c.to_json()
-               for c in tf_configs_for_all_tasks(cluster)}
+    configs, _ = one_ps_one_worker_configs()
     servers = []
     try:
         for key in (("ps", 0), ("worker", 0)):

@@ -15,11 +15,9 @@ from psrec.data.convert import ConversionOptions
 from psrec.data.convert import convert
 from psrec.data.synthetic import write_synthetic_parquet
 from psrec.features import criteo
-from psrec.ps_cluster.addresses import free_loopback_ports
-from psrec.ps_cluster.tf_config import ClusterSpec
-from psrec.ps_cluster.tf_config import tf_configs_for_all_tasks
 from psrec.runtime import role_environment
 from tests._proc import REPO
+from tests._proc import one_ps_one_worker_configs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -46,12 +44,8 @@ def test_servers_from_tf_config_and_train_as_chief(tmp_path):
     files = write_synthetic_parquet(spec, tmp_path / "pq", 4000, files=1)
     convert(files, spec, tmp_path / "tfr",
             ConversionOptions(shards=2, eval_fraction=0.2, block_rows=64))
-    ps, worker, chief = free_loopback_ports(3)
-    cluster = ClusterSpec.build(ps=[f"127.0.0.1:{ps}"],
-                                workers=[f"127.0.0.1:{worker}"],
-                                chief=f"127.0.0.1:{chief}")
-    configs = {(c.task.type, c.task.index): c.to_json()
-               for c in tf_configs_for_all_tasks(cluster)}
+    configs, ports = one_ps_one_worker_configs()
+    ps, worker = ports["ps"], ports["worker"]
     servers = []
     try:
         for key, port in ((("ps", 0), ps), (("worker", 0), worker)):
