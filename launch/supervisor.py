@@ -177,9 +177,9 @@ class Supervisor:
         healthy: the service is the failed role. It is killed and restarted
         from its journal on the data_service budget (the coordinator's is
         not spent); True when it was frozen."""
-        if self.data_service is None or not self.data_service.frozen():
+        if self.data_service is None or not (
+                self.data_service.kill_if_frozen()):
             return False
-        self.data_service.kill_if_frozen()
         self.data_service.keep(lambda role, why: self._spend(
             role, f"coordinator exit {code}; failed role: data_service "
             f"(the tf.data service was frozen): {why}"))

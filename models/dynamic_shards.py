@@ -33,6 +33,11 @@ _KEYS, _VALUES = "table-keys", "table-values"
 MARKER = -1  # the key (and value) of the pair a saved map starts with
 
 
+def parts(variable) -> list[tf.Variable]:
+    """The shard variables of a (possibly sharded) variable."""
+    return list(getattr(variable, "variables", [variable]))
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardLayout:
     """Where the rows of a dynamic table's embedding shards are.
@@ -53,12 +58,12 @@ class ShardLayout:
     def of(cls, variable) -> "ShardLayout":
         """The layout of a (sharded) embedding variable; under
         ``ParameterServerStrategy`` each shard's PS device."""
-        parts = list(getattr(variable, "variables", [variable]))
+        shards = parts(variable)
         on_ps = isinstance(tf.distribute.get_strategy(),
                            tf.distribute.ParameterServerStrategy)
-        return cls(tuple(int(p.shape[0]) for p in parts),
-                   tuple(p.device if on_ps else None for p in parts),
-                   tuple(parts) if on_ps else ())
+        return cls(tuple(int(p.shape[0]) for p in shards),
+                   tuple(p.device if on_ps else None for p in shards),
+                   tuple(shards) if on_ps else ())
 
     @classmethod
     def local(cls, rows: int) -> "ShardLayout":

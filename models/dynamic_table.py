@@ -51,6 +51,7 @@ from psrec.models.dynamic_shards import ShardedMap
 from psrec.models.dynamic_shards import ShardLayout
 from psrec.models.dynamic_shards import colocated_with
 from psrec.models.dynamic_shards import owner
+from psrec.models.dynamic_shards import parts
 from psrec.models.dynamic_shards import placed
 from psrec.models.dynamic_shards import row_shard
 
@@ -104,11 +105,6 @@ def _joined(pieces: list[tf.Variable], name: str):
     tensor, restored to any sharding), or the piece itself when alone (a
     local model's, which a SavedModel saves as a plain variable)."""
     return pieces[0] if len(pieces) == 1 else _Sharded(pieces, name=name)
-
-
-def parts(variable) -> list[tf.Variable]:
-    """The shard variables of a (possibly sharded) variable."""
-    return list(getattr(variable, "variables", [variable]))
 
 
 class _Compiled:
@@ -332,7 +328,7 @@ def reset_rows(variable, rows: np.ndarray, values: tf.Tensor,
     """Assigns ``values`` to the global ``rows`` of a (sharded) table and
     resets the rows' optimizer slots to their initial value, shard by
     shard (eager, from the coordinator)."""
-    shards = list(getattr(variable, "variables", [variable]))
+    shards = parts(variable)
     start = 0
     for shard in shards:
         size = int(shard.shape[0])

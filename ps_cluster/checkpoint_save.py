@@ -35,6 +35,7 @@ from psrec.progress import Progress
 from psrec.progress import default_progress
 from psrec.ps_cluster.addresses import is_loopback_host
 from psrec.ps_cluster.addresses import parse_address
+from psrec.ps_cluster.strategy import cluster_resolver
 from psrec.uri import is_uri
 
 COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
@@ -51,8 +52,7 @@ def tasks_share_folder(strategy, directory) -> bool:
     if strategy is None or is_uri(str(directory)) or not isinstance(
             strategy, tf.distribute.ParameterServerStrategy):
         return False
-    resolver = (strategy.cluster_resolver
-                or getattr(strategy, "_cluster_resolver", None))
+    resolver = cluster_resolver(strategy)
     if resolver is None:
         return False
     addresses = [address for task_addresses in

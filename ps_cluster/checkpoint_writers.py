@@ -35,6 +35,7 @@ from psrec.errors import ConfigError
 from psrec.errors import check_choice
 from psrec.errors import one_line
 from psrec.ps_cluster.checkpoint_save import tasks_share_folder
+from psrec.ps_cluster.strategy import cluster_resolver
 
 WRITERS = ("auto", "tasks", "coordinator")
 PROBE_PREFIX = ".psrec-probe-"
@@ -66,8 +67,7 @@ def tasks_write(writers: str, strategy, directory) -> bool:
 
 def ps_devices(strategy) -> list[str]:
     """The CPU device of every PS task of ``strategy``'s cluster."""
-    resolver = (strategy.cluster_resolver
-                or getattr(strategy, "_cluster_resolver", None))
+    resolver = cluster_resolver(strategy)
     count = resolver.cluster_spec().num_tasks("ps") if resolver else 0
     return [f"/job:ps/replica:0/task:{index}/device:CPU:0"
             for index in range(count)]

@@ -148,6 +148,14 @@ def build_replicated_strategy(kind: str, collective: str = "auto",
         cluster_resolver=resolver, communication_options=options)
 
 
+def cluster_resolver(strategy):
+    """``strategy``'s cluster resolver, None without one.
+    ParameterServerStrategy keeps its resolver on the strategy, not on
+    ``extended`` where the public property looks (TF 2.21)."""
+    return (getattr(strategy, "cluster_resolver", None)
+            or getattr(strategy, "_cluster_resolver", None))
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """The chief writes checkpoints: the ``chief`` task, else worker 0; the
     coordinator under PS, and the only process of the local strategies."""

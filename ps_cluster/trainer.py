@@ -45,6 +45,7 @@ from psrec.ps_cluster.step import ids_per_example
 from psrec.ps_cluster.step import make_train_function
 from psrec.ps_cluster.step import pad_slices
 from psrec.ps_cluster.strategy import StrategyError
+from psrec.ps_cluster.strategy import cluster_resolver
 from psrec.ps_cluster.strategy import is_chief
 from psrec.ps_cluster.train_loop import ClosureExecutor
 from psrec.ps_cluster.train_loop import DirectExecutor
@@ -201,10 +202,7 @@ class Trainer:
     @property
     def num_workers(self) -> int:
         """Worker tasks of the cluster (1 without a cluster)."""
-        # ParameterServerStrategy keeps its resolver on the strategy, not on
-        # `extended` where the public property looks (TF 2.21).
-        resolver = (self.strategy.cluster_resolver
-                    or getattr(self.strategy, "_cluster_resolver", None))
+        resolver = cluster_resolver(self.strategy)
         if resolver is None:
             return 1
         return max(1, resolver.cluster_spec().num_tasks("worker"))
