@@ -4,10 +4,10 @@ Generates N synthetic Criteo rows (``criteo()`` preset, default buckets) as
 Parquet in a temporary folder -- not timed -- then, restricted to one CPU
 core, times:
 
-* ``psrec.data.convert.convert`` (schema check, row checks, hashing of the 26
+* ``psrec.data.convert.convert.convert`` (schema check, row checks, hashing of the 26
   categorical columns, block encoding, sharded TFRecord writing, sha256 and
   manifest): rows read per second;
-* reading every train shard back with ``psrec.data.dataset.make_eval_dataset``
+* reading every train shard back with ``psrec.data.input.dataset.make_eval_dataset``
   (batch 4096): rows parsed per second.
 
 Each measurement is repeated ``--repeat`` times and the median is reported as
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows < 1 or args.repeat < 1:
         parser.error("--rows and --repeat must be >= 1")
 
-    from psrec.data.synthetic import write_synthetic_parquet
+    from psrec.data.ingest.synthetic import write_synthetic_parquet
     from psrec.features import criteo
 
     spec = criteo()
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
              f"{time.perf_counter() - started:.1f} s (not timed)")
 
         _restrict_to_one_core()
-        from psrec.data.convert import ConversionOptions
-        from psrec.data.convert import convert
-        from psrec.data.dataset import make_eval_dataset
-        from psrec.features.spec import ID_COLUMN
+        from psrec.data.convert.convert import ConversionOptions
+        from psrec.data.convert.convert import convert
+        from psrec.data.input.dataset import make_eval_dataset
+        from psrec.features.spec.spec import ID_COLUMN
 
         options = ConversionOptions(shards=args.shards,
                                     block_rows=args.block_rows)

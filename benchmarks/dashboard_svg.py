@@ -1,4 +1,4 @@
-"""Draws the Grafana dashboard's panels (``psrec.launch.dashboard``) as one
+"""Draws the Grafana dashboard's panels (``psrec.launch.monitor.dashboard``) as one
 SVG, from metrics scraped during a real local ``psrec train`` run.
 
 Not a Grafana screenshot: the script starts ``psrec train --metrics-port``
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from psrec.launch.dashboard import panels
+from psrec.launch.monitor.dashboard import panels
 from psrec.runtime import role_environment
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ maintenance (``DynamicTable.maintain``: selection, map and statistics
 updates) is timed; the median of ``--repeats`` rounds is printed, after one
 untimed round (tracing). ``--selection sort`` times the selection this
 replaced (stable sorts of all used rows by every key, then a cut),
-``topk`` the current one (``models.dynamic_select.coldest``); both pick the
+``topk`` the current one (``models.dynamic.select.coldest``); both pick the
 same rows (``tests/test_dynamic_select.py``).
 
     python benchmarks/dynamic_maintenance.py --capacity 10000000 --shards 2
@@ -39,10 +39,10 @@ def _sort_coldest(keys, k):
 
 
 def _table(capacity: int, shards: int, evict: str):
-    from psrec.features.columns import TableConfig
-    from psrec.models.dynamic_shards import ShardLayout
-    from psrec.models.dynamic_table import DynamicTable
-    from psrec.models.dynamic_table import parts
+    from psrec.features.spec.columns import TableConfig
+    from psrec.models.dynamic.shards import ShardLayout
+    from psrec.models.dynamic.table import DynamicTable
+    from psrec.models.dynamic.table import parts
     config = TableConfig("t", dim=16, mode="dynamic", capacity=capacity,
                          evict=evict, ttl_steps=1 if evict == "ttl" else None,
                          maintenance_every=100)
@@ -97,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     from psrec.runtime import configure_environment
     configure_environment()
-    from psrec.models import dynamic_select
+    from psrec.models.dynamic import select as dynamic_select
     topk = dynamic_select.coldest
     selections = ("sort", "topk") if args.selection == "both" else (
         args.selection,)

@@ -37,7 +37,7 @@ _NUM_DENSE, _NUM_SPARSE = 13, 26
 
 
 def _spec(mode: str, buckets: int, dim: int, maintenance_every: int):
-    from psrec.features.spec import FeatureSpec
+    from psrec.features.spec.spec import FeatureSpec
     rows = buckets * _NUM_SPARSE
     table = {"name": "categorical", "dim": dim}
     if mode == "dynamic":
@@ -59,7 +59,7 @@ def _spec(mode: str, buckets: int, dim: int, maintenance_every: int):
 def _dataset_fn(spec, batch_size: int, buckets: int):
     """``psrec bench``'s synthetic batches; feature ``j``'s ids are
     ``j * buckets + U[0, buckets)`` in both modes."""
-    from psrec.launch.bench import synthetic_dataset_fn
+    from psrec.launch.job.bench import synthetic_dataset_fn
     return synthetic_dataset_fn(
         spec, batch_size, True, buckets=buckets,
         offsets=[j * buckets for j in range(_NUM_SPARSE)])
@@ -68,7 +68,7 @@ def _dataset_fn(spec, batch_size: int, buckets: int):
 def _timed_maintenance() -> list[float]:
     """Makes every maintenance add its seconds to the returned list (the
     join before it is not counted)."""
-    from psrec.ps_cluster import dynamic_maintenance
+    from psrec.ps_cluster.training import maintenance as dynamic_maintenance
     seconds: list[float] = []
     call = dynamic_maintenance.Maintainer.__call__
 
@@ -86,14 +86,14 @@ def _run(args: argparse.Namespace) -> dict:
     from psrec.runtime import configure_environment
     configure_environment()
     maintenance = _timed_maintenance()
-    from psrec.data.dataset import InputConfig
-    from psrec.models.config import model_config
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.partitioning import PartitionConfig
-    from psrec.ps_cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.train_loop import LoopConfig
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
     spec = _spec(args.mode, args.buckets, args.dim, args.maintenance_every)
     strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
                                  PartitionConfig())

@@ -55,7 +55,7 @@ def _snapshot(roles: dict[str, int]) -> dict[str, dict[str, int]]:
 def _state_bytes(checkpoint) -> dict[str, int]:
     """Bytes of every variable the checkpoint saves, by PS task (and
     ``other`` for the coordinator's own variables)."""
-    from psrec.ps_cluster.checkpoint_verify import live_tensors
+    from psrec.ps_cluster.checkpoint.verify import live_tensors
     per = {}
     for tensor in live_tensors(checkpoint).values():
         for variable, _ in tensor.shards:
@@ -109,19 +109,19 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
             local) -> dict:
     import tensorflow as tf
 
-    from psrec.data.dataset import InputConfig
-    from psrec.features.presets import criteo
-    from psrec.launch import bench
-    from psrec.models import embedding
-    from psrec.models.config import model_config
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.checkpoint import CheckpointKeeper
-    from psrec.ps_cluster.checkpoint import compare_with_checkpoint
-    from psrec.ps_cluster.partitioning import PartitionConfig
-    from psrec.ps_cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.train_loop import LoopConfig
-    from psrec.ps_cluster.trainer import Trainer
-    from psrec.ps_cluster.trainer import table_checkpoint_keys
+    from psrec.data.input.dataset import InputConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.launch.job import bench
+    from psrec.models.embedding import sparse_arch as embedding
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
+    from psrec.ps_cluster.checkpoint.keeper import compare_with_checkpoint
+    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
+    from psrec.ps_cluster.training.trainer import table_checkpoint_keys
 
     if args.old_init:
         embedding.fills_in_blocks = lambda initializer: False
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     _check_memory(args)
     configure_environment()
-    from psrec.launch.local import LocalCluster
+    from psrec.launch.local.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="psrec-giant-",
                                      dir=args.workdir) as tmp:

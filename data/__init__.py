@@ -1,18 +1,19 @@
-"""Data: ingest, Parquet->TFRecord conversion, manifests and input functions.
+"""Data: ``format`` (records, manifests), ``ingest`` (raw logs -> Parquet),
+``convert`` (Parquet -> TFRecords), ``infer`` (``psrec spec infer``) and
+``input`` (input functions, audit, integrity checks).
 
 Importing this package does not import TensorFlow; the TensorFlow-backed
-modules (``data.convert``, ``data.dataset``, ``data.records``,
-``data.audit``) are imported where they are used.
+modules are imported where they are used.
 """
 
-from psrec.data.criteo import ingest_criteo
-from psrec.data.ingest import IngestError
-from psrec.data.ingest import IngestReport
-from psrec.data.manifest import Manifest
-from psrec.data.manifest import ManifestError
-from psrec.data.movielens import ingest_movielens
-from psrec.data.synthetic import synthetic_table
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import ManifestError
+from psrec.data.ingest.common import IngestError
+from psrec.data.ingest.common import IngestReport
+from psrec.data.ingest.criteo import ingest_criteo
+from psrec.data.ingest.movielens import ingest_movielens
+from psrec.data.ingest.synthetic import synthetic_table
+from psrec.data.ingest.synthetic import write_synthetic_parquet
 
 __all__ = [
     "IngestError",

@@ -1,21 +1,21 @@
 """Feature specification: the single source of truth of a psrec job.
 
-Importing this package does not import TensorFlow; the TF transforms live in
-``features.transforms``.
+``spec`` holds the spec and its parts (plain Python: importing this package
+does not import TensorFlow); ``transforms`` holds their TensorFlow ops.
 """
 
-from psrec.features.columns import CategoricalFeature
-from psrec.features.columns import DenseFeature
-from psrec.features.columns import LabelConfig
-from psrec.features.columns import SpecError
-from psrec.features.columns import TableConfig
-from psrec.features.derived import DerivedFeature
-from psrec.features.presets import PRESETS
-from psrec.features.presets import criteo
-from psrec.features.presets import movielens
-from psrec.features.presets import resolve_spec
-from psrec.features.spec import FeatureSpec
-from psrec.features.towers import TowersConfig
+from psrec.features.spec.columns import CategoricalFeature
+from psrec.features.spec.columns import DenseFeature
+from psrec.features.spec.columns import LabelConfig
+from psrec.features.spec.columns import SpecError
+from psrec.features.spec.columns import TableConfig
+from psrec.features.spec.derived import DerivedFeature
+from psrec.features.spec.presets import PRESETS
+from psrec.features.spec.presets import criteo
+from psrec.features.spec.presets import movielens
+from psrec.features.spec.presets import resolve_spec
+from psrec.features.spec.spec import FeatureSpec
+from psrec.features.spec.towers import TowersConfig
 
 __all__ = [
     "PRESETS",

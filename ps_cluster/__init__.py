@@ -1,38 +1,40 @@
-"""Parameter-server cluster: cluster specs, partitioning, servers, the
-strategies of every kind, the one train step and trainer, checkpoints.
+"""Distributed training: ``cluster`` (cluster specs, servers, strategies of
+every kind, the partitioner), ``evaluation`` (streaming metrics),
+``checkpoint``, ``training`` (the one trainer and train step), ``retrieval``
+(the retrieval task on the trainer) and ``planner`` (PS memory, advice).
 
-``tf_config`` and ``addresses`` are plain Python; the rest needs TensorFlow,
-so those names are resolved lazily (importing ``ps_cluster`` does not import
-TensorFlow; see ``psrec.runtime``).
+``cluster.tf_config`` and ``cluster.addresses`` are plain Python; the rest
+needs TensorFlow, so those names are resolved lazily (importing
+``ps_cluster`` does not import TensorFlow; see ``psrec.runtime``).
 """
 
 from psrec._lazy import lazy_getattr
-from psrec.ps_cluster.addresses import ClusterSpecError
-from psrec.ps_cluster.tf_config import ClusterSpec
-from psrec.ps_cluster.tf_config import TaskInfo
-from psrec.ps_cluster.tf_config import TFConfig
+from psrec.ps_cluster.cluster.addresses import ClusterSpecError
+from psrec.ps_cluster.cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.cluster.tf_config import TaskInfo
+from psrec.ps_cluster.cluster.tf_config import TFConfig
 
 __getattr__ = lazy_getattr("psrec.ps_cluster", {
-    "PartitionConfig": "psrec.ps_cluster.partitioning",
-    "TablePartitioner": "psrec.ps_cluster.partitioning",
-    "start_server": "psrec.ps_cluster.server",
-    "in_process_cluster": "psrec.ps_cluster.in_process",
-    "build_ps_strategy": "psrec.ps_cluster.strategy",
-    "build_replicated_strategy": "psrec.ps_cluster.strategy",
-    "LoopConfig": "psrec.ps_cluster.train_loop",
-    "Trainer": "psrec.ps_cluster.trainer",
-    "RetrievalTrainer": "psrec.ps_cluster.retrieval_trainer",
-    "TrainStep": "psrec.ps_cluster.step",
-    "make_train_function": "psrec.ps_cluster.step",
-    "TrainResult": "psrec.ps_cluster.trainer",
-    "CheckpointKeeper": "psrec.ps_cluster.checkpoint",
-    "RestoreError": "psrec.ps_cluster.checkpoint",
-    "CheckpointFolderError": "psrec.ps_cluster.checkpoint_writers",
-    "EvalResult": "psrec.ps_cluster.metrics",
-    "Watchdog": "psrec.ps_cluster.watchdog",
-    "ClusterUnavailableError": "psrec.ps_cluster.errors",
-    "ShardingPlan": "psrec.ps_cluster.planner",
-    "plan": "psrec.ps_cluster.planner",
+    "PartitionConfig": "psrec.ps_cluster.cluster.partitioning",
+    "TablePartitioner": "psrec.ps_cluster.cluster.partitioning",
+    "start_server": "psrec.ps_cluster.cluster.server",
+    "in_process_cluster": "psrec.ps_cluster.cluster.in_process",
+    "build_ps_strategy": "psrec.ps_cluster.cluster.strategy",
+    "build_replicated_strategy": "psrec.ps_cluster.cluster.strategy",
+    "LoopConfig": "psrec.ps_cluster.training.loop",
+    "Trainer": "psrec.ps_cluster.training.trainer",
+    "RetrievalTrainer": "psrec.ps_cluster.retrieval.trainer",
+    "TrainStep": "psrec.ps_cluster.training.step",
+    "make_train_function": "psrec.ps_cluster.training.step",
+    "TrainResult": "psrec.ps_cluster.training.trainer",
+    "CheckpointKeeper": "psrec.ps_cluster.checkpoint.keeper",
+    "RestoreError": "psrec.ps_cluster.checkpoint.keeper",
+    "CheckpointFolderError": "psrec.ps_cluster.checkpoint.writers",
+    "EvalResult": "psrec.ps_cluster.evaluation.metrics",
+    "Watchdog": "psrec.ps_cluster.training.watchdog",
+    "ClusterUnavailableError": "psrec.ps_cluster.cluster.errors",
+    "ShardingPlan": "psrec.ps_cluster.planner.plan",
+    "plan": "psrec.ps_cluster.planner.plan",
 })
 
 

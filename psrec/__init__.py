@@ -6,9 +6,10 @@ Importing ``psrec`` does not import TensorFlow. The names that need it
 first import (``TF_USE_LEGACY_KERAS=1``, ``GRPC_FAIL_FAST=use_caller``).
 
 Subpackages: ``psrec.features`` (specs), ``psrec.data`` (ingest,
-conversion, input), ``psrec.models`` (the ranking model),
-``psrec.ps_cluster`` (strategies, the trainer, checkpoints),
-``psrec.launch`` (the CLI, local clusters, the job runner).
+conversion, input), ``psrec.models`` (ranking and retrieval models,
+serving), ``psrec.ps_cluster`` (strategies, the trainer, checkpoints),
+``psrec.launch`` (the CLI, local clusters, the job runner); the layer order
+is in ``docs/architecture.md``.
 """
 
 from psrec._lazy import lazy_getattr
@@ -17,24 +18,24 @@ from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import PsrecError
 from psrec.errors import RetryableError
-from psrec.features.presets import resolve_spec as load_spec
-from psrec.features.spec import FeatureSpec
-from psrec.models.config import ModelConfig
-from psrec.models.config import model_config
+from psrec.features.spec.presets import resolve_spec as load_spec
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.ranking.config import model_config
 from psrec.runtime import configure_environment
 
 # name -> module, imported on first use: they need TensorFlow, or belong
 # to the launch layer that nothing below it may import.
 __getattr__ = lazy_getattr("psrec", {
-    "build_model": "psrec.models.ranking",
-    "Trainer": "psrec.ps_cluster.trainer",
-    "build_ps_strategy": "psrec.ps_cluster.strategy",
-    "build_replicated_strategy": "psrec.ps_cluster.strategy",
-    "in_process_cluster": "psrec.ps_cluster.in_process",
-    "run_job": "psrec.launch.job",
-    "JobConfig": "psrec.launch.job_config",
-    "LocalCluster": "psrec.launch.local",
-    "StrategyConfig": "psrec.launch.job_config",
+    "build_model": "psrec.models.build",
+    "Trainer": "psrec.ps_cluster.training.trainer",
+    "build_ps_strategy": "psrec.ps_cluster.cluster.strategy",
+    "build_replicated_strategy": "psrec.ps_cluster.cluster.strategy",
+    "in_process_cluster": "psrec.ps_cluster.cluster.in_process",
+    "run_job": "psrec.launch.job.run",
+    "JobConfig": "psrec.launch.job.config",
+    "LocalCluster": "psrec.launch.local.cluster",
+    "StrategyConfig": "psrec.launch.job.config",
 })
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from psrec.launch.cli import main
+from psrec.launch.cli.main import main
 
 sys.exit(main())

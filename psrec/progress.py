@@ -5,7 +5,7 @@ and opens one :class:`Task` per pass over the data: ``progress.task(label,
 total, unit)``, ``task.advance(n)`` as work completes, ``task.close()`` at
 the end (or ``with progress.task(...) as task:``). Library code never
 prints; the CLI passes a :class:`Progress` that draws a bar on stderr
-(``psrec.launch.progress_bar``), tests pass one that records the calls.
+(``psrec.launch.monitor.progress_bar``), tests pass one that records the calls.
 
 Units: ``rows``, ``bytes`` (a display may show MiB) or ``shards``; ``total``
 is in the same unit, or None when unknown.

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from psrec.features.columns import CategoricalFeature
-from psrec.features.columns import DenseFeature
-from psrec.features.columns import LabelConfig
-from psrec.features.columns import TableConfig
-from psrec.features.spec import FeatureSpec
+from psrec.features.spec.columns import CategoricalFeature
+from psrec.features.spec.columns import DenseFeature
+from psrec.features.spec.columns import LabelConfig
+from psrec.features.spec.columns import TableConfig
+from psrec.features.spec.spec import FeatureSpec
 
 _MISSING = {"float32": np.nan, "string": "", "int64": -1}
 _NUMPY = {"float32": np.float32, "string": object, "int64": np.int64}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.features import criteo
 
 STEPS = 200

@@ -33,9 +33,9 @@ def one_ps_one_worker_configs() -> tuple[dict, dict]:
     """A chief, one PS and one worker on free loopback ports: the
     ``TF_CONFIG`` JSON of each task by ``(type, index)``, and each task's
     port by type."""
-    from psrec.ps_cluster.addresses import free_loopback_ports
-    from psrec.ps_cluster.tf_config import ClusterSpec
-    from psrec.ps_cluster.tf_config import tf_configs_for_all_tasks
+    from psrec.ps_cluster.cluster.addresses import free_loopback_ports
+    from psrec.ps_cluster.cluster.tf_config import ClusterSpec
+    from psrec.ps_cluster.cluster.tf_config import tf_configs_for_all_tasks
     ps, worker, chief = free_loopback_ports(3)
     cluster = ClusterSpec.build(ps=[f"127.0.0.1:{ps}"],
                                 workers=[f"127.0.0.1:{worker}"],

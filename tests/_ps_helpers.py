@@ -39,11 +39,11 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from psrec.features.presets import criteo  # noqa: E402
-from psrec.features.spec import DENSE_COLUMN  # noqa: E402
-from psrec.features.spec import ID_COLUMN  # noqa: E402
-from psrec.features.spec import FeatureSpec  # noqa: E402
-from psrec.models.config import ModelConfig  # noqa: E402
+from psrec.features.spec.presets import criteo  # noqa: E402
+from psrec.features.spec.spec import DENSE_COLUMN  # noqa: E402
+from psrec.features.spec.spec import ID_COLUMN  # noqa: E402
+from psrec.features.spec.spec import FeatureSpec  # noqa: E402
+from psrec.models.ranking.config import ModelConfig  # noqa: E402
 from tests._proc import REPO  # noqa: E402
 
 # The shared in-process cluster and data of the pytest process (conftest.py).
@@ -184,7 +184,7 @@ def raw_rows(parquet: str | Path, spec: FeatureSpec, rows: int
 def read_split(manifest, spec: FeatureSpec, split: str,
                batch_size: int = 1024) -> dict[str, np.ndarray]:
     """Every row of a converted split, eagerly, as numpy arrays."""
-    from psrec.data.dataset import make_eval_dataset
+    from psrec.data.input.dataset import make_eval_dataset
     parts = collections.defaultdict(list)
     for batch in make_eval_dataset(manifest.files(split), spec, batch_size,
                                    manifest.block_rows):
@@ -262,13 +262,13 @@ KERNEL_KEY = "model/over_arch/out/kernel/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def _reshard(args: argparse.Namespace) -> dict:
-    from psrec.data.dataset import InputConfig
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.partitioning import PartitionConfig
-    from psrec.ps_cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.train_loop import LoopConfig
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.ps_cluster.cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
     spec = criteo(**RESHARD_SPEC_ARGS)
     cluster = in_process_cluster(1, args.ps)
     trainer = Trainer(

@@ -19,7 +19,7 @@ def ps_cluster():
     In-process servers cannot be stopped, so there is exactly one cluster
     shape per process; tests needing another shape run in a subprocess.
     """
-    from psrec.ps_cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.cluster.in_process import in_process_cluster
     from tests._ps_helpers import CLUSTER_PS
     from tests._ps_helpers import CLUSTER_WORKERS
     return in_process_cluster(CLUSTER_WORKERS, CLUSTER_PS)
@@ -27,7 +27,7 @@ def ps_cluster():
 
 @pytest.fixture(scope="session")
 def small_criteo_spec():
-    from psrec.features.presets import criteo
+    from psrec.features.spec.presets import criteo
     from tests._ps_helpers import SMALL_CRITEO
     return criteo(**SMALL_CRITEO)
 
@@ -39,9 +39,9 @@ def criteo_data(tmp_path_factory, small_criteo_spec):
 
     Returns ``(manifest, parquet paths)``.
     """
-    from psrec.data.convert import ConversionOptions
-    from psrec.data.convert import convert
-    from psrec.data.synthetic import write_synthetic_parquet
+    from psrec.data.convert.convert import ConversionOptions
+    from psrec.data.convert.convert import convert
+    from psrec.data.ingest.synthetic import write_synthetic_parquet
     from tests._ps_helpers import SYNTHETIC_ROWS
     root = tmp_path_factory.mktemp("criteo-data")
     paths = write_synthetic_parquet(small_criteo_spec, root / "parquet",
@@ -50,3 +50,18 @@ def criteo_data(tmp_path_factory, small_criteo_spec):
                      ConversionOptions(shards=4, eval_fraction=0.2))
     assert report.rows_written == {"train": 16_000, "eval": 4_000}
     return report.manifest, paths
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Module sizes, as information (no cap: a module is as long as its
+    concept; see docs/architecture.md)."""
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    sizes = sorted(((len(p.read_text(encoding="utf-8").splitlines()),
+                     p.relative_to(repo).as_posix())
+                    for folder in ("psrec", "features", "data", "models",
+                                   "ps_cluster", "launch")
+                    for p in (repo / folder).rglob("*.py")), reverse=True)
+    terminalreporter.write_line(
+        f"library: {sum(n for n, _ in sizes)} lines in {len(sizes)} modules;"
+        " longest: " + ", ".join(f"{m} {n}" for n, m in sizes[:5]))

@@ -10,14 +10,14 @@ import math
 import pytest
 
 from psrec.features import criteo
-from psrec.models.config import model_config
-from psrec.models.sizing import DeviceMemory
-from psrec.models.sizing import SizeEstimate
-from psrec.models.sizing import estimate_replicated_bytes
-from psrec.ps_cluster.advise import Measurements
-from psrec.ps_cluster.advise import recommend
-from psrec.ps_cluster.advise_measure import gradient_traffic
-from psrec.ps_cluster.advise_measure import traffic_bytes
+from psrec.models.optim.sizing import DeviceMemory
+from psrec.models.optim.sizing import SizeEstimate
+from psrec.models.optim.sizing import estimate_replicated_bytes
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.planner.advise import Measurements
+from psrec.ps_cluster.planner.advise import recommend
+from psrec.ps_cluster.planner.advise_measure import gradient_traffic
+from psrec.ps_cluster.planner.advise_measure import traffic_bytes
 from tests._proc import run_psrec
 
 MEMORY = DeviceMemory("GPU", 16 << 30, "test")

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.audit import audit_shards
-from psrec.data.audit import per_worker_datasets
-from psrec.data.dataset import PIPELINE_COLUMN
-from psrec.data.dataset import InputConfig
-from psrec.data.dataset import make_train_dataset_fn
-from psrec.features.spec import ID_COLUMN
+from psrec.data.input.audit import audit_shards
+from psrec.data.input.audit import per_worker_datasets
+from psrec.data.input.dataset import PIPELINE_COLUMN
+from psrec.data.input.dataset import InputConfig
+from psrec.data.input.dataset import make_train_dataset_fn
+from psrec.features.spec.spec import ID_COLUMN
 from tests._ps_helpers import CLUSTER_WORKERS
 
 

@@ -7,11 +7,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from psrec.data.dataset import InputConfig
-from psrec.data.dataset import make_eval_dataset
-from psrec.launch.job import _base_rate
-from psrec.models.config import model_config
-from psrec.ps_cluster.trainer import Trainer
+from psrec.data.input.dataset import InputConfig
+from psrec.data.input.dataset import make_eval_dataset
+from psrec.launch.job.run import _base_rate
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.training.trainer import Trainer
 
 
 def test_the_job_takes_the_base_rate_of_the_train_split(criteo_data,

@@ -20,20 +20,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import InputConfig
-from psrec.data.synthetic import write_synthetic_parquet
-from psrec.features.presets import criteo
-from psrec.launch.cli import main
-from psrec.launch.exporting import evaluate_checkpoint
-from psrec.launch.exporting import restore_plain_model
-from psrec.launch.job_config import JobConfig
-from psrec.models.config import model_config
-from psrec.models.optim import OptimizerConfig
-from psrec.ps_cluster.best import choose_checkpoint
-from psrec.ps_cluster.best import read_best
-from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.dataset import InputConfig
+from psrec.features.spec.presets import criteo
+from psrec.launch.cli.main import main
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.export import evaluate_checkpoint
+from psrec.launch.job.export import restore_plain_model
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.checkpoint.best import choose_checkpoint
+from psrec.ps_cluster.checkpoint.best import read_best
+from psrec.ps_cluster.training.loop import LoopConfig
 
 SPEC = criteo(buckets=50, dim=4)
 MODEL = model_config("dlrm", bottom_mlp=(8,), top_mlp=(8,))
@@ -58,8 +58,8 @@ def no_eval_data(tmp_path_factory):
 
 
 def _trainer(checkpoints: Path, keep: int = 1):
-    from psrec.ps_cluster.strategy import build_replicated_strategy
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
+    from psrec.ps_cluster.training.trainer import Trainer
     JobConfig(workdir=checkpoints.parent, spec=SPEC, model_name="dlrm",
               model=MODEL).write(checkpoints)
     return Trainer(build_replicated_strategy("one-device"), SPEC, MODEL,
@@ -255,7 +255,7 @@ def test_epochs_train_best_and_eval_end_to_end(tmp_path, data, capsys):
 
 
 def _summary_text(data: dict) -> str:
-    from psrec.launch.job import JobSummary
+    from psrec.launch.job.run import JobSummary
     return JobSummary.from_dict(data).summary()
 
 
@@ -299,9 +299,9 @@ def test_best_checkpoint_under_ps_on_the_in_process_cluster(
     """Under ParameterServerStrategy (checkpoint files written through the
     coordinator): a step counts one worker's batch, and the best checkpoint
     survives rotation and restores the weights of its step."""
-    from psrec.models.config import ModelConfig
-    from psrec.ps_cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.trainer import Trainer
     manifest, _ = criteo_data
     model = ModelConfig(interaction="dot", top_mlp=(8,))
     checkpoints = tmp_path / "checkpoints"
@@ -324,9 +324,9 @@ def test_best_checkpoint_under_ps_on_the_in_process_cluster(
 
 
 def test_summary_says_epochs_best_export_and_early_stop():
-    from psrec.launch.job import JobSummary
-    from psrec.ps_cluster.best import BestRecord
-    from psrec.ps_cluster.metrics import EvalResult
+    from psrec.launch.job.run import JobSummary
+    from psrec.ps_cluster.checkpoint.best import BestRecord
+    from psrec.ps_cluster.evaluation.metrics import EvalResult
     best = BestRecord(checkpoint="best/best-40", source="ckpt-40", step=40,
                       metric="auc", value=0.7, auc=0.7, logloss=0.45,
                       count=100, evals_without_improvement=2)

@@ -19,20 +19,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.dataset import InputConfig
+from psrec.data.input.dataset import InputConfig
 from psrec.errors import ConfigError
-from psrec.features.presets import criteo
-from psrec.launch.checkpoint_flags import WRITERS as FLAG_CHOICES
-from psrec.launch.job_config import JobConfig
-from psrec.models import table_init
-from psrec.models.config import ModelConfig
-from psrec.ps_cluster import checkpoint_writers
-from psrec.ps_cluster.checkpoint import compare_with_checkpoint
-from psrec.ps_cluster.checkpoint_save import COORDINATOR_CPU
-from psrec.ps_cluster.checkpoint_save import save_options
-from psrec.ps_cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.trainer import Trainer
+from psrec.features.spec.presets import criteo
+from psrec.launch.cli.train import WRITERS as FLAG_CHOICES
+from psrec.launch.job.config import JobConfig
+from psrec.models.embedding import table_init
+from psrec.models.ranking.config import ModelConfig
+from psrec.ps_cluster.checkpoint import writers as checkpoint_writers
+from psrec.ps_cluster.checkpoint.keeper import compare_with_checkpoint
+from psrec.ps_cluster.checkpoint.save import COORDINATOR_CPU
+from psrec.ps_cluster.checkpoint.save import save_options
+from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+from psrec.ps_cluster.training.trainer import Trainer
 from psrec.runtime import role_environment
 from tests._proc import REPO
 from tests._proc import kill_pids

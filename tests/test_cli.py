@@ -15,12 +15,12 @@ import pytest
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
-from psrec.launch import argtypes
-from psrec.launch import data_commands
-from psrec.launch.cli import build_parser
-from psrec.launch.cli import exit_code_for
-from psrec.launch.cli import main
-from psrec.launch.cli import shows_default
+from psrec.launch.cli import argtypes
+from psrec.launch.cli import data as data_commands
+from psrec.launch.cli.main import build_parser
+from psrec.launch.cli.main import exit_code_for
+from psrec.launch.cli.main import main
+from psrec.launch.cli.main import shows_default
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
@@ -371,14 +371,14 @@ def checkpoint_and_data(tmp_path_factory):
     converted data set of the same spec."""
     import tensorflow as tf
 
-    from psrec.data.convert import ConversionOptions
-    from psrec.data.convert import convert
-    from psrec.data.synthetic import write_synthetic_parquet
+    from psrec.data.convert.convert import ConversionOptions
+    from psrec.data.convert.convert import convert
+    from psrec.data.ingest.synthetic import write_synthetic_parquet
     from psrec.features import criteo
-    from psrec.launch.job_config import JobConfig
-    from psrec.models.config import model_config
-    from psrec.models.ranking import build_model
-    from psrec.ps_cluster.checkpoint import CheckpointKeeper
+    from psrec.launch.job.config import JobConfig
+    from psrec.models.build import build_model
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
     root = tmp_path_factory.mktemp("eval")
     spec = criteo(buckets=100)
     config = model_config("dlrm")

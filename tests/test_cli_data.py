@@ -10,14 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.manifest import MANIFEST_NAME
-from psrec.data.manifest import Manifest
-from psrec.data.synthetic import synthetic_table
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.format.manifest import MANIFEST_NAME
+from psrec.data.format.manifest import Manifest
+from psrec.data.ingest.synthetic import synthetic_table
+from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.features import FeatureSpec
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.launch.cli import main
+from psrec.launch.cli.main import main
 
 SPEC = criteo(buckets=1000)
 
@@ -312,7 +312,7 @@ def test_convert_folder_converts_the_same_rows_as_listing_files(tmp_path,
 
 
 def test_parquet_files_expands_folders_like_pyarrow(tmp_path):
-    from psrec.data.convert import parquet_files
+    from psrec.data.convert.convert import parquet_files
     table = synthetic_table(SPEC, 10)
     for name in ("b.parquet", "a/z.parquet", "a/y.parquet", "_tmp/x.parquet",
                  ".hidden.parquet", "a/_x.parquet"):

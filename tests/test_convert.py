@@ -21,21 +21,21 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import BadDataError
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.criteo import ingest_criteo
-from psrec.data.dataset import make_eval_dataset
-from psrec.data.input_checks import SchemaError
-from psrec.data.manifest import MANIFEST_NAME
-from psrec.data.manifest import Manifest
-from psrec.data.manifest import ManifestError
-from psrec.data.shard_writer import QUARANTINE_NAME
-from psrec.data.synthetic import synthetic_table
+from psrec.data.convert.checks import SchemaError
+from psrec.data.convert.convert import BadDataError
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.convert.writer import QUARANTINE_NAME
+from psrec.data.format.manifest import MANIFEST_NAME
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import ManifestError
+from psrec.data.ingest.criteo import ingest_criteo
+from psrec.data.ingest.synthetic import synthetic_table
+from psrec.data.input.dataset import make_eval_dataset
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.features.spec import DENSE_COLUMN
-from psrec.features.spec import ID_COLUMN
+from psrec.features.spec.spec import DENSE_COLUMN
+from psrec.features.spec.spec import ID_COLUMN
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import shared_data
 
@@ -522,7 +522,7 @@ def test_conversion_without_eval_rows_warns(tmp_path):
 
 
 def test_convert_command_prints_the_warning_on_stderr(tmp_path, capsys):
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     pq.write_table(synthetic_table(movielens(), 200, seed=2),
                    tmp_path / "ml.parquet")
     args = ["convert", str(tmp_path / "ml.parquet"), "--spec", "movielens",

@@ -7,16 +7,16 @@ regression ~0.694. The PS-trained model must reach at least 0.68.
 
 import pytest
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.criteo import ingest_criteo
-from psrec.data.dataset import InputConfig
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.criteo import ingest_criteo
+from psrec.data.input.dataset import InputConfig
 from psrec.features import criteo
-from psrec.models.config import model_config
-from psrec.models.optim import OptimizerConfig
-from psrec.ps_cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.trainer import Trainer
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.trainer import Trainer
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import shared_data
 

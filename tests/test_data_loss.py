@@ -12,14 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.integrity import repair_corrupted_shards
-from psrec.data.manifest import Manifest
-from psrec.data.manifest import ManifestError
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import ManifestError
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.integrity import repair_corrupted_shards
 from psrec.features import criteo
-from psrec.features.spec import DENSE_COLUMN
+from psrec.features.spec.spec import DENSE_COLUMN
 from tests._ps_helpers import read_split
 
 SPEC = criteo(buckets=100, dim=4)
@@ -162,12 +162,12 @@ def _weights_and_slots(trainer) -> list[np.ndarray]:
 
 
 def test_non_finite_loss_stops_before_applying_the_step(tmp_path):
-    from psrec.data.dataset import InputConfig
-    from psrec.models.config import ModelConfig
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.step import NonFiniteLossError
-    from psrec.ps_cluster.train_loop import LoopConfig
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.step import NonFiniteLossError
+    from psrec.ps_cluster.training.trainer import Trainer
     from tests._ps_helpers import in_order_dataset_fn
     trainer = Trainer(tf.distribute.get_strategy(), SPEC,
                       ModelConfig(interaction="cross", top_mlp=(8,),
@@ -205,14 +205,14 @@ def test_non_finite_loss_stops_before_applying_the_step(tmp_path):
 def test_non_finite_loss_stops_the_ps_closures(ps_cluster, tmp_path):
     """The same check inside closures scheduled on PS workers: the
     coordinator stops on the flag and no worker applied a NaN update."""
-    from psrec.data.dataset import InputConfig
-    from psrec.models.config import ModelConfig
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.partitioning import PartitionConfig
-    from psrec.ps_cluster.step import NonFiniteLossError
-    from psrec.ps_cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.train_loop import LoopConfig
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.step import NonFiniteLossError
+    from psrec.ps_cluster.training.trainer import Trainer
     from tests._ps_helpers import in_order_dataset_fn
     trainer = Trainer(build_ps_strategy(ps_cluster,
                                         PartitionConfig(kind="fixed")),
@@ -238,7 +238,7 @@ def test_non_finite_loss_stops_the_ps_closures(ps_cluster, tmp_path):
 
 
 def _convert_cli(source, out, capsys) -> tuple[int, str]:
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     code = main(["convert", str(source), "--spec", "criteo", "--out",
                  str(out)])
     err = capsys.readouterr().err
@@ -263,7 +263,7 @@ def test_truncated_parquet_is_a_one_line_error_naming_it(parquet, tmp_path,
 
 def test_corrupted_parquet_page_is_a_one_line_error_naming_it(tmp_path,
                                                               capsys):
-    from psrec.data.synthetic import synthetic_table
+    from psrec.data.ingest.synthetic import synthetic_table
     table = synthetic_table(criteo(), 3000)
     path = tmp_path / "in.parquet"
     pq.write_table(table, path, write_page_checksum=True,
@@ -278,8 +278,8 @@ def test_corrupted_parquet_page_is_a_one_line_error_naming_it(tmp_path,
 
 
 def test_spec_infer_names_a_corrupted_parquet_page(tmp_path, capsys):
-    from psrec.data.synthetic import synthetic_table
-    from psrec.launch.cli import main
+    from psrec.data.ingest.synthetic import synthetic_table
+    from psrec.launch.cli.main import main
     path = tmp_path / "in.parquet"
     pq.write_table(synthetic_table(criteo(), 3000), path,
                    write_page_checksum=True, row_group_size=1000)
@@ -298,13 +298,13 @@ def test_spec_infer_names_a_corrupted_parquet_page(tmp_path, capsys):
 
 
 def _keeper(directory):
-    from psrec.ps_cluster.checkpoint import CheckpointKeeper
+    from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
     variable = tf.Variable(tf.ones([1000, 8]))
     return CheckpointKeeper(directory, tf.train.Checkpoint(v=variable))
 
 
 def test_failed_save_leaves_no_temp_and_keeps_the_last_checkpoint(tmp_path):
-    from psrec.ps_cluster.checkpoint import SaveError
+    from psrec.ps_cluster.checkpoint.keeper import SaveError
     keeper = _keeper(tmp_path / "ckpt")
     first = keeper.save(1)
     # The save of step 2 writes ckpt-2_temp/ and then fails to merge it
@@ -330,10 +330,10 @@ def test_partial_save_of_a_killed_run_is_removed_at_start(tmp_path):
 
 
 def test_checkpoint_folder_without_room_is_refused_before_servers(tmp_path):
-    from psrec.launch.job_config import JobConfig
-    from psrec.launch.job_data import check_output_folders
-    from psrec.launch.job_data import prepare_data
-    from psrec.ps_cluster.checkpoint import OutputFolderError
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.data import check_output_folders
+    from psrec.launch.job.data import prepare_data
+    from psrec.ps_cluster.checkpoint.keeper import OutputFolderError
     # Tables of 26 x 10^10 rows x 64 floats: more than any disk here.
     config = JobConfig(spec=criteo(buckets=10**10, dim=64),
                        workdir=str(tmp_path / "work"))
@@ -350,9 +350,9 @@ def test_checkpoint_folder_without_room_is_refused_before_servers(tmp_path):
 
 
 def test_unwritable_checkpoint_folder_is_refused(tmp_path):
-    from psrec.launch.job_config import JobConfig
-    from psrec.launch.job_data import check_output_folders
-    from psrec.ps_cluster.checkpoint import OutputFolderError
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.data import check_output_folders
+    from psrec.ps_cluster.checkpoint.keeper import OutputFolderError
     (tmp_path / "file").write_text("not a folder")
     config = JobConfig(spec=criteo(buckets=100, dim=4),
                        workdir=str(tmp_path / "file" / "work"))

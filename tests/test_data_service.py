@@ -27,21 +27,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import EPOCH_COLUMN
-from psrec.data.dataset import InputConfig
-from psrec.data.dataset import make_train_dataset_fn
-from psrec.data.manifest import Manifest
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.format.manifest import Manifest
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.dataset import EPOCH_COLUMN
+from psrec.data.input.dataset import InputConfig
+from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.features import criteo
-from psrec.features.spec import ID_COLUMN
-from psrec.launch.data_service_roles import resolve_input_mode
-from psrec.ps_cluster.coverage import CoverageTally
-from psrec.ps_cluster.coverage import coverage_warning
-from psrec.ps_cluster.data_service import ADDRESS_ENV
-from psrec.ps_cluster.data_service import start_dispatcher
-from psrec.ps_cluster.data_service import start_worker
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.launch.cli.data_service import resolve_input_mode
+from psrec.ps_cluster.training.coverage import CoverageTally
+from psrec.ps_cluster.training.coverage import coverage_warning
+from psrec.ps_cluster.training.data_service import ADDRESS_ENV
+from psrec.ps_cluster.training.data_service import start_dispatcher
+from psrec.ps_cluster.training.data_service import start_worker
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
 

@@ -17,12 +17,12 @@ import tensorflow as tf
 import tf_keras
 
 from psrec.features import criteo
-from psrec.features.spec import DENSE_COLUMN
-from psrec.features.spec import FeatureSpec
-from psrec.models.config import FM_INIT_SCALE
-from psrec.models.config import ModelConfigError
-from psrec.models.config import model_config
-from psrec.models.ranking import build_model
+from psrec.features.spec.spec import DENSE_COLUMN
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.build import build_model
+from psrec.models.ranking.config import FM_INIT_SCALE
+from psrec.models.ranking.config import ModelConfigError
+from psrec.models.ranking.config import model_config
 
 RATE = 0.25
 LOGIT = math.log(RATE / (1 - RATE))

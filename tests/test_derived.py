@@ -1,4 +1,4 @@
-"""Derived features (``features.derived``): time parts, buckets and crosses
+"""Derived features (``features.spec.derived``): time parts, buckets and crosses
 computed by the same ops at conversion and in the serving function."""
 
 from __future__ import annotations
@@ -11,21 +11,21 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import InputConfig
-from psrec.data.dataset import make_train_dataset_fn
-from psrec.data.synthetic import synthetic_table
-from psrec.features.columns import SpecError
-from psrec.features.derived import DerivedFeature
-from psrec.features.spec import ID_COLUMN
-from psrec.features.spec import FeatureSpec
-from psrec.features.transforms import derive
-from psrec.models.config import ModelConfig
-from psrec.models.export import ServingModule
-from psrec.models.export import export_saved_model
-from psrec.models.export import serving_signature
-from psrec.models.ranking import build_model
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import synthetic_table
+from psrec.data.input.dataset import InputConfig
+from psrec.data.input.dataset import make_train_dataset_fn
+from psrec.features.spec.columns import SpecError
+from psrec.features.spec.derived import DerivedFeature
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.features.spec.spec import FeatureSpec
+from psrec.features.transforms.ops import derive
+from psrec.models.build import build_model
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.serving.export import ServingModule
+from psrec.models.serving.export import export_saved_model
+from psrec.models.serving.export import serving_signature
 from tests._client import client_inputs
 
 UTC = datetime.timezone.utc

@@ -1,4 +1,4 @@
-"""The top-k victim selection of dynamic tables (``models.dynamic_select``)
+"""The top-k victim selection of dynamic tables (``models.dynamic.select``)
 picks exactly what stable sorts by every key would, ties included."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from psrec.models.dynamic_select import coldest
+from psrec.models.dynamic.select import coldest
 
 
 def test_coldest_equals_stable_sorts_with_many_ties():

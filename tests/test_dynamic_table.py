@@ -19,36 +19,36 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import InputConfig
-from psrec.data.synthetic import write_synthetic_parquet
-from psrec.features.columns import CategoricalFeature
-from psrec.features.columns import SpecError
-from psrec.features.columns import TableConfig
-from psrec.features.presets import criteo
-from psrec.features.spec import FeatureSpec
-from psrec.features.transforms import CategoricalEncoder
-from psrec.launch.cli import main
-from psrec.launch.job_config import JobConfig
-from psrec.models.config import ModelConfig
-from psrec.models.config import ModelConfigError
-from psrec.models.dynamic_shards import ShardLayout
-from psrec.models.dynamic_table import DynamicTable
-from psrec.models.dynamic_table import parts
-from psrec.models.export import export_saved_model
-from psrec.models.optim import OptimizerConfig
-from psrec.models.ranking import build_model
-from psrec.models.retrieval_config import check_no_dynamic_tables
-from psrec.ps_cluster.checkpoint_save import save_options
-from psrec.ps_cluster.checkpoint_verify import differing_keys
-from psrec.ps_cluster.dynamic_maintenance import Maintainer
-from psrec.ps_cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.planner import plan
-from psrec.ps_cluster.planner_dynamic import dynamic_table_bytes
-from psrec.ps_cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.trainer import Trainer
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.dataset import InputConfig
+from psrec.features.spec.columns import CategoricalFeature
+from psrec.features.spec.columns import SpecError
+from psrec.features.spec.columns import TableConfig
+from psrec.features.spec.presets import criteo
+from psrec.features.spec.spec import FeatureSpec
+from psrec.features.transforms.ops import CategoricalEncoder
+from psrec.launch.cli.main import main
+from psrec.launch.job.config import JobConfig
+from psrec.models.build import build_model
+from psrec.models.dynamic.shards import ShardLayout
+from psrec.models.dynamic.table import DynamicTable
+from psrec.models.dynamic.table import parts
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.ranking.config import ModelConfigError
+from psrec.models.retrieval.config import check_no_dynamic_tables
+from psrec.models.serving.export import export_saved_model
+from psrec.ps_cluster.checkpoint.save import save_options
+from psrec.ps_cluster.checkpoint.verify import differing_keys
+from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+from psrec.ps_cluster.planner.plan import dynamic_table_bytes
+from psrec.ps_cluster.planner.plan import plan
+from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.maintenance import Maintainer
+from psrec.ps_cluster.training.trainer import Trainer
 
 pytestmark = pytest.mark.cluster
 

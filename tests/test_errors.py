@@ -44,7 +44,7 @@ def test_a_worker_that_lost_its_functions_is_retryable_not_permanent():
     import pytest
 
     from psrec.errors import RetryableError
-    from psrec.launch.job_errors import translated_errors
+    from psrec.launch.job.run import translated_errors
     lost = tf.errors.FailedPreconditionError(
         None, None, "Could not find required function definition "
         "__inference_evaluate_shard_1234")
@@ -62,7 +62,7 @@ def test_an_ended_training_iterator_is_retryable():
     import pytest
 
     from psrec.errors import RetryableError
-    from psrec.launch.job_errors import translated_errors
+    from psrec.launch.job.run import translated_errors
     ended = tf.errors.OutOfRangeError(
         None, None, "End of sequence\n\t [[{{node while/IteratorGetNext}}]]")
     with pytest.raises(RetryableError, match="iterator ended"):

@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import make_eval_dataset
-from psrec.data.manifest import Manifest
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.format.manifest import Manifest
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.dataset import make_eval_dataset
 from psrec.features import criteo
-from psrec.features.spec import ID_COLUMN
-from psrec.launch.exporting import evaluate_checkpoint
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.launch.job.export import evaluate_checkpoint
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
 from tests._proc import wait_for_cpu

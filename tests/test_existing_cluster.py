@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.features import criteo
 from psrec.runtime import role_environment
 from tests._proc import REPO

@@ -11,21 +11,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.dataset import InputConfig
-from psrec.data.synthetic import write_synthetic_parquet
-from psrec.features.presets import movielens
-from psrec.features.spec import DENSE_COLUMN
-from psrec.features.spec import ID_COLUMN
-from psrec.launch.exporting import export_checkpoint
-from psrec.launch.job_config import JobConfig
-from psrec.models.config import ModelConfig
-from psrec.models.export import ServingModule
-from psrec.models.export import export_saved_model
-from psrec.models.optim import OptimizerConfig
-from psrec.models.ranking import build_model
-from psrec.ps_cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.trainer import Trainer
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.dataset import InputConfig
+from psrec.features.spec.presets import movielens
+from psrec.features.spec.spec import DENSE_COLUMN
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.export import export_checkpoint
+from psrec.models.build import build_model
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.serving.export import ServingModule
+from psrec.models.serving.export import export_saved_model
+from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.trainer import Trainer
 from tests._ps_helpers import helper_result
 from tests._ps_helpers import raw_rows
 from tests._ps_helpers import read_split
@@ -164,8 +164,8 @@ def test_movielens_export_takes_int64_ids_and_multi_hot_strings(tmp_path):
 
 def test_eval_of_a_checkpoint_matches_the_cluster_evaluation(
         exported, criteo_data, capsys):
-    from psrec.launch.cli import main
-    from psrec.launch.exporting import evaluate_checkpoint
+    from psrec.launch.cli.main import main
+    from psrec.launch.job.export import evaluate_checkpoint
     trainer, _, _, root = exported
     manifest, _ = criteo_data
     on_cluster = trainer.evaluate(manifest)

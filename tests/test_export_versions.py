@@ -13,20 +13,20 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.synthetic import synthetic_table
-from psrec.launch.cli import main
-from psrec.launch.exporting import export_checkpoint
-from psrec.launch.job_config import JobConfig
-from psrec.models.config import ModelConfig
-from psrec.models.ranking import build_model
-from psrec.models.scoring import score_files
-from psrec.models.versions import resolve
-from psrec.models.warmup import WARMUP_FILE
-from psrec.models.warmup import read_warmup
-from psrec.models.warmup_rows import warmup_rows
-from psrec.ps_cluster.checkpoint import CheckpointKeeper
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import synthetic_table
+from psrec.launch.cli.main import main
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.export import export_checkpoint
+from psrec.models.build import build_model
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.serving.scoring import score_files
+from psrec.models.serving.versions import resolve
+from psrec.models.serving.warmup import WARMUP_FILE
+from psrec.models.serving.warmup import read_warmup
+from psrec.models.serving.warmup import warmup_rows
+from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
 from tests._client import client_inputs
 from tests._client import mixed_spec
 from tests._ps_helpers import read_split
@@ -110,7 +110,7 @@ def test_exports_are_numbered_versions_never_overwritten(run, tmp_path,
 def test_a_failed_export_leaves_no_version(run, tmp_path, monkeypatch):
     """The SavedModel write dies after writing part of the model: neither
     a version folder nor the temporary folder remains."""
-    import psrec.launch.exporting as exporting
+    import psrec.launch.job.export as exporting
     checkpoints, _, _ = run
     out = tmp_path / "export"
     (out / "1").mkdir(parents=True)

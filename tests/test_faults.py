@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.manifest import Manifest
+from psrec.data.format.manifest import Manifest
 from tests._fault_data import EVERY
 from tests._fault_data import STEPS
 from tests._fault_data import synthetic_run_data

@@ -215,7 +215,7 @@ def test_vocabulary_file_relative_to_spec_dir(tmp_path, monkeypatch):
     assert color.num_ids == 4  # 3 values + the out-of-vocabulary id
     spec.check_vocabularies()
 
-    from psrec.features.transforms import CategoricalEncoder
+    from psrec.features.transforms.ops import CategoricalEncoder
     ids = CategoricalEncoder(spec).encode(
         "color", np.array(["red", "green", "blue", "purple", ""], object))
     assert ids.numpy().tolist() == [3, 4, 5, 2, 2]  # offset 2; OOV -> 0
@@ -249,7 +249,7 @@ def test_missing_vocabulary_file_names_path(tmp_path):
 def test_categorical_hashing_is_stable_and_within_feature_rows():
     import tensorflow as tf
 
-    from psrec.features.transforms import CategoricalEncoder
+    from psrec.features.transforms.ops import CategoricalEncoder
 
     spec = criteo(buckets=1000)
     values = np.array([f"{i:08x}" for i in range(500)] + [""], object)
@@ -271,7 +271,7 @@ def test_categorical_hashing_is_stable_and_within_feature_rows():
 
 
 def test_int64_values_hash_like_their_decimal_string():
-    from psrec.features.transforms import CategoricalEncoder
+    from psrec.features.transforms.ops import CategoricalEncoder
 
     encoder = CategoricalEncoder(movielens())
     ints = encoder.encode("user_id", np.array([1, 42, 943], np.int64)).numpy()
@@ -283,7 +283,7 @@ def test_int64_values_hash_like_their_decimal_string():
 
 
 def test_transform_dense_matches_hand_computed_values():
-    from psrec.features.transforms import transform_dense
+    from psrec.features.transforms.ops import transform_dense
 
     spec = FeatureSpec(
         name="dense",

@@ -9,13 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.criteo import CRITEO_CATEGORICAL_COLUMNS
-from psrec.data.criteo import CRITEO_COLUMNS
-from psrec.data.criteo import CRITEO_INTEGER_COLUMNS
-from psrec.data.criteo import ingest_criteo
-from psrec.data.ingest import IngestError
-from psrec.data.ingest import IngestReport
-from psrec.data.movielens import ingest_movielens
+from psrec.data.ingest.common import IngestError
+from psrec.data.ingest.common import IngestReport
+from psrec.data.ingest.criteo import CRITEO_CATEGORICAL_COLUMNS
+from psrec.data.ingest.criteo import CRITEO_COLUMNS
+from psrec.data.ingest.criteo import CRITEO_INTEGER_COLUMNS
+from psrec.data.ingest.criteo import ingest_criteo
+from psrec.data.ingest.movielens import ingest_movielens
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import MOVIELENS_DIR
 from tests._shared import shared_data

@@ -14,16 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.ingest import IngestError
-from psrec.data.ingest import find_line
-from psrec.data.jsonl import ingest_jsonl
-from psrec.data.libfm import ingest_libfm
-from psrec.data.tabular import ingest_csv
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.common import IngestError
+from psrec.data.ingest.common import find_line
+from psrec.data.ingest.jsonl import ingest_jsonl
+from psrec.data.ingest.libfm import ingest_libfm
+from psrec.data.ingest.tabular import ingest_csv
 from psrec.errors import EXIT_USAGE
-from psrec.features.spec import FeatureSpec
-from psrec.launch.cli import main
+from psrec.features.spec.spec import FeatureSpec
+from psrec.launch.cli.main import main
 from tests.test_progress import Recorder
 
 CSV_TEXT = ('id,click,price,city\n'

@@ -9,22 +9,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.audit import audit_shards
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import InputConfig
-from psrec.data.dataset import NotEnoughShardsError
-from psrec.data.dataset import make_eval_dataset
-from psrec.data.dataset import make_train_dataset_fn
-from psrec.data.dataset import shard_files
-from psrec.data.manifest import Manifest
-from psrec.data.manifest import ManifestError
-from psrec.data.records import CorruptRecordError
-from psrec.data.records import corruption_named
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import ManifestError
+from psrec.data.format.records import CorruptRecordError
+from psrec.data.format.records import corruption_named
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.audit import audit_shards
+from psrec.data.input.dataset import InputConfig
+from psrec.data.input.dataset import NotEnoughShardsError
+from psrec.data.input.dataset import make_eval_dataset
+from psrec.data.input.dataset import make_train_dataset_fn
+from psrec.data.input.dataset import shard_files
 from psrec.features import criteo
-from psrec.features.spec import DENSE_COLUMN
-from psrec.features.spec import ID_COLUMN
+from psrec.features.spec.spec import DENSE_COLUMN
+from psrec.features.spec.spec import ID_COLUMN
 
 SPEC = criteo(buckets=1000)
 ROWS = 6000

@@ -8,19 +8,19 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.integrity import SplitOverlapError
-from psrec.data.integrity import check_disjoint_splits
-from psrec.data.integrity import repair_corrupted_shards
-from psrec.data.manifest import ManifestError
-from psrec.data.repair import masked_crc
-from psrec.data.repair import scan_records
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.format.manifest import ManifestError
+from psrec.data.format.repair import masked_crc
+from psrec.data.format.repair import scan_records
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.integrity import SplitOverlapError
+from psrec.data.input.integrity import check_disjoint_splits
+from psrec.data.input.integrity import repair_corrupted_shards
 from psrec.errors import is_retryable
 from psrec.features import criteo
-from psrec.ps_cluster.watchdog import EXIT_RETRYABLE
-from psrec.ps_cluster.watchdog import Watchdog
+from psrec.ps_cluster.training.watchdog import EXIT_RETRYABLE
+from psrec.ps_cluster.training.watchdog import Watchdog
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def manifest(tmp_path_factory):
 
 def _copy(manifest, dst):
     shutil.copytree(manifest.root, dst)
-    from psrec.data.manifest import Manifest
+    from psrec.data.format.manifest import Manifest
     return Manifest.load(dst)
 
 

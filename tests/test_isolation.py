@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from psrec.launch.netns import ISOLATED
-from psrec.launch.netns import NO_NETNS_ENV
+from psrec.launch.local.netns import ISOLATED
+from psrec.launch.local.netns import NO_NETNS_ENV
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
 from tests._proc import run_psrec
@@ -241,7 +241,7 @@ def test_allow_exposed_warns_naming_every_reachable_port(tmp_path,
 
 def test_psrec_server_prints_the_addresses_it_really_listens_on(
         tmp_path, external_addresses):
-    from psrec.ps_cluster.addresses import free_loopback_ports
+    from psrec.ps_cluster.cluster.addresses import free_loopback_ports
     ps, worker = free_loopback_ports(2)
     spec = tmp_path / "cluster.json"
     spec.write_text(json.dumps({"ps": [f"127.0.0.1:{ps}"],
@@ -265,7 +265,7 @@ def test_a_private_namespace_falls_back_to_a_user_namespace():
     makes a user namespace (uid mapped to itself) with its own network,
     whose only interface, lo, is up."""
     code = ("import ctypes, os, socket; "
-            "from psrec.launch.netns import enter_private_network, interfaces;"
+            "from psrec.launch.local.netns import enter_private_network, interfaces;"
             " assert ctypes.CDLL(None, use_errno=True).unshare(0x40000000);"
             " uid = os.getuid(); why = enter_private_network(); "
             "s = socket.create_server(('127.0.0.1', 0)); "

@@ -1,4 +1,4 @@
-"""The job configuration of ``psrec train`` (``launch/job_config.py``): the
+"""The job configuration of ``psrec train`` (``launch/job/config.py``): the
 one codec (``job.json``) and the refusal of options that mean nothing under
 the chosen strategy -- in the library and on the command line, before any
 server starts."""
@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from psrec.data.dataset import InputConfig
+from psrec.data.input.dataset import InputConfig
 from psrec.errors import ConfigError
-from psrec.features.presets import criteo
-from psrec.features.presets import movielens
-from psrec.launch.job_config import JobConfig
-from psrec.launch.job_config import StrategyConfig
-from psrec.launch.job_config import SyntheticData
-from psrec.models.config import model_config
-from psrec.models.optim import OptimizerConfig
-from psrec.models.retrieval_config import RetrievalConfig
-from psrec.ps_cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.features.spec.presets import criteo
+from psrec.features.spec.presets import movielens
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import StrategyConfig
+from psrec.launch.job.config import SyntheticData
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.ranking.config import model_config
+from psrec.models.retrieval.config import RetrievalConfig
+from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.training.loop import LoopConfig
 
 # -- the codec ----------------------------------------------------------------------
 
@@ -195,9 +195,9 @@ class _Reached(Exception):
 def _forbid_any_work(monkeypatch) -> None:
     """Data preparation, local servers and jobs raise if the CLI gets that
     far (nothing may start before the configuration is accepted)."""
-    from psrec.launch import job
-    from psrec.launch import job_data
-    from psrec.launch import local
+    from psrec.launch.job import data as job_data
+    from psrec.launch.job import run as job
+    from psrec.launch.local import cluster as local
 
     def reached(*args, **kwargs):
         raise _Reached("the CLI went past its configuration checks")
@@ -222,7 +222,7 @@ def _forbid_any_work(monkeypatch) -> None:
 ])
 def test_cli_refuses_in_one_line_before_any_server_starts(
         tmp_path, capsys, monkeypatch, extra, flag):
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     _forbid_any_work(monkeypatch)
     began = time.monotonic()
     code = main(_train_args(tmp_path, *extra))
@@ -245,8 +245,8 @@ def test_cli_accepts_mixed_precision_and_accumulation_under_ps(
         tmp_path, monkeypatch):
     """Both apply under every strategy now: the CLI builds the job and goes
     on to prepare its data (stopped there)."""
-    from psrec.launch import job_data
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
+    from psrec.launch.job import data as job_data
     seen = []
 
     def prepare(config, *args, **kwargs):

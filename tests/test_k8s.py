@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from psrec.errors import RETRYABLE_EXIT_CODES
-from psrec.launch.cli import main
-from psrec.launch.k8s_pods import manifest_pods
-from psrec.launch.k8s_pods import operator_tf_config
+from psrec.launch.cli.main import main
+from psrec.launch.k8s.pods import manifest_pods
+from psrec.launch.k8s.pods import operator_tf_config
 from tests._proc import pid_alive
 from tests._proc import run_psrec
 from tests._shared import SHARED_DATA
@@ -240,9 +240,9 @@ def _quantity_bytes(text):
 
 
 def test_ps_memory_is_planned_from_the_spec(tmp_path):
-    from psrec.features.presets import resolve_spec
-    from psrec.models.config import model_config
-    from psrec.ps_cluster.planner import plan
+    from psrec.features.spec.presets import resolve_spec
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.planner.plan import plan
     args = ["--name", "p", "--image", "i:1", "--workdir", "gs://b/w"]
     memory = {}
     for ps in (1, 4):

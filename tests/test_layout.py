@@ -1,4 +1,4 @@
-"""Row ranges laid out by the spec (``features.layout``): automatic ranges,
+"""Row ranges laid out by the spec (``features.spec.layout``): automatic ranges,
 ``share`` and the refusal of overlapping ranges."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from psrec.features.columns import SpecError
-from psrec.features.spec import FeatureSpec
-from psrec.features.transforms import CategoricalEncoder
+from psrec.features.spec.columns import SpecError
+from psrec.features.spec.spec import FeatureSpec
+from psrec.features.transforms.ops import CategoricalEncoder
 
 
 def _spec(categorical, tables=None, **extra):

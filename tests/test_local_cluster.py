@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.dataset import make_eval_dataset
-from psrec.data.manifest import Manifest
+from psrec.data.format.manifest import Manifest
+from psrec.data.input.dataset import make_eval_dataset
 from psrec.features import criteo
-from psrec.launch.exporting import restore_plain_model
-from psrec.launch.local import LocalCluster
-from psrec.models.config import model_config
-from psrec.models.ranking import build_model
-from psrec.ps_cluster.metrics import batch_statistics
-from psrec.ps_cluster.metrics import merge
+from psrec.launch.job.export import restore_plain_model
+from psrec.launch.local.cluster import LocalCluster
+from psrec.models.build import build_model
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.evaluation.metrics import batch_statistics
+from psrec.ps_cluster.evaluation.metrics import merge
 from tests._proc import PsrecRun
 from tests._proc import kill_pids
 from tests._proc import pid_alive
@@ -253,7 +253,7 @@ def test_local_cluster_stops_its_processes_on_error(tmp_path):
 
 
 def test_workers_get_equal_gpu_shares_and_ps_none():
-    from psrec.launch.local import worker_gpus
+    from psrec.launch.local.cluster import worker_gpus
     gpus = ["0", "1", "2", "3"]
     assert [worker_gpus(i, 2, gpus) for i in range(2)] == ["0,1", "2,3"]
     assert [worker_gpus(i, 3, gpus) for i in range(3)] == ["0", "1", "2"]

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.launch.job import JobSummary
-from psrec.ps_cluster.metrics import AUC_BINS
-from psrec.ps_cluster.metrics import EvalResult
-from psrec.ps_cluster.metrics import add_statistics
-from psrec.ps_cluster.metrics import auc_from_histograms
-from psrec.ps_cluster.metrics import batch_statistics
-from psrec.ps_cluster.metrics import merge
-from psrec.ps_cluster.metrics import shared_bin_fraction
-from psrec.ps_cluster.metrics import zero_statistics
+from psrec.launch.job.run import JobSummary
+from psrec.ps_cluster.evaluation.metrics import AUC_BINS
+from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.evaluation.metrics import add_statistics
+from psrec.ps_cluster.evaluation.metrics import auc_from_histograms
+from psrec.ps_cluster.evaluation.metrics import batch_statistics
+from psrec.ps_cluster.evaluation.metrics import merge
+from psrec.ps_cluster.evaluation.metrics import shared_bin_fraction
+from psrec.ps_cluster.evaluation.metrics import zero_statistics
 
 MAX_AUC_ERROR = 1e-3
 BATCH = 131_072

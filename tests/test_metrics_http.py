@@ -23,15 +23,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from psrec import __version__
-from psrec.launch.cli import main
-from psrec.launch.dashboard import expr_metrics
-from psrec.launch.dashboard import grafana_dashboard
-from psrec.launch.heartbeat import HeartbeatWriter
-from psrec.launch.heartbeat import heartbeat_path
-from psrec.launch.metrics_flags import reserve_metrics_socket
-from psrec.launch.metrics_flags import take_metrics_socket
-from psrec.launch.metrics_http import serving
-from psrec.ps_cluster.addresses import free_loopback_ports
+from psrec.launch.cli.main import main
+from psrec.launch.cli.metrics_flags import reserve_metrics_socket
+from psrec.launch.cli.metrics_flags import take_metrics_socket
+from psrec.launch.monitor.dashboard import expr_metrics
+from psrec.launch.monitor.dashboard import grafana_dashboard
+from psrec.launch.monitor.heartbeat import HeartbeatWriter
+from psrec.launch.monitor.heartbeat import heartbeat_path
+from psrec.launch.monitor.metrics_http import serving
+from psrec.ps_cluster.cluster.addresses import free_loopback_ports
 from tests._proc import PsrecRun
 
 TIMEOUT = 180
@@ -202,7 +202,7 @@ def test_examples_per_sec_is_the_recent_rate(tmp_path):
     within the 5 s window instead of averaging since the start."""
     import tensorflow as tf
 
-    from psrec.launch.progress import ProgressReporter
+    from psrec.launch.monitor.progress import ProgressReporter
     now = [0.0]
     per_worker = {0: 0, 1: 0}
     reporter = ProgressReporter(

@@ -209,7 +209,7 @@ def test_mirrored_job_stall_fires_the_watchdog_with_the_pending_call(
 @pytest.mark.cluster
 def test_two_worker_multi_worker_mirrored_run_only_chief_checkpoints(
         tmp_path):
-    from psrec.features.presets import criteo
+    from psrec.features.spec.presets import criteo
     from tests._proc import assert_no_leftovers
     from tests._proc import run_psrec
     spec = criteo(buckets=100, dim=4)
@@ -253,10 +253,10 @@ def test_size_guard_stops_the_cli_with_the_size_and_ps_advice(tmp_path):
 
 
 def test_replicated_options_name_the_argument_and_value():
-    from psrec.launch.cli import main
-    from psrec.launch.job_config import StrategyConfig
-    from psrec.ps_cluster.strategy import StrategyError
-    from psrec.ps_cluster.strategy import build_replicated_strategy
+    from psrec.launch.cli.main import main
+    from psrec.launch.job.config import StrategyConfig
+    from psrec.ps_cluster.cluster.strategy import StrategyError
+    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
     with pytest.raises(StrategyError, match=r"`--collective` = 'ring'"):
         build_replicated_strategy("mirrored", "ring")
     with pytest.raises(StrategyError, match=r"`--strategy` = 'ps'"):
@@ -274,7 +274,7 @@ def test_replicated_options_name_the_argument_and_value():
 def test_accumulated_table_gradients_stay_sparse():
     import tensorflow as tf
 
-    from psrec.models.accumulation import add_gradients
+    from psrec.models.optim.accumulation import add_gradients
     a = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([1, 4]),
                          tf.constant([10, 3]))
     b = tf.IndexedSlices(2 * tf.ones([1, 3]), tf.constant([4]),
@@ -293,8 +293,8 @@ def _assert_ps_serving_signature(export: Path, spec_dict: dict) -> None:
     """The export takes the raw columns of the PS path's signature."""
     import tensorflow as tf
 
-    from psrec.features.spec import FeatureSpec
-    from psrec.models.export import serving_signature
+    from psrec.features.spec.spec import FeatureSpec
+    from psrec.models.serving.export import serving_signature
     spec = FeatureSpec.from_dict(spec_dict)
     loaded = tf.saved_model.load(str(export))
     function = loaded.signatures["serving_default"]
@@ -317,8 +317,8 @@ def _assert_ps_serving_signature(export: Path, spec_dict: dict) -> None:
 
 
 def _trainer(strategy, spec, model, optimizer, batch, **kwargs):
-    from psrec.data.dataset import InputConfig
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.ps_cluster.training.trainer import Trainer
     return Trainer(strategy, spec, model, optimizer,
                    InputConfig(batch_size=batch), **kwargs)
 
@@ -336,16 +336,16 @@ def _strategies():
     """(one-device, mirrored): one pair per process. The shared checks run
     in one process; a second MirroredStrategy there would reuse the first
     one's collective instance keys (TensorFlow aborts: shape mismatch)."""
-    from psrec.ps_cluster.strategy import build_replicated_strategy
+    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
     return (build_replicated_strategy("one-device"),
             build_replicated_strategy("mirrored"))
 
 
 def _check_equivalence() -> dict:
-    from psrec.features.presets import criteo
-    from psrec.models.config import model_config
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.train_loop import LoopConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.training.loop import LoopConfig
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=100, dim=4)
@@ -384,10 +384,10 @@ def _check_equivalence() -> dict:
 def _check_sync_batch_norm() -> dict:
     import tensorflow as tf
 
-    from psrec.features.presets import criteo
-    from psrec.models.blocks import batch_norm_layer
-    from psrec.models.config import model_config
-    from psrec.models.ranking import build_model
+    from psrec.features.spec.presets import criteo
+    from psrec.models.build import build_model
+    from psrec.models.ranking.blocks import batch_norm_layer
+    from psrec.models.ranking.config import model_config
     _, strategy = _strategies()
     rng = np.random.default_rng(3)
     inputs = [rng.normal(0, 1, (4, 3)).astype(np.float32),
@@ -420,14 +420,14 @@ def _check_sync_batch_norm() -> dict:
 def _check_mixed_precision() -> dict:
     import tf_keras
 
-    from psrec.features.presets import criteo
-    from psrec.features.presets import movielens
-    from psrec.models.config import MODEL_PRESETS
-    from psrec.models.config import model_config
-    from psrec.models.optim import OptimizerConfig
-    from psrec.models.ranking import build_model
-    from psrec.models.ranking import example_batch
-    from psrec.ps_cluster.train_loop import LoopConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.features.spec.presets import movielens
+    from psrec.models.build import build_model
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import MODEL_PRESETS
+    from psrec.models.ranking.config import model_config
+    from psrec.models.ranking.model import example_batch
+    from psrec.ps_cluster.training.loop import LoopConfig
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     out: dict = {"model_logits": {}, "trained": {}}
@@ -465,10 +465,10 @@ def _check_mixed_precision() -> dict:
 
 
 def _check_accumulation() -> dict:
-    from psrec.features.presets import criteo
-    from psrec.models.config import model_config
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.train_loop import LoopConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.training.loop import LoopConfig
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=100, dim=4)
@@ -507,13 +507,13 @@ def _check_accumulation() -> dict:
 
 
 def _job_config(workdir: str, **loop):
-    from psrec.data.dataset import InputConfig
-    from psrec.features.presets import criteo
-    from psrec.launch.job_config import JobConfig
-    from psrec.launch.job_config import StrategyConfig
-    from psrec.launch.job_config import SyntheticData
-    from psrec.models.config import model_config
-    from psrec.ps_cluster.train_loop import LoopConfig
+    from psrec.data.input.dataset import InputConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.config import StrategyConfig
+    from psrec.launch.job.config import SyntheticData
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.training.loop import LoopConfig
     return JobConfig(
         workdir=Path(workdir), spec=criteo(buckets=100, dim=4),
         model_name="dcn", model=model_config("dcn", batch_norm="sync"),
@@ -540,7 +540,7 @@ def _check_job(workdir: str) -> dict:
     import contextlib
     import io
 
-    from psrec.launch.job import run_job
+    from psrec.launch.job.run import run_job
     config = _job_config(workdir, eval_every=3)
     stream = io.StringIO()  # the progress reporter's stream (not a tty)
     with contextlib.redirect_stderr(stream):
@@ -560,8 +560,8 @@ def _check_stall(workdir: str) -> dict:
     """A job whose train call hangs: the watchdog must end the process."""
     import time
 
-    from psrec.launch.job import run_job
-    from psrec.ps_cluster import trainer as trainer_module
+    from psrec.launch.job.run import run_job
+    from psrec.ps_cluster.training import trainer as trainer_module
     original = trainer_module.make_train_function
 
     def hanging(*args, **kwargs):
@@ -583,7 +583,7 @@ def _check_stall(workdir: str) -> dict:
 def _main(argv: list[str]) -> int:
     from psrec.runtime import configure_environment
     configure_environment()
-    from psrec.ps_cluster.strategy import split_cpu
+    from psrec.ps_cluster.cluster.strategy import split_cpu
     split_cpu(2)
     checks = {"equivalence": _check_equivalence,
               "sync_batch_norm": _check_sync_batch_norm,

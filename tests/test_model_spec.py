@@ -16,16 +16,16 @@ import tf_keras
 
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.features.spec import DENSE_COLUMN
-from psrec.features.spec import FeatureSpec
-from psrec.models.config import MODEL_PRESETS
-from psrec.models.config import ModelConfigError
-from psrec.models.config import check_model_spec
-from psrec.models.config import model_config
-from psrec.models.interaction import DotInteraction
-from psrec.models.interaction import FMInteraction
-from psrec.models.ranking import RankingModel
-from psrec.models.ranking import build_model
+from psrec.features.spec.spec import DENSE_COLUMN
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.build import build_model
+from psrec.models.ranking.config import MODEL_PRESETS
+from psrec.models.ranking.config import ModelConfigError
+from psrec.models.ranking.config import check_model_spec
+from psrec.models.ranking.config import model_config
+from psrec.models.ranking.interaction import DotInteraction
+from psrec.models.ranking.interaction import FMInteraction
+from psrec.models.ranking.model import RankingModel
 from tests._proc import REPO
 
 MODELS = sorted(MODEL_PRESETS)
@@ -170,8 +170,8 @@ def test_a_spec_without_categorical_features_is_refused_naming_model_and_fix(
 
 def test_check_model_spec_is_pure_python():
     code = ("import sys\n"
-            "from psrec.features.spec import FeatureSpec\n"
-            "from psrec.models.config import check_model_spec, model_config\n"
+            "from psrec.features.spec.spec import FeatureSpec\n"
+            "from psrec.models.ranking.config import check_model_spec, model_config\n"
             f"spec = FeatureSpec.from_dict({DENSE_ONLY!r})\n"
             "try:\n"
             "    check_model_spec(spec, model_config('dlrm'), 'dlrm')\n"
@@ -186,7 +186,7 @@ def test_check_model_spec_is_pure_python():
 
 
 def test_job_config_refuses_the_spec_before_anything_runs():
-    from psrec.launch.job_config import JobConfig
+    from psrec.launch.job.config import JobConfig
     with pytest.raises(ModelConfigError, match=r"`--model` = 'deepfm'"):
         JobConfig(spec=FeatureSpec.from_dict(DENSE_ONLY),
                   model_name="deepfm", model=model_config("deepfm"))
@@ -194,7 +194,7 @@ def test_job_config_refuses_the_spec_before_anything_runs():
 
 def test_psrec_train_refuses_with_exit_2_and_one_line_before_any_server(
         tmp_path, capsys):
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     spec_file = tmp_path / "dense_only.json"
     spec_file.write_text(json.dumps(DENSE_ONLY))
     workdir = tmp_path / "run"
@@ -288,8 +288,8 @@ def test_a_positive_rate_outside_0_1_is_refused(rate):
 @pytest.mark.cluster
 def test_output_bias_is_a_dense_ps_variable_with_the_base_rate_logit(
         ps_cluster):
-    from psrec.ps_cluster.partitioning import PartitionConfig
-    from psrec.ps_cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     strategy = build_ps_strategy(ps_cluster, PartitionConfig(kind="fixed"))
     with strategy.scope():
         model = build_model(criteo(buckets=20, dim=4), model_config("dlrm"),

@@ -7,17 +7,17 @@ import tensorflow as tf
 
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.models.config import MODEL_PRESETS
-from psrec.models.config import ModelConfig
-from psrec.models.config import ModelConfigError
-from psrec.models.config import model_config
-from psrec.models.interaction import DotInteraction
-from psrec.models.interaction import FMInteraction
-from psrec.models.optim import OptimizerConfig
-from psrec.models.optim import ScaledWarmup
-from psrec.models.ranking import RankingModel
-from psrec.models.ranking import build_model
-from psrec.models.ranking import example_batch
+from psrec.models.build import build_model
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.optimizers import ScaledWarmup
+from psrec.models.ranking.config import MODEL_PRESETS
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.ranking.config import ModelConfigError
+from psrec.models.ranking.config import model_config
+from psrec.models.ranking.interaction import DotInteraction
+from psrec.models.ranking.interaction import FMInteraction
+from psrec.models.ranking.model import RankingModel
+from psrec.models.ranking.model import example_batch
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_PRESETS))

@@ -43,9 +43,9 @@ PARTITION_S = 10.0  # how long a host stays cut off (the fault's length)
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
-    from psrec.data.convert import ConversionOptions
-    from psrec.data.convert import convert
-    from psrec.data.synthetic import write_synthetic_parquet
+    from psrec.data.convert.convert import ConversionOptions
+    from psrec.data.convert.convert import convert
+    from psrec.data.ingest.synthetic import write_synthetic_parquet
     from psrec.features import criteo
     root = tmp_path_factory.mktemp("multihost-data")
     spec = criteo(buckets=500, dim=4)

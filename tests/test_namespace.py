@@ -53,7 +53,7 @@ def test_every_exported_name_resolves(package):
 
 def test_importing_the_packages_does_not_import_tensorflow(tmp_path):
     code = ("import sys; " + "; ".join(f"import {p}" for p in PACKAGES)
-            + "; import psrec.launch.cli, psrec.ps_cluster.tf_config"
+            + "; import psrec.launch.cli.main, psrec.ps_cluster.cluster.tf_config"
             + "; print('tensorflow' in sys.modules)")
     out = _python(code, tmp_path)
     assert out.returncode == 0, out.stderr

@@ -16,22 +16,22 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.manifest import Manifest
-from psrec.data.manifest import ManifestError
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import ManifestError
 from psrec.errors import ConfigError
-from psrec.features.columns import CategoricalFeature
-from psrec.features.columns import DenseFeature
-from psrec.features.columns import LabelConfig
-from psrec.features.columns import TableConfig
-from psrec.features.spec import FeatureSpec
-from psrec.launch.cli import main
-from psrec.launch.exporting import evaluate_checkpoint
-from psrec.launch.exporting import restore_plain_model
-from psrec.launch.job import _base_rate
-from psrec.models.export import ServingModule
-from psrec.ps_cluster.best import choose_checkpoint
+from psrec.features.spec.columns import CategoricalFeature
+from psrec.features.spec.columns import DenseFeature
+from psrec.features.spec.columns import LabelConfig
+from psrec.features.spec.columns import TableConfig
+from psrec.features.spec.spec import FeatureSpec
+from psrec.launch.cli.main import main
+from psrec.launch.job.export import evaluate_checkpoint
+from psrec.launch.job.export import restore_plain_model
+from psrec.launch.job.run import _base_rate
+from psrec.models.serving.export import ServingModule
+from psrec.ps_cluster.checkpoint.best import choose_checkpoint
 
 SPEC = FeatureSpec(
     name="sampled",

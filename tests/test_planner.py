@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from psrec.features.presets import criteo
-from psrec.features.presets import movielens
-from psrec.models.config import model_config
-from psrec.models.optim import OptimizerConfig
-from psrec.models.sizing import estimate_replicated_bytes
-from psrec.ps_cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.planner import PsMemoryError
-from psrec.ps_cluster.planner import check_plan
-from psrec.ps_cluster.planner import plan
-from psrec.ps_cluster.planner import plan_partition
+from psrec.features.spec.presets import criteo
+from psrec.features.spec.presets import movielens
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.sizing import estimate_replicated_bytes
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.planner.plan import PsMemoryError
+from psrec.ps_cluster.planner.plan import check_plan
+from psrec.ps_cluster.planner.plan import plan
+from psrec.ps_cluster.planner.plan import plan_partition
 
 # movielens(dim=16): user 2000, item 4000, genre 64, user_attr 1072 rows.
 MOVIELENS_ROWS = {"user": 2000, "item": 4000, "genre": 64, "user_attr": 1072}
@@ -144,9 +144,9 @@ def test_plan_matches_the_real_variables_on_an_in_process_cluster(
     and PS tasks the plan gives (2 PS: with min-size at 64 KiB, genre and
     the wide tables stay whole, which shifts the round-robin of the next
     tables)."""
-    from psrec.models.embedding import table_variables
-    from psrec.ps_cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.models.embedding.sparse_arch import table_variables
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.trainer import Trainer
     spec, model = movielens(), model_config("deepfm")
     trainer = Trainer(build_ps_strategy(ps_cluster, partition), spec, model)
     expected = plan_partition(spec, model, 2, OptimizerConfig(), partition)
@@ -169,12 +169,12 @@ def test_plan_matches_the_real_variables_on_an_in_process_cluster(
 def test_a_two_tower_model_is_planned_as_built(ps_cluster):
     """The retrieval task's model (no wide tables, tower MLPs as its dense
     part) places its tables as the plan says."""
-    from psrec.features.presets import movielens_retrieval
-    from psrec.models.embedding import table_variables
-    from psrec.models.ranking import count_parameters
-    from psrec.models.retrieval_config import RetrievalConfig
-    from psrec.models.tasks import build_model
-    from psrec.ps_cluster.strategy import build_ps_strategy
+    from psrec.features.spec.presets import movielens_retrieval
+    from psrec.models.build import build_model
+    from psrec.models.embedding.sparse_arch import table_variables
+    from psrec.models.ranking.model import count_parameters
+    from psrec.models.retrieval.config import RetrievalConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     spec, config = movielens_retrieval(), RetrievalConfig()
     strategy = build_ps_strategy(ps_cluster, PartitionConfig())
     with strategy.scope():
@@ -200,7 +200,7 @@ def _write_cluster(path, num_ps: int):
 def _three_ps_budget(capsys) -> int:
     """The most one of 3 PS holds for the default criteo spec and dlrm
     (``psrec plan --json``): a budget that 2 PS exceed."""
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     assert main(["plan", "--ps", "3", "--model", "dlrm", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [len(t["shards"]) for t in data["tables"]] == [3]
@@ -209,7 +209,7 @@ def _three_ps_budget(capsys) -> int:
 
 
 def test_plan_command_refuses_over_budget_with_the_smallest_ps_count(capsys):
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     budget = _three_ps_budget(capsys)
     code = main(["plan", "--ps", "1", "--model", "dlrm", "--ps-memory",
                  str(budget), "--json"])
@@ -229,7 +229,7 @@ def test_plan_command_refuses_over_budget_with_the_smallest_ps_count(capsys):
 def test_train_refuses_before_connecting_to_any_server(capsys, tmp_path):
     """``--cluster`` names 2 PS that do not exist: the check uses the
     cluster's PS count and exits 2 before any connection is tried."""
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     budget = _three_ps_budget(capsys)
     code = main(["train", "--cluster", str(_write_cluster(
         tmp_path / "cluster.json", 2)), "--model", "dlrm", "--ps-memory",
@@ -241,7 +241,7 @@ def test_train_refuses_before_connecting_to_any_server(capsys, tmp_path):
 
 
 def test_ps_memory_is_refused_outside_the_ps_strategy(capsys, tmp_path):
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     code = main(["train", "--strategy", "one-device", "--ps-memory", "8GiB",
                  "--workdir", str(tmp_path)])
     assert code == 2
@@ -252,13 +252,13 @@ def test_ps_memory_is_refused_outside_the_ps_strategy(capsys, tmp_path):
     ("8GiB", 8 << 30), ("512MiB", 512 << 20), ("4Gi", 4 << 30),
     ("2G", 2_000_000_000), ("1.5gib", 3 << 29), ("1000", 1000)])
 def test_sizes_parse_binary_and_decimal_units(text, size):
-    from psrec.launch.argtypes import byte_size
+    from psrec.launch.cli.argtypes import byte_size
     assert byte_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "GiB", "8XB", "nan", "1e400"])
 def test_bad_sizes_are_one_line_usage_errors(capsys, text):
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     with pytest.raises(SystemExit) as stop:
         main(["plan", "--ps", "1", "--ps-memory", text])
     assert stop.value.code == 2
@@ -267,9 +267,9 @@ def test_bad_sizes_are_one_line_usage_errors(capsys, text):
 
 
 def test_train_check_passes_a_fitting_budget_with_a_status_line(capsys):
-    from psrec.launch.job_config import JobConfig
-    from psrec.launch.job_config import StrategyConfig
-    from psrec.launch.plan_commands import check_ps_memory
+    from psrec.launch.cli.plan import check_ps_memory
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.config import StrategyConfig
     check_ps_memory(JobConfig(ps=2))  # no budget: no plan, no line
     assert capsys.readouterr().err == ""
     check_ps_memory(JobConfig(strategy=StrategyConfig(ps_memory=1 << 30),

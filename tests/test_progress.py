@@ -1,6 +1,6 @@
 """Progress of the long passes (``psrec.progress``): what ingest, convert,
 spec infer, eval and the pre-training data checks report, and the CLI's bar
-on stderr (``launch.progress_bar``) that keeps ``--json`` stdout clean."""
+on stderr (``launch.monitor.progress_bar``) that keeps ``--json`` stdout clean."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.criteo import ingest_criteo
-from psrec.data.infer import infer_spec
-from psrec.data.integrity import check_disjoint_splits
-from psrec.data.integrity import repair_corrupted_shards
-from psrec.data.jsonl import ingest_jsonl
-from psrec.data.libfm import ingest_libfm
-from psrec.data.synthetic import write_synthetic_parquet
-from psrec.data.tabular import ingest_csv
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.infer.infer import infer_spec
+from psrec.data.ingest.criteo import ingest_criteo
+from psrec.data.ingest.jsonl import ingest_jsonl
+from psrec.data.ingest.libfm import ingest_libfm
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.ingest.tabular import ingest_csv
+from psrec.data.input.integrity import check_disjoint_splits
+from psrec.data.input.integrity import repair_corrupted_shards
 from psrec.features import criteo
-from psrec.launch.cli import main
-from psrec.launch.progress_bar import ProgressBar
+from psrec.launch.cli.main import main
+from psrec.launch.monitor.progress_bar import ProgressBar
 from psrec.progress import SILENT
 from psrec.progress import Progress
 from psrec.progress import Task
@@ -201,9 +201,9 @@ def test_pre_training_checks_report_bytes_hashed_and_ids_read(converted,
 
 def test_prepare_data_shows_both_checks_and_draws_bars_by_default(
         converted, tmp_path, capsys):
-    from psrec.launch.job_config import JobConfig
-    from psrec.launch.job_config import StrategyConfig
-    from psrec.launch.job_data import prepare_data
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.config import StrategyConfig
+    from psrec.launch.job.data import prepare_data
     config = JobConfig(workdir=tmp_path / "run", spec=SPEC,
                        data=converted.root,
                        strategy=StrategyConfig(kind="one-device"))
@@ -220,14 +220,14 @@ def test_prepare_data_shows_both_checks_and_draws_bars_by_default(
 
 
 def test_eval_reports_the_rows_of_the_split(converted, tmp_path, capsys):
-    from psrec.data.dataset import InputConfig
-    from psrec.launch.exporting import evaluate_checkpoint
-    from psrec.launch.job_config import JobConfig
-    from psrec.models.config import model_config
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.strategy import build_replicated_strategy
-    from psrec.ps_cluster.train_loop import LoopConfig
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.export import evaluate_checkpoint
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
+    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
     model = model_config("dlrm", bottom_mlp=(8,), top_mlp=(8,))
     checkpoints = tmp_path / "checkpoints"
     JobConfig(workdir=tmp_path, spec=SPEC, model_name="dlrm",

@@ -11,16 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import InputConfig
-from psrec.features.columns import SpecError
-from psrec.features.presets import PRESETS
-from psrec.features.spec import FeatureSpec
-from psrec.models.config import model_config
-from psrec.models.optim import OptimizerConfig
-from psrec.ps_cluster.train_loop import LoopConfig
-from psrec.ps_cluster.trainer import Trainer
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.input.dataset import InputConfig
+from psrec.features.spec.columns import SpecError
+from psrec.features.spec.presets import PRESETS
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.trainer import Trainer
 
 ROWS = 6000
 
@@ -84,7 +84,7 @@ def test_ranking_metric_flags_on_a_regression_label_are_refused(
     """AUC/logloss do not apply to an mse label: asking to keep the best
     by them, or to stop early on them, is one line and exit 2 (not a
     silent switch to the latest checkpoint)."""
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     code = main(["train", "--spec", "movielens-rating", "--strategy",
                  "one-device", "--workdir", str(tmp_path / "run"), *flags])
     err = capsys.readouterr().err.strip().splitlines()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.features.presets import criteo
+from psrec.features.spec.presets import criteo
 from tests._ps_helpers import KERNEL_KEY
 from tests._ps_helpers import RESHARD_SPEC_ARGS
 from tests._ps_helpers import SLOT_KEY

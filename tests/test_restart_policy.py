@@ -10,18 +10,18 @@ import time
 
 import pytest
 
-from psrec.launch.cluster_probe import unreachable_tasks
-from psrec.launch.cluster_probe import wait_reachable
-from psrec.launch.failure import classify
-from psrec.launch.failure import is_frozen
-from psrec.launch.heartbeat import HeartbeatMonitor
-from psrec.launch.heartbeat import HeartbeatWriter
-from psrec.launch.heartbeat import read_heartbeat
-from psrec.launch.restart_policy import RestartBudget
-from psrec.launch.restart_policy import RestartLimits
-from psrec.ps_cluster.errors import ClusterUnavailableError
-from psrec.ps_cluster.tf_config import ClusterSpec
-from psrec.ps_cluster.tf_config import TaskInfo
+from psrec.launch.monitor.heartbeat import HeartbeatMonitor
+from psrec.launch.monitor.heartbeat import HeartbeatWriter
+from psrec.launch.monitor.heartbeat import read_heartbeat
+from psrec.launch.supervise.failure import classify
+from psrec.launch.supervise.failure import is_frozen
+from psrec.launch.supervise.restart_policy import RestartBudget
+from psrec.launch.supervise.restart_policy import RestartLimits
+from psrec.ps_cluster.cluster.errors import ClusterUnavailableError
+from psrec.ps_cluster.cluster.probe import unreachable_tasks
+from psrec.ps_cluster.cluster.probe import wait_reachable
+from psrec.ps_cluster.cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.cluster.tf_config import TaskInfo
 
 
 class _Clock:
@@ -147,8 +147,8 @@ def test_classify_names_the_failed_role(tmp_path):
 
 
 def test_flags_build_per_role_budgets():
-    from psrec.launch.cli import build_parser
-    from psrec.launch.reliability_flags import supervisor_config
+    from psrec.launch.cli.main import build_parser
+    from psrec.launch.cli.train import supervisor_config
     args = build_parser().parse_args(
         ["train", "--max-restarts", "2", "--max-ps-restarts", "5",
          "--stall-timeout", "40", "--grace-period", "10"])
@@ -166,8 +166,8 @@ def test_flags_build_per_role_budgets():
 def test_supervisor_status_lines_go_to_stderr(tmp_path, capsys):
     """stdout is the run's result (``psrec train --json`` prints one JSON
     object there); the supervisor's own lines must not land on it."""
-    from psrec.launch.supervisor import Supervisor
-    from psrec.launch.supervisor import SupervisorConfig
+    from psrec.launch.supervise.supervisor import Supervisor
+    from psrec.launch.supervise.supervisor import SupervisorConfig
     supervisor = Supervisor(None, [], SupervisorConfig(), tmp_path)
     supervisor.log("psrec supervisor: coordinator pid 1")
     captured = capsys.readouterr()
@@ -180,9 +180,9 @@ def test_dead_data_service_past_its_budget_ends_the_job(tmp_path):
     ``data_service`` budget; with that spent the job ends (138) with one
     line naming the pid, the signal and the flag, and nothing restarted."""
     from psrec.errors import RetryableError
-    from psrec.launch.data_service_keeper import LocalDataService
-    from psrec.launch.supervisor import Supervisor
-    from psrec.launch.supervisor import SupervisorConfig
+    from psrec.launch.supervise.data_service import LocalDataService
+    from psrec.launch.supervise.supervisor import Supervisor
+    from psrec.launch.supervise.supervisor import SupervisorConfig
     lines = []
     supervisor = Supervisor(None, [], SupervisorConfig(
         limits=RestartLimits(data_service=0)), tmp_path, log=lines.append)
@@ -209,9 +209,9 @@ def test_frozen_data_service_is_the_failed_role_of_a_stall(tmp_path):
     failed role, kills it and restarts it from the data_service budget --
     here spent: one line naming the SIGKILL, no coordinator budget used."""
     from psrec.errors import RetryableError
-    from psrec.launch.data_service_keeper import LocalDataService
-    from psrec.launch.supervisor import Supervisor
-    from psrec.launch.supervisor import SupervisorConfig
+    from psrec.launch.supervise.data_service import LocalDataService
+    from psrec.launch.supervise.supervisor import Supervisor
+    from psrec.launch.supervise.supervisor import SupervisorConfig
     lines = []
     service = LocalDataService(2, tmp_path, str(tmp_path), lines.append)
     supervisor = Supervisor(None, [], SupervisorConfig(

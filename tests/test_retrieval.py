@@ -21,24 +21,24 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.catalogue import CATALOGUE_NAME
-from psrec.data.catalogue import Catalogue
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import InputConfig
-from psrec.features.columns import SpecError
-from psrec.features.presets import PRESETS
-from psrec.features.spec import FeatureSpec
-from psrec.launch.exporting import evaluate_checkpoint
-from psrec.launch.exporting import export_checkpoint
-from psrec.launch.job_config import JobConfig
-from psrec.models.optim import OptimizerConfig
-from psrec.models.retrieval_config import RetrievalConfig
-from psrec.models.topk import streaming_top_k
-from psrec.ps_cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.retrieval_trainer import RetrievalTrainer
-from psrec.ps_cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.train_loop import LoopConfig
+from psrec.data.convert.catalogue import CATALOGUE_NAME
+from psrec.data.convert.catalogue import Catalogue
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.input.dataset import InputConfig
+from psrec.features.spec.columns import SpecError
+from psrec.features.spec.presets import PRESETS
+from psrec.features.spec.spec import FeatureSpec
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.export import evaluate_checkpoint
+from psrec.launch.job.export import export_checkpoint
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.retrieval.config import RetrievalConfig
+from psrec.models.retrieval.topk import streaming_top_k
+from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
+from psrec.ps_cluster.training.loop import LoopConfig
 from psrec.runtime import role_environment
 from tests._proc import REPO
 from tests._retrieval_data import ITEMS_PER_GROUP
@@ -166,9 +166,9 @@ def test_mirrored_training_on_two_cpu_replicas(data):
 def _mirrored_main(root: str) -> None:
     """``python -m tests.test_retrieval MANIFEST_DIR``: trains on 2 CPU
     replicas, prints ``[replicas, recall]`` as JSON."""
-    from psrec.data.manifest import Manifest
-    from psrec.ps_cluster.strategy import build_replicated_strategy
-    from psrec.ps_cluster.strategy import split_cpu
+    from psrec.data.format.manifest import Manifest
+    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
+    from psrec.ps_cluster.cluster.strategy import split_cpu
     split_cpu(2)
     strategy = build_replicated_strategy("mirrored")
     manifest = Manifest.load(root)

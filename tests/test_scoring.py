@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
 from psrec.errors import ConfigError
 from psrec.errors import DataError
-from psrec.launch.cli import main
-from psrec.models.scoring import score_files
-from psrec.models.versions import resolve
+from psrec.launch.cli.main import main
+from psrec.models.serving.scoring import score_files
+from psrec.models.serving.versions import resolve
 from tests._client import client_inputs
 from tests._client import mixed_spec
 
@@ -240,7 +240,7 @@ def test_cli_error_is_one_line_with_exit_2(exported, tmp_path, capsys):
 
 
 def test_a_corrupted_input_is_named_and_leaves_no_output(exported, tmp_path):
-    from psrec.data.parquet_inputs import CorruptParquetError
+    from psrec.data.convert.inputs import CorruptParquetError
     export, _, tables = exported
     path = tmp_path / "rows.parquet"
     pq.write_table(pa.concat_tables([tables[0]] * 40), path,

@@ -11,16 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import InputConfig
-from psrec.data.dataset import make_train_dataset_fn
-from psrec.features.spec import DENSE_COLUMN
-from psrec.features.spec import ID_COLUMN
-from psrec.models.config import ModelConfig
-from psrec.models.export import ServingModule
-from psrec.models.export import export_saved_model
-from psrec.models.ranking import build_model
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.input.dataset import InputConfig
+from psrec.data.input.dataset import make_train_dataset_fn
+from psrec.features.spec.spec import DENSE_COLUMN
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.models.build import build_model
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.serving.export import ServingModule
+from psrec.models.serving.export import export_saved_model
 from tests._client import client_inputs
 from tests._client import mixed_spec
 

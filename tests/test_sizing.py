@@ -7,18 +7,18 @@ import pytest
 
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.models.config import MODEL_PRESETS
-from psrec.models.config import model_config
-from psrec.models.optim import OptimizerConfig
-from psrec.models.sizing import GIB
-from psrec.models.sizing import DeviceMemory
-from psrec.models.sizing import ModelTooLargeError
-from psrec.models.sizing import SizeEstimate
-from psrec.models.sizing import check_fits
-from psrec.models.sizing import dense_parameter_count
-from psrec.models.sizing import device_memory_bytes
-from psrec.models.sizing import estimate_replicated_bytes
-from psrec.models.sizing import proxy_spec
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.sizing import GIB
+from psrec.models.optim.sizing import DeviceMemory
+from psrec.models.optim.sizing import ModelTooLargeError
+from psrec.models.optim.sizing import SizeEstimate
+from psrec.models.optim.sizing import check_fits
+from psrec.models.optim.sizing import dense_parameter_count
+from psrec.models.optim.sizing import device_memory_bytes
+from psrec.models.optim.sizing import estimate_replicated_bytes
+from psrec.models.optim.sizing import proxy_spec
+from psrec.models.ranking.config import MODEL_PRESETS
+from psrec.models.ranking.config import model_config
 
 SIXTEEN_GIB = DeviceMemory("GPU", 16 << 30, "test")
 
@@ -48,8 +48,8 @@ def test_estimate_matches_a_hand_count_of_tables_slots_and_dense_weights():
                                   movielens(dim=4)], ids=["criteo",
                                                           "movielens"])
 def test_dense_weights_are_counted_without_building_the_tables(name, spec):
-    from psrec.models.ranking import build_model
-    from psrec.models.ranking import count_parameters
+    from psrec.models.build import build_model
+    from psrec.models.ranking.model import count_parameters
     real = count_parameters(build_model(spec, model_config(name)))["dense"]
     assert dense_parameter_count(spec, model_config(name)) == real
     proxy = proxy_spec(spec)

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.convert import convert
-from psrec.data.criteo import ingest_criteo
-from psrec.data.infer import infer_spec
-from psrec.data.infer_stats import DistinctCounter
+from psrec.data.convert.convert import convert
+from psrec.data.infer.infer import infer_spec
+from psrec.data.infer.stats import DistinctCounter
+from psrec.data.ingest.criteo import ingest_criteo
 from psrec.errors import ConfigError
-from psrec.features.presets import resolve_spec
-from psrec.launch.cli import main
+from psrec.features.spec.presets import resolve_spec
+from psrec.launch.cli.main import main
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import shared_data
 

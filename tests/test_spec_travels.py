@@ -13,22 +13,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.convert import ConversionOptions
-from psrec.data.convert import convert
-from psrec.data.dataset import make_eval_dataset
-from psrec.data.manifest import MANIFEST_NAME
-from psrec.data.manifest import SPEC_FILE_NAME
-from psrec.data.manifest import Manifest
-from psrec.data.manifest import ManifestError
-from psrec.data.manifest import spec_for
-from psrec.data.movielens import ingest_movielens
-from psrec.data.split import OrderColumnError
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.convert.split import OrderColumnError
+from psrec.data.format.manifest import MANIFEST_NAME
+from psrec.data.format.manifest import SPEC_FILE_NAME
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import ManifestError
+from psrec.data.format.manifest import spec_for
+from psrec.data.ingest.movielens import ingest_movielens
+from psrec.data.input.dataset import make_eval_dataset
 from psrec.errors import ConfigError
 from psrec.features import FeatureSpec
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.features.spec import ID_COLUMN
-from psrec.launch.cli import main
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.launch.cli.main import main
 from tests._shared import MOVIELENS_DIR
 from tests._shared import shared_data
 
@@ -126,7 +126,7 @@ def test_spec_file_is_written_before_the_manifest(tmp_path, monkeypatch):
     monkeypatch.setattr(Manifest, "write", write)
     spec = criteo(buckets=100)
     path = tmp_path / "in.parquet"
-    from psrec.data.synthetic import synthetic_table
+    from psrec.data.ingest.synthetic import synthetic_table
     pq.write_table(synthetic_table(spec, 200, seed=0), path)
     convert([path], spec, tmp_path / "out", ConversionOptions(shards=1))
     assert seen == [True]
@@ -149,7 +149,7 @@ def test_older_manifest_without_spec_file_still_loads(tiny):
 def test_older_preset_manifest_resolves_to_the_preset(tmp_path):
     spec = movielens()
     path = tmp_path / "in.parquet"
-    from psrec.data.synthetic import synthetic_table
+    from psrec.data.ingest.synthetic import synthetic_table
     pq.write_table(synthetic_table(spec, 100, seed=0), path)
     convert([path], spec, tmp_path / "out", ConversionOptions(shards=1))
     record = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
@@ -193,7 +193,7 @@ def test_spec_for_refuses_another_spec_naming_both(tiny):
 
 def test_train_uses_the_data_spec_and_refuses_a_conflicting_one(
         tiny, tmp_path, monkeypatch, capsys):
-    from psrec.launch import job_data
+    from psrec.launch.job import data as job_data
     out, manifest = tiny
     seen = []
 

@@ -15,7 +15,7 @@ from psrec.features import LabelConfig
 from psrec.features import SpecError
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.launch.cli import main
+from psrec.launch.cli.main import main
 
 # Fingerprints of the presets computed before mean/std became optional: a
 # spec that does not use standardize (criteo) and one that does (movielens)
@@ -84,7 +84,7 @@ def test_statistics_with_another_transform_are_refused(tmp_path, transform):
 
 
 def test_standardize_with_statistics_applies_them(tmp_path):
-    from psrec.features.transforms import transform_dense
+    from psrec.features.transforms.ops import transform_dense
     feature = {"name": "age", "transform": "standardize", "mean": 10.0,
                "std": 4.0}
     spec = FeatureSpec.load(_write(tmp_path, _spec_dict(

@@ -1,4 +1,4 @@
-"""The one train step (``ps_cluster/step.py``) and its learning rates:
+"""The one train step (``ps_cluster/training/step.py``) and its learning rates:
 
 * loss normalisation: each replica's loss is divided by the GLOBAL batch, so
   2 replicas take the same update and log the same loss as one device (the
@@ -108,7 +108,7 @@ def test_fp16_overflow_skips_tables_dense_and_slots_on_every_replica(checks):
 
 
 def test_batch_scale_is_linear_for_sgd_and_square_root_for_adaptive():
-    from psrec.models.optim import batch_scale
+    from psrec.models.optim.optimizers import batch_scale
     assert batch_scale("sgd", 2048, 1024) == 2
     assert batch_scale("adam", 4096, 1024) == 2
     assert batch_scale("adagrad", 4096, 1024) == 2
@@ -125,8 +125,8 @@ def test_batch_scale_is_linear_for_sgd_and_square_root_for_adaptive():
 def test_built_optimizers_follow_the_rule_after_warmup(sparse, dense, rows,
                                                        sparse_factor,
                                                        dense_factor):
-    from psrec.models.optim import OptimizerConfig
-    from psrec.models.optim import build_optimizers
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.optimizers import build_optimizers
     config = OptimizerConfig(sparse=sparse, dense=dense, sparse_lr=0.05,
                              dense_lr=0.001, base_batch_size=1024,
                              warmup_steps=10)
@@ -145,11 +145,11 @@ def test_trainer_scales_to_the_rows_of_one_update():
     base batch (SGD x2, Adam x sqrt 2)."""
     import tensorflow as tf
 
-    from psrec.data.dataset import InputConfig
-    from psrec.features.presets import criteo
-    from psrec.models.config import ModelConfig
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.training.trainer import Trainer
     trainer = Trainer(
         tf.distribute.OneDeviceStrategy("/cpu:0"), criteo(buckets=10, dim=4),
         ModelConfig(interaction="concat", top_mlp=(4,)),
@@ -170,12 +170,12 @@ def _flat(values: list[np.ndarray]) -> np.ndarray:
 
 
 def _check_normalisation(strategies: dict) -> dict:
-    from psrec.data.dataset import InputConfig
-    from psrec.features.presets import criteo
-    from psrec.models.config import ModelConfig
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.step import make_train_function
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.training.step import make_train_function
+    from psrec.ps_cluster.training.trainer import Trainer
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=40, dim=4)
@@ -228,13 +228,13 @@ def _check_normalisation(strategies: dict) -> dict:
 
 
 def _check_fp16(strategies: dict) -> dict:
-    from psrec.data.dataset import InputConfig
-    from psrec.features.presets import criteo
-    from psrec.features.spec import DENSE_COLUMN
-    from psrec.models.config import ModelConfig
-    from psrec.models.optim import OptimizerConfig
-    from psrec.ps_cluster.step import make_train_function
-    from psrec.ps_cluster.trainer import Trainer
+    from psrec.data.input.dataset import InputConfig
+    from psrec.features.spec.presets import criteo
+    from psrec.features.spec.spec import DENSE_COLUMN
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.training.step import make_train_function
+    from psrec.ps_cluster.training.trainer import Trainer
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     batch = 16
@@ -316,8 +316,8 @@ def _check_fp16(strategies: dict) -> dict:
 def _main() -> int:
     from psrec.runtime import configure_environment
     configure_environment()
-    from psrec.ps_cluster.strategy import build_replicated_strategy
-    from psrec.ps_cluster.strategy import split_cpu
+    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
+    from psrec.ps_cluster.cluster.strategy import split_cpu
     split_cpu(2)
     # One strategy of each kind for the process: a second MirroredStrategy
     # over the same devices reuses the first one's collective instance keys

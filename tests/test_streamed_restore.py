@@ -1,7 +1,7 @@
 """Giant-table support that needs no giant table: the restore check reads one
-block of rows at a time and writes nothing (``ps_cluster.checkpoint_verify``),
+block of rows at a time and writes nothing (``ps_cluster.checkpoint.verify``),
 and tables are initialised in blocks of rows on their PS
-(``models.table_init``) with the distribution of their initializer.
+(``models.embedding.table_init``) with the distribution of their initializer.
 
 Runs on the session's in-process cluster (2 PS), with blocks made small so a
 tiny table spans many of them.
@@ -17,23 +17,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.dataset import InputConfig
-from psrec.features.presets import criteo
-from psrec.models import embedding
-from psrec.models import table_init
-from psrec.models.config import ModelConfig
-from psrec.models.embedding import SparseArch
+from psrec.data.input.dataset import InputConfig
+from psrec.features.spec.presets import criteo
+from psrec.models.embedding import sparse_arch as embedding
+from psrec.models.embedding import table_init
+from psrec.models.embedding.sparse_arch import SparseArch
+from psrec.models.ranking.config import ModelConfig
 from psrec.progress import SILENT
 from psrec.progress import set_default_progress
-from psrec.ps_cluster import checkpoint_save
-from psrec.ps_cluster import checkpoint_verify
-from psrec.ps_cluster.checkpoint import CheckpointKeeper
-from psrec.ps_cluster.checkpoint import RestoreError
-from psrec.ps_cluster.checkpoint import compare_with_checkpoint
-from psrec.ps_cluster.checkpoint import shape_mismatches
-from psrec.ps_cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.trainer import Trainer
+from psrec.ps_cluster.checkpoint import save as checkpoint_save
+from psrec.ps_cluster.checkpoint import verify as checkpoint_verify
+from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
+from psrec.ps_cluster.checkpoint.keeper import RestoreError
+from psrec.ps_cluster.checkpoint.keeper import compare_with_checkpoint
+from psrec.ps_cluster.checkpoint.keeper import shape_mismatches
+from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+from psrec.ps_cluster.training.trainer import Trainer
 from tests.test_progress import Recorder
 
 pytestmark = [pytest.mark.cluster]

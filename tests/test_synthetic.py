@@ -7,9 +7,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from psrec.data.input_checks import check_schema
-from psrec.data.synthetic import synthetic_table
-from psrec.data.synthetic import write_synthetic_parquet
+from psrec.data.convert.checks import check_schema
+from psrec.data.ingest.synthetic import synthetic_table
+from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.features import criteo
 from psrec.features import movielens
 

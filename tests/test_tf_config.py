@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from psrec.ps_cluster.addresses import ClusterSpecError
-from psrec.ps_cluster.addresses import parse_address
-from psrec.ps_cluster.addresses import parse_address_list
-from psrec.ps_cluster.tf_config import REMOTE_WARNING
-from psrec.ps_cluster.tf_config import ClusterSpec
-from psrec.ps_cluster.tf_config import TaskInfo
-from psrec.ps_cluster.tf_config import TFConfig
-from psrec.ps_cluster.tf_config import tf_configs_for_all_tasks
-from psrec.ps_cluster.tf_config import write_tf_config_files
+from psrec.ps_cluster.cluster.addresses import ClusterSpecError
+from psrec.ps_cluster.cluster.addresses import parse_address
+from psrec.ps_cluster.cluster.addresses import parse_address_list
+from psrec.ps_cluster.cluster.tf_config import REMOTE_WARNING
+from psrec.ps_cluster.cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.cluster.tf_config import TaskInfo
+from psrec.ps_cluster.cluster.tf_config import TFConfig
+from psrec.ps_cluster.cluster.tf_config import tf_configs_for_all_tasks
+from psrec.ps_cluster.cluster.tf_config import write_tf_config_files
 
 CHIEF = "localhost:2222"
 PS = ("localhost:2223", "localhost:2224")
@@ -497,7 +497,7 @@ def test_write_tf_config_files(spec, tmp_path: Path):
 
 
 def test_module_does_not_import_tensorflow():
-    code = "import sys, psrec.ps_cluster.tf_config; print('tensorflow' in sys.modules)"
+    code = "import sys, psrec.ps_cluster.cluster.tf_config; print('tensorflow' in sys.modules)"
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -61,8 +61,8 @@ def test_a_bucket_root_is_its_own_parent_and_local_paths_stay_pathlib():
 
 
 def test_job_config_and_run_state_keep_a_remote_workdir():
-    from psrec.launch.job_config import JobConfig
-    from psrec.launch.run_state import run_state_dir
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.monitor.heartbeat import run_state_dir
     config = JobConfig(workdir=as_path("gs://bucket/runs/a"),
                        data=as_path("gs://bucket/data/"))
     assert str(config.checkpoint_dir) == "gs://bucket/runs/a/checkpoints"
@@ -82,7 +82,7 @@ def test_job_config_and_run_state_keep_a_remote_workdir():
 
 
 def test_tensorflow_outputs_on_s3_are_a_one_line_error(tmp_path, capsys):
-    from psrec.launch.cli import main
+    from psrec.launch.cli.main import main
     # Refused before any input is read (this input is not even Parquet).
     code = main(["convert", str(shared_data(CRITEO_SAMPLE)), "--spec",
                  "criteo", "--out", "s3://bucket/tfrecord"])
@@ -92,7 +92,7 @@ def test_tensorflow_outputs_on_s3_are_a_one_line_error(tmp_path, capsys):
     assert "TensorFlow has no s3:// filesystem" in err[0]
     assert "gs://" in err[0] and "pyarrow" in err[0]
     from psrec.errors import ConfigError
-    from psrec.ps_cluster.checkpoint import check_output_folder
+    from psrec.ps_cluster.checkpoint.keeper import check_output_folder
     with pytest.raises(ConfigError, match="--workdir s3://bucket/run"):
         check_output_folder("s3://bucket/run/checkpoints", 1, "checkpoint")
 
@@ -146,7 +146,7 @@ def test_parquet_folders_on_s3_are_listed_like_local_ones(s3, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from psrec.data.parquet_inputs import parquet_files
+    from psrec.data.convert.inputs import parquet_files
     local = tmp_path / "t.parquet"
     pq.write_table(pa.table({"x": [1, 2, 3]}), local)
     for key in ("listing/b.parquet", "listing/sub/a.parquet",
@@ -181,7 +181,7 @@ def test_one_arrow_file_system_per_store_with_its_own_inner_paths(
 
 
 def test_atomic_json_and_text_on_s3_through_pyarrow(s3):
-    from psrec.data.files import write_json_atomic
+    from psrec.data.format.files import write_json_atomic
     written = write_json_atomic("s3://psrec/run/summary.json", {"step": 3})
     assert isinstance(written, UriPath) and written.is_file()
     assert json.loads(written.read_text()) == {"step": 3}
@@ -197,9 +197,9 @@ def test_atomic_json_and_text_on_s3_through_pyarrow(s3):
 def test_s3_parquet_to_ram_tfrecords_train_and_resume(s3, tmp_path, capsys):
     import tensorflow as tf
 
-    from psrec.data.manifest import Manifest
-    from psrec.features.presets import criteo
-    from psrec.launch.cli import main
+    from psrec.data.format.manifest import Manifest
+    from psrec.features.spec.presets import criteo
+    from psrec.launch.cli.main import main
     spec_file = criteo(buckets=200, dim=8).save(tmp_path / "spec.yaml")
     # ingest: raw TSV on S3 -> Parquet on S3 (temp object, then renamed).
     assert main(["ingest", "criteo", "s3://psrec/raw/day_0.txt", "--out",
@@ -265,11 +265,11 @@ def test_parquet_on_ram_is_written_and_read_through_gfile():
     through tf.io.gfile, then listed and read back as Parquet."""
     import tensorflow as tf
 
-    from psrec.data.parquet_inputs import parquet_batches
-    from psrec.data.parquet_inputs import parquet_files
-    from psrec.data.parquet_inputs import read_metadata
-    from psrec.data.synthetic import write_synthetic_parquet
-    from psrec.features.presets import movielens
+    from psrec.data.convert.inputs import parquet_batches
+    from psrec.data.convert.inputs import parquet_files
+    from psrec.data.convert.inputs import read_metadata
+    from psrec.data.ingest.synthetic import write_synthetic_parquet
+    from psrec.features.spec.presets import movielens
     root = f"ram://psrec-{uuid.uuid4().hex[:8]}"
     written = write_synthetic_parquet(movielens(), f"{root}/pq", 500,
                                       files=2)
@@ -289,10 +289,10 @@ def test_movielens_on_s3_ingests_and_converts_with_its_catalogue_to_ram(
     gfile to a store pyarrow cannot reach (``ram://``)."""
     import tensorflow as tf
 
-    from psrec.data.catalogue import Catalogue
-    from psrec.data.manifest import Manifest
-    from psrec.features.presets import resolve_spec
-    from psrec.launch.cli import main
+    from psrec.data.convert.catalogue import Catalogue
+    from psrec.data.format.manifest import Manifest
+    from psrec.features.spec.presets import resolve_spec
+    from psrec.launch.cli.main import main
     from tests._shared import MOVIELENS_DIR
     for part in ("u.data", "u.item", "u.genre", "u.user"):
         s3.upload_file(str(shared_data(MOVIELENS_DIR) / part), "psrec",

@@ -1,0 +1,200 @@
+"""Checks of conversion input against a feature spec: every file's schema
+before any row is read, then each row (its first failed check is the reason
+it is quarantined)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from psrec.errors import ConfigError
+from psrec.errors import DataError
+from psrec.features.spec.columns import CategoricalFeature
+from psrec.features.spec.derived import EPOCH_MS
+from psrec.features.spec.derived import DerivedFeature
+from psrec.features.spec.derived import parse_pattern
+from psrec.features.spec.spec import FeatureSpec
+from psrec.features.transforms.ops import MISSING_INT
+from psrec.features.transforms.ops import MISSING_TOKEN
+
+
+class SchemaError(ConfigError):
+    """A Parquet file's schema does not match the spec."""
+
+
+def _type_ok(arrow_type: pa.DataType, kind: str) -> bool:
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    if kind == "number":
+        return pa.types.is_integer(arrow_type) or pa.types.is_floating(
+            arrow_type)
+    if kind == "label":
+        return _type_ok(arrow_type, "number") or pa.types.is_boolean(arrow_type)
+    if kind == "string":
+        return pa.types.is_string(arrow_type) or pa.types.is_large_string(
+            arrow_type)
+    if kind == "int64":  # a timestamp column reads as epoch seconds
+        return pa.types.is_integer(arrow_type) or pa.types.is_timestamp(
+            arrow_type)
+    raise AssertionError(kind)
+
+
+def _expected_kinds(spec: FeatureSpec) -> dict[str, tuple[str, bool]]:
+    """column -> (value kind, is a list): the label and the raw inputs
+    (a derived feature's sources, not the derived column)."""
+    kinds = {spec.label.name: ("label", False)}
+    kinds.update({name: ("number" if dtype == "float32" else dtype, is_list)
+                  for name, (dtype, is_list) in spec.raw_inputs.items()})
+    return kinds
+
+
+_KIND_TEXT = {"number": "an integer or floating column",
+              "label": "an integer, boolean or floating column",
+              "string": "a string column", "int64": "an integer column"}
+
+
+def check_schema(path: str, schema: pa.Schema,
+                 spec: FeatureSpec) -> tuple[str, ...]:
+    """Checks a file's schema against the spec before any row is read.
+
+    Returns:
+      The extra columns, which are ignored.
+
+    Raises:
+      SchemaError: naming the file and the first missing or mistyped column.
+    """
+    for column, (kind, is_list) in _expected_kinds(spec).items():
+        index = schema.get_field_index(column)
+        if index < 0:
+            raise SchemaError(
+                f"{path}: column {column!r} required by spec "
+                f"{spec.name!r} is missing (found: {', '.join(schema.names)}); "
+                "fix the input or the spec -- psrec does not fill missing "
+                "columns with nulls.")
+        arrow_type = schema.field(index).type
+        if is_list:
+            ok = (pa.types.is_list(arrow_type)
+                  or pa.types.is_large_list(arrow_type)) and _type_ok(
+                      arrow_type.value_type, kind)
+            want = f"a list of {_KIND_TEXT[kind].replace(' column', '')}s"
+        else:
+            ok = _type_ok(arrow_type, kind)
+            want = _KIND_TEXT[kind]
+        if not ok:
+            raise SchemaError(
+                f"{path}: column {column!r} has type {arrow_type}, spec "
+                f"{spec.name!r} needs {want}; fix the input's type or the "
+                "spec.")
+    wanted = set(spec.columns)
+    return tuple(name for name in schema.names if name not in wanted)
+
+
+def _null_mask(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False))
+
+
+def float_values(column: pa.Array, fill: float) -> np.ndarray:
+    """float64 values with nulls replaced by ``fill``."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    return np.asarray(pc.fill_null(pc.cast(column, pa.float64()), fill)
+                      .to_numpy(zero_copy_only=False))
+
+
+def categorical_values(column: pa.Array, feature: CategoricalFeature) -> np.ndarray:
+    """Values as the serving function takes them: strings with null -> the
+    missing token ``""``, or int64 with null -> ``MISSING_INT`` (-1)."""
+    return serving_values(column, feature.dtype, feature.name)
+
+
+def serving_values(column: pa.Array, dtype: str, name: str) -> np.ndarray:
+    """A raw column as the serving function takes it (``dtype`` of
+    ``FeatureSpec.raw_inputs``): strings with null -> ``""``; int64 with null
+    -> ``MISSING_INT`` (-1; a timestamp column as epoch seconds); float32
+    with null -> NaN."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if dtype == "string":
+        return pc.fill_null(column, MISSING_TOKEN).to_numpy(
+            zero_copy_only=False)
+    if dtype == "float32":
+        return np.asarray(pc.cast(column, pa.float32()).to_numpy(
+            zero_copy_only=False), np.float32)  # null -> NaN
+    try:
+        if pa.types.is_timestamp(column.type):
+            column = pc.cast(column, pa.timestamp("s"), safe=False)
+        column = pc.cast(column, pa.int64())
+    except pa.ArrowInvalid as error:
+        raise DataError(
+            f"column {name!r}: {error}; an int64 input takes values that "
+            "fit int64 (as serving does).") from None
+    return np.asarray(pc.fill_null(column, MISSING_INT).to_numpy(
+        zero_copy_only=False), np.int64)
+
+
+def _finite_float32(values: np.ndarray) -> np.ndarray:
+    """Finite after the cast to the stored type (float32): 1e300 is finite
+    as float64 but overflows to inf in the shard."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.isfinite(values.astype(np.float32))
+
+
+def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
+    """The first failed check of each row as a string, None for good rows."""
+    reasons = np.full(batch.num_rows, None, dtype=object)
+
+    def flag(mask: np.ndarray, reason: str) -> None:
+        mask = mask & (reasons == None)  # noqa: E711 (elementwise)
+        reasons[mask] = reason
+
+    label = batch.column(spec.label.name)
+    flag(_null_mask(label), f"null in required field {spec.label.name!r}")
+    values = float_values(label, 0.0)
+    flag(~np.isfinite(values), f"non-finite label {spec.label.name!r}")
+    flag(~_finite_float32(values),
+         f"label {spec.label.name!r} overflows float32")
+    if spec.label.threshold is None and spec.label.loss != "mse":
+        bad = np.isfinite(values) & (values != 0) & (values != 1)
+        for value in np.unique(values[bad & (reasons == None)]):  # noqa: E711
+            flag(bad & (values == value),
+                 f"label {spec.label.name!r} = {value:g} is not 0/1")
+    for feature in spec.dense:
+        column = batch.column(feature.name)
+        nulls = _null_mask(column)
+        if feature.required:
+            flag(nulls, f"null in required field {feature.name!r}")
+        values = float_values(column, feature.default)
+        flag(~np.isfinite(values), f"non-finite value in {feature.name!r}")
+        flag(~_finite_float32(values),
+             f"value in {feature.name!r} overflows float32")
+    for feature in spec.categorical:
+        if feature.required:
+            flag(_null_mask(batch.column(feature.name)),
+                 f"null in required field {feature.name!r}")
+    for feature in spec.derived:
+        if feature.pattern not in (None, EPOCH_MS):
+            _flag_unmatched(batch, spec, feature, flag)
+    return reasons
+
+
+def _flag_unmatched(batch: pa.RecordBatch, spec: FeatureSpec,
+                    feature: DerivedFeature, flag: Callable) -> None:
+    """A time that does not match its pattern is a bad row at conversion
+    (at serving it is the missing value)."""
+    source = feature.sources[0]
+    if source not in spec.raw_inputs:
+        return  # an earlier derived column
+    dtype = spec.raw_inputs[source][0]
+    strings = pc.cast(pc.fill_null(pa.array(serving_values(
+        batch.column(source), dtype, source)), MISSING_TOKEN
+        if dtype == "string" else MISSING_INT), pa.string())
+    regex, _, _ = parse_pattern(feature.pattern)
+    missing = pc.equal(strings, "" if dtype == "string" else "-1")
+    matched = pc.or_(pc.match_substring_regex(strings, f"^(?:{regex})$"),
+                     missing)
+    bad = ~np.asarray(matched.to_numpy(zero_copy_only=False), bool)
+    flag(bad, f"{source!r} does not match pattern {feature.pattern!r} of "
+         f"derived feature {feature.name!r}")

@@ -1,0 +1,4 @@
+"""The ``psrec`` command line: one module per group of sub-commands, a thin,
+typed shell over library functions (``main`` imports a command's module only
+when that command runs, so ``--help`` never imports TensorFlow).
+"""

@@ -1,0 +1,133 @@
+"""``--input-mode data-service`` on the command line: the flags, the
+``psrec data-server`` role command, and the local tf.data service.
+
+The local launcher starts the whole service as one OS process on free
+loopback ports: the dispatcher and one tf.data worker per training worker
+(one TensorFlow import instead of one per role; apart from the training
+workers, so a worker that dies does not take a tf.data worker -- and the
+files it is reading -- with it; it outlives coordinator and role
+restarts, and the supervisor restarts it on its port when it dies:
+:mod:`psrec.launch.supervise.data_service`). It passes the dispatcher's
+address to the coordinator in ``PSREC_DATA_SERVICE`` and stops the process
+by pid when the job ends (it also dies with the launcher,
+``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from typing import Iterator
+
+from psrec.errors import EXIT_OK
+from psrec.launch.cli.argtypes import non_negative
+from psrec.launch.cli.support import UsageError
+from psrec.launch.supervise.data_service import LocalDataService
+from psrec.ps_cluster.training.data_service import ADDRESS_ENV
+
+INPUT_CHOICES = ("auto", "static", "data-service")
+
+
+def add_input_flags(group) -> None:
+    """``--input-mode`` and ``--data-service`` of ``psrec train``."""
+    group.add_argument(
+        "--input-mode", choices=INPUT_CHOICES, default="auto",
+        help="static: each worker reads a fixed share of the train files (a "
+        "lost worker's share is read by nobody, a restarted one starts it "
+        "again); data-service: a tf.data service hands out one file at a "
+        "time to whichever worker asks, so a lost worker's remaining files "
+        "are read by the others (--strategy ps; local runs start the "
+        "service); auto (default): data-service where psrec starts the "
+        "cluster itself with >= 2 workers or a dispatcher is given "
+        "(--data-service), static otherwise (one worker, an existing "
+        "cluster without --data-service, the other strategies)")
+    group.add_argument(
+        "--data-service", default=None, metavar="HOST:PORT",
+        help="the tf.data service dispatcher of an existing cluster "
+        "(`psrec data-server`), with --input-mode data-service")
+
+
+def resolve_input_mode(args: argparse.Namespace) -> str:
+    """The input mode ``--input-mode auto`` stands for (see its help); a
+    local run's coordinator (``--cluster`` from the supervisor) finds the
+    dispatcher its launcher started in :data:`ADDRESS_ENV`."""
+    if args.input_mode != "auto":
+        return args.input_mode
+    if args.strategy != "ps":
+        return "static"
+    if args.data_service or os.environ.get(ADDRESS_ENV, "").strip():
+        return "data-service"
+    existing = args.cluster or os.environ.get("TF_CONFIG", "").strip()
+    return "data-service" if not existing and args.workers >= 2 else "static"
+
+
+def use_dispatcher_flag(args: argparse.Namespace) -> None:
+    """``--data-service`` reaches the trainer as :data:`ADDRESS_ENV`."""
+    if getattr(args, "data_service", None):
+        os.environ[ADDRESS_ENV] = args.data_service
+
+
+@contextlib.contextmanager
+def local_data_service(config, log=print
+                       ) -> Iterator[LocalDataService | None]:
+    """Starts the local tf.data service when ``config`` asks for it (and
+    no dispatcher was given) -- one process: the dispatcher and one tf.data
+    worker per training worker -- with :data:`ADDRESS_ENV` set for the
+    coordinator; yields it (None when not started) for the supervisor to
+    keep alive (:meth:`LocalDataService.keep`); stops it on exit."""
+    if config.input.mode != "data-service" or os.environ.get(ADDRESS_ENV):
+        yield None
+        return
+    service = LocalDataService(config.workers, config.state_dir,
+                               str(config.workdir), log)
+    try:
+        service.start()
+        os.environ[ADDRESS_ENV] = f"grpc://{service.address}"
+        yield service
+    finally:
+        os.environ.pop(ADDRESS_ENV, None)
+        service.stop()
+
+
+def _cmd_data_server(args: argparse.Namespace) -> int:
+    from psrec.ps_cluster.training.data_service import start_dispatcher
+    from psrec.ps_cluster.training.data_service import start_worker
+    if args.role == "worker" and not args.dispatcher:
+        raise UsageError("give --dispatcher HOST:PORT with --role worker.")
+    local = []  # a local service's tf.data workers, kept while it serves
+    if args.role == "dispatcher":
+        server = start_dispatcher(args.port, args.work_dir)
+        local = [start_worker(0, server.target)  # any free port
+                 for _ in range(args.local_workers)]
+    else:
+        server = start_worker(args.port, args.dispatcher)
+    print(f"psrec data-server: tf.data {args.role} on port {args.port} "
+          f"(pid {os.getpid()})", flush=True)
+    server.join()
+    del local
+    return EXIT_OK
+
+
+def add_data_server_command(sub: argparse._SubParsersAction) -> None:
+    """Registers ``psrec data-server``."""
+    p = sub.add_parser(
+        "data-server", help="run one tf.data service role (blocks)",
+        description="Run a tf.data service dispatcher or worker for "
+        "`psrec train --input-mode data-service --data-service HOST:PORT`.")
+    p.add_argument("--role", choices=("dispatcher", "worker"), required=True,
+                   help="run the dispatcher (one per job) or a tf.data "
+                   "worker (one per training worker host)")
+    p.add_argument("--port", type=non_negative, required=True,
+                   help="port to listen on (0: any free port)")
+    p.add_argument("--dispatcher", default=None,
+                   help="HOST:PORT of the dispatcher (--role worker)")
+    p.add_argument("--work-dir", default=None,
+                   help="dispatcher journal folder: fault-tolerant mode, "
+                   "a restarted dispatcher recovers its jobs")
+    p.add_argument("--local-workers", type=non_negative, default=0,
+                   help="--role dispatcher: also run N tf.data workers in "
+                   "this process (a one-machine service, as psrec train "
+                   "starts it)")
+    p.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(run=_cmd_data_server)

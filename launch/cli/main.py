@@ -1,0 +1,183 @@
+"""The ``psrec`` command line: a thin, typed shell over library functions.
+
+Each sub-command validates its arguments, calls one library function and
+maps known failures to exit codes (see ``EXIT_*``). TensorFlow is imported
+lazily, after :func:`psrec.runtime.configure_environment`, so ``psrec
+--help`` is instant and the Keras setting always applies.
+
+Every user mistake ends in one line on stderr, ``psrec <command>: error:
+<message>``, and a permanent exit code (2 for arguments and configuration,
+1 for data); argparse's own errors take the same one-line form. ``--help``
+shows every default; ``--json`` prints a command's result as one JSON
+object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+from typing import Callable
+from typing import Sequence
+
+from psrec._version import __version__
+from psrec.errors import EXIT_FAILURE
+from psrec.errors import EXIT_INTERRUPTED
+from psrec.errors import EXIT_RETRYABLE
+from psrec.errors import EXIT_USAGE
+from psrec.errors import ConfigError
+from psrec.errors import PsrecError
+from psrec.launch.cli import data as data_commands
+from psrec.launch.cli import embeddings as embeddings_commands
+from psrec.launch.cli import k8s as k8s_commands
+from psrec.launch.cli import model as model_commands
+from psrec.launch.cli import plan as plan_commands
+from psrec.launch.cli import retrieval_flags
+from psrec.launch.cli import train as train_commands
+from psrec.launch.monitor.progress_bar import progress_for
+from psrec.progress import SILENT
+from psrec.progress import set_default_progress
+from psrec.runtime import configure_environment
+
+# -- argparse: one-line errors, defaults in --help ---------------------------
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to every option that has a default worth
+    showing (not None, not the False of a switch, not a required option)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or not shows_default(action):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """True when ``--help`` displays the default of ``action``."""
+    default = action.default
+    return (bool(action.option_strings) and not action.required
+            and action.nargs != 0 and default is not None
+            and default is not False and default != argparse.SUPPRESS)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (no usage block):
+    ``psrec <command>: error: argument --flag: invalid value 'x': must be
+    ...``; exits 2 like argparse."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        line = " ".join(message.split())
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {line} (see "
+                  f"`{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="psrec",
+        description="Parameter-server recommender (CTR) training on "
+        "TensorFlow.")
+    parser.add_argument("--version", action="version",
+                        version=f"psrec {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="COMMAND")
+    data_commands.add_commands(sub)
+    train_commands.add_commands(sub)
+    retrieval_flags.add_commands(sub)  # --task etc. on `psrec train`
+    model_commands.add_commands(sub)
+    k8s_commands.add_commands(sub)
+    plan_commands.add_commands(sub)
+    embeddings_commands.add_commands(sub)
+    return parser
+
+
+# -- errors -> exit codes ----------------------------------------------------
+
+
+_USER_OS_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError,
+                   NotADirectoryError, PermissionError)
+
+
+def exit_code_for(error: BaseException) -> int | None:
+    """The exit code of a known error, None for an unexpected one.
+
+    Every psrec error carries its own (:class:`psrec.errors.PsrecError`); a
+    missing or unusable input path, or an unreadable JSON file, is a usage
+    error; a failed import is a broken installation or a shadowing module:
+    permanent (2), never retried -- also when it surfaced as a retryable
+    error (its cause decides).
+    """
+    if isinstance(error, PsrecError):
+        if error.exit_code == EXIT_RETRYABLE and _caused_by_config(error):
+            return EXIT_USAGE
+        return error.exit_code
+    if isinstance(error, (ImportError, json.JSONDecodeError)
+                  + _USER_OS_ERRORS):
+        return EXIT_USAGE
+    return None
+
+
+def _caused_by_config(error: BaseException) -> bool:
+    seen: set[int] = set()
+    cause = error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (ImportError, ConfigError)):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def error_line(error: BaseException) -> str:
+    """The message of ``error`` on one line (its lines joined)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " ".join(lines) or type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``psrec`` console script."""
+    configure_environment()
+    # Lines reach a pipe (a supervisor, a log collector) as they happen.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    # Giant-table initialisation, checkpoint saves and restores report here.
+    set_default_progress(progress_for(args))
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print(f"psrec {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 -- mapped to exit codes below
+        code = exit_code_for(error)
+        if code is None:
+            raise
+        retry = ("" if code in (EXIT_USAGE, EXIT_FAILURE)
+                 else f" (retryable, exit {code})")
+        # A requested stop (SIGTERM/SIGINT, exit 143/130) is not an error.
+        kind = "" if code in (EXIT_INTERRUPTED, 143) else "error: "
+        print(f"psrec {args.command}: {kind}{error_line(error)}{retry}",
+              file=sys.stderr, flush=True)
+        if code == EXIT_RETRYABLE:
+            # TF's coordinator threads may wait on the lost task forever.
+            sys.stdout.flush()
+            os._exit(code)
+        return code
+    finally:
+        set_default_progress(SILENT)  # main() called again in one process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

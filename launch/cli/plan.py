@@ -1,0 +1,107 @@
+"""``psrec plan``: the bytes each PS task will hold (every table shard and
+its optimizer slots), the partitioning and the largest shard; and the same
+check that ``psrec train --ps-memory`` runs before any server starts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from psrec.errors import EXIT_OK
+from psrec.launch.cli.argtypes import SIZE_HELP
+from psrec.launch.cli.argtypes import byte_size
+from psrec.launch.cli.argtypes import positive
+from psrec.launch.cli.support import add_json_flag
+from psrec.launch.cli.support import add_model_flag
+from psrec.launch.cli.support import add_spec_and_data_flags
+from psrec.launch.cli.support import print_result
+
+if TYPE_CHECKING:  # the job's modules import TensorFlow
+    from psrec.launch.job.config import JobConfig
+    from psrec.ps_cluster.cluster.tf_config import ClusterSpec
+
+PARTITIONERS = ("min-size", "fixed", "max-size")
+
+
+def add_ps_memory_flag(group: argparse._ActionsContainer) -> None:
+    """``--ps-memory SIZE``: the budget of one PS task's variables."""
+    group.add_argument("--ps-memory", type=byte_size, default=None,
+                       help="refuse (exit 2, naming the smallest PS count "
+                       "that fits) when one PS task would hold more than "
+                       "this of table shards, their optimizer slots and the "
+                       "dense weights; see `psrec plan`. " + SIZE_HELP)
+
+
+def check_ps_memory(config: JobConfig, cluster: ClusterSpec | None = None
+                    ) -> None:
+    """The plan of ``config`` on the PS tasks of ``cluster`` (None: the
+    ``config.ps`` local ones) fits ``config.strategy.ps_memory`` (no
+    budget: nothing to check). Runs before any server starts.
+
+    Raises:
+      PsMemoryError: a PS task would exceed it (exit 2).
+    """
+    if config.strategy.ps_memory is None:
+        return
+    from psrec.ps_cluster.planner.plan import check_plan
+    from psrec.ps_cluster.planner.plan import format_bytes
+    from psrec.ps_cluster.planner.plan import plan_partition
+    num_ps = config.ps if cluster is None else cluster.num_ps
+    model = config.retrieval or config.model  # the task's model
+    result = check_plan(plan_partition(
+        config.spec, model, num_ps, config.optimizer, config.partition,
+        config.strategy.ps_memory))
+    print(f"psrec train: PS memory plan: at most "
+          f"{format_bytes(result.max_ps_bytes)} on one of {num_ps} PS "
+          f"(--ps-memory {format_bytes(result.ps_memory)})",
+          file=sys.stderr, flush=True)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from psrec.data.format.manifest import Manifest
+    from psrec.data.format.manifest import spec_for
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.planner.plan import check_plan
+    from psrec.ps_cluster.planner.plan import plan
+    from psrec.ps_cluster.planner.plan import plan_text
+    spec = spec_for(Manifest.load(args.data) if args.data else None,
+                    args.spec)
+    result = plan(spec, model_config(args.model), args.ps,
+                  optimizer=args.optimizer, shards=args.table_shards,
+                  partitioner=args.partitioner, ps_memory=args.ps_memory)
+    print_result(args, result, text=plan_text(result))
+    check_plan(result)
+    return EXIT_OK
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Registers ``plan``."""
+    p = sub.add_parser(
+        "plan", help="bytes per PS task of every table shard and its "
+        "optimizer slots; refuse a plan over --ps-memory",
+        description="Plan how --strategy ps shards the embedding tables: "
+        "the shards and rows of each table as the partitioner cuts them, "
+        "the PS task holding each (round-robin, as ParameterServerStrategy "
+        "places them), bytes per PS with the optimizer slots and the dense "
+        "weights, and the largest shard. With --ps-memory, exit 2 naming "
+        "the smallest PS count that fits when a PS task would exceed it.")
+    model = p.add_argument_group("model")
+    add_spec_and_data_flags(model, spec_beside_data="", data="its spec")
+    add_model_flag(model)
+    model.add_argument("--optimizer", choices=("adagrad", "ftrl", "sgd"),
+                       default="adagrad",
+                       help="the tables' optimizer: its slots (adagrad 1, "
+                       "ftrl 2, sgd 0 per table value)")
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument("--ps", type=positive, required=True,
+                         help="number of parameter-server tasks")
+    cluster.add_argument("--partitioner", choices=PARTITIONERS,
+                         default="min-size",
+                         help="how embedding tables are split across PS "
+                         "tasks (as `psrec train --partitioner`)")
+    cluster.add_argument("--table-shards", type=positive, default=None,
+                         help="shards per table (default: one per PS task)")
+    add_ps_memory_flag(cluster)
+    add_json_flag(p.add_argument_group("output"))
+    p.set_defaults(run=_cmd_plan)

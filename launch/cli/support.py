@@ -1,0 +1,125 @@
+"""What the ``psrec`` command modules share: the usage error, ``--json``
+output, a renamed-flag action and the flags several commands take."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+from typing import Sequence
+
+from psrec.errors import ConfigError
+from psrec.launch.cli.argtypes import positive
+from psrec.models.ranking.config import MODEL_PRESETS
+from psrec.uri_path import UriPath
+
+MODEL_NAMES = tuple(MODEL_PRESETS)
+
+
+class UsageError(ConfigError):
+    """A command-line argument is invalid; exits with EXIT_USAGE."""
+
+
+class RenamedFlag(argparse.Action):
+    """A flag that was renamed: using it exits 2 naming the new flag."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *,
+                 new: str, why: str, **kwargs: Any) -> None:
+        kwargs.update(default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new, self.why = new, why
+
+    def __call__(self, parser: argparse.ArgumentParser,
+                 namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"argument {option_string}: {option_string} {values} "
+                     f"is not allowed here: {self.why}; use {self.new} "
+                     f"{values}")
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON object on stdout "
+                        "(progress and errors go to stderr)")
+
+
+def print_result(args: argparse.Namespace, result: Any,
+                 text: str | None = None) -> None:
+    """A command's result: with ``--json`` one JSON object (``result``, a
+    dataclass through its ``to_dict()``); else ``text``, by default
+    ``result.summary()``."""
+    if args.json:
+        print_json(result)
+    else:
+        print(result.summary() if text is None else text, flush=True)
+
+
+def print_json(data: Any) -> None:
+    """One JSON object on one line; NaN/inf become null, paths strings."""
+    print(json.dumps(_json_safe(data), allow_nan=False), flush=True)
+
+
+def _json_safe(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = (value.to_dict() if hasattr(value, "to_dict")
+                 else dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, UriPath):
+        return str(value)
+    return value
+
+
+def add_spec_and_data_flags(group: argparse._ActionsContainer, *,
+                            spec_beside_data: str, data: str) -> None:
+    """``--spec`` (a preset or file; by default the spec saved beside
+    ``--data``, ``spec_beside_data`` says what else it may do) and
+    ``--data`` (``data``: what happens without it)."""
+    group.add_argument("--spec", default=None,
+                       help="preset (criteo, movielens) or spec file "
+                       "(default: with --data, the spec saved beside the "
+                       f"data{spec_beside_data}; without, criteo)")
+    group.add_argument("--data", default=None,
+                       help=f"manifest of converted data ({data})")
+
+
+def add_model_flag(group: argparse._ActionsContainer) -> None:
+    group.add_argument("--model", choices=MODEL_NAMES, default="dcn",
+                       help="named model configuration")
+
+
+def add_count_flags(group: argparse._ActionsContainer) -> None:
+    """--workers/--ps: task COUNTS in every command that has them (host
+    lists are `psrec tf-config --worker-hosts/--ps-hosts`)."""
+    group.add_argument("--workers", type=positive, default=2,
+                       help="number of worker tasks")
+    group.add_argument("--ps", type=positive, default=1,
+                       help="number of parameter-server tasks")
+
+
+def add_step_flags(group: argparse._ActionsContainer, steps: int) -> None:
+    group.add_argument("--steps", type=positive, default=steps,
+                       help="training steps (the run ends at this global step)")
+    group.add_argument("--steps-per-closure", type=positive, default=10,
+                       help="training steps per scheduled closure (K)")
+
+
+def add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
+    group.add_argument("--batch-size", type=positive, default=1024,
+                       help=what)
+
+
+def add_cluster_flags(p: argparse._ActionsContainer) -> None:
+    p.add_argument("--allow-remote", action="store_true",
+                   help="permit non-loopback hosts; TF gRPC servers accept "
+                   "unauthenticated, unencrypted connections on all "
+                   "interfaces: isolated networks only")

@@ -1,0 +1,514 @@
+"""The ``psrec`` commands of a training job: ``advise`` picks its
+strategy, ``train`` runs it (on the coordinator, or supervising a local
+cluster), ``server`` runs one of its PS or worker tasks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from psrec.errors import EXIT_OK
+from psrec.launch.cli import metrics_flags
+from psrec.launch.cli import plan as plan_commands
+from psrec.launch.cli import retrieval_flags
+from psrec.launch.cli.argtypes import integer
+from psrec.launch.cli.argtypes import non_negative
+from psrec.launch.cli.argtypes import non_negative_float
+from psrec.launch.cli.argtypes import positive
+from psrec.launch.cli.argtypes import positive_float
+from psrec.launch.cli.argtypes import positive_fraction
+from psrec.launch.cli.data_service import add_data_server_command
+from psrec.launch.cli.data_service import add_input_flags
+from psrec.launch.cli.data_service import local_data_service
+from psrec.launch.cli.data_service import resolve_input_mode
+from psrec.launch.cli.data_service import use_dispatcher_flag
+from psrec.launch.cli.support import UsageError
+from psrec.launch.cli.support import add_batch_flag
+from psrec.launch.cli.support import add_cluster_flags
+from psrec.launch.cli.support import add_count_flags
+from psrec.launch.cli.support import add_json_flag
+from psrec.launch.cli.support import add_model_flag
+from psrec.launch.cli.support import add_spec_and_data_flags
+from psrec.launch.cli.support import print_result
+from psrec.launch.local.netns import add_allow_exposed_flag
+from psrec.uri_path import as_path
+
+DEFAULT_STEPS = 400
+
+
+def _existing_cluster(args: argparse.Namespace):
+    """The cluster to coordinate, from --cluster or TF_CONFIG; None means
+    start a local one."""
+    from psrec.ps_cluster.cluster.tf_config import REMOTE_WARNING
+    from psrec.ps_cluster.cluster.tf_config import TFConfig
+    if args.cluster:
+        config = TFConfig.from_file(args.cluster)
+    else:
+        config = TFConfig.from_env()
+        if config is None:
+            return None
+        if not config.is_coordinator:
+            raise UsageError(
+                f"TF_CONFIG names this task {config.task.type}:"
+                f"{config.task.index}; run `psrec server` for PS/worker tasks "
+                "and `psrec train` on the chief/coordinator only.")
+    config.validate(strategy="ps", allow_remote=args.allow_remote)
+    if not config.cluster.is_loopback():
+        print(f"psrec: warning: {REMOTE_WARNING}", file=sys.stderr)
+    return config.cluster
+
+
+def _job_config(args: argparse.Namespace):
+    """The :class:`JobConfig` of ``psrec train``'s arguments; options that
+    mean nothing under ``--strategy`` are refused (exit 2)."""
+    from psrec.data.format.manifest import Manifest
+    from psrec.data.format.manifest import spec_for
+    from psrec.data.input.dataset import InputConfig
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.config import StrategyConfig
+    from psrec.launch.job.config import SyntheticData
+    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.training.loop import LoopConfig
+    if args.strategy != "ps":
+        for flag, given in (("--cluster", args.cluster),
+                            ("--no-restart-workers", args.no_restart_workers)):
+            if given:
+                raise UsageError(
+                    f"`{flag}` applies to --strategy ps only; with "
+                    f"--strategy {args.strategy} each worker reads its own "
+                    "TF_CONFIG (see `psrec tf-config`), and without it psrec "
+                    "starts --workers local workers.")
+    if args.steps is not None and args.epochs is not None:
+        raise UsageError(
+            f"give --steps ({args.steps}) or --epochs ({args.epochs:g}), not "
+            "both: --epochs N trains N passes over the train split.")
+    overrides = {}
+    if args.cross_low_rank:
+        overrides["cross_low_rank"] = args.cross_low_rank
+    if args.sync_batch_norm:
+        overrides["batch_norm"] = "sync"
+    spec = spec_for(Manifest.load(args.data) if args.data else None,
+                    args.spec)
+    return JobConfig(
+        workdir=as_path(args.workdir), spec=spec,
+        model_name=args.model, model=model_config(args.model, **overrides),
+        optimizer=OptimizerConfig(
+            sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
+            base_batch_size=args.base_batch_size,
+            warmup_steps=args.warmup_steps),
+        input=InputConfig(batch_size=args.batch_size, seed=args.seed,
+                          mode=resolve_input_mode(args)),
+        loop=LoopConfig(steps=args.steps or DEFAULT_STEPS,
+                        steps_per_closure=args.steps_per_closure,
+                        log_every=args.log_every, eval_every=args.eval_every,
+                        checkpoint_every=args.checkpoint_every,
+                        keep_best=args.keep_best,
+                        early_stop_patience=args.early_stop_patience),
+        epochs=args.epochs,
+        strategy=StrategyConfig(
+            kind=args.strategy, collective=args.collective,
+            mixed_precision=args.mixed_precision,
+            grad_accum_steps=args.grad_accum_steps,
+            memory_fraction=args.memory_fraction,
+            cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote,
+            ps_memory=args.ps_memory),
+        partition=PartitionConfig(kind=args.partitioner,
+                                  shards=args.table_shards),
+        data=as_path(args.data) if args.data else None,
+        synthetic=SyntheticData(rows=args.synthetic_rows, seed=args.seed),
+        workers=args.workers, ps=args.ps, export=not args.no_export,
+        verify_checksums=not args.no_verify_checksums,
+        max_corrupt_records=args.max_corrupt_records,
+        keep_checkpoints=args.keep_checkpoints,
+        checkpoint_writers=args.checkpoint_writers,
+        stall_timeout=args.stall_timeout or None,
+        connect_timeout=args.connect_timeout, grace_period=args.grace_period,
+        retrieval=retrieval_flags.retrieval_config(args, spec))
+
+
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from psrec.features.spec.presets import resolve_spec
+    from psrec.ps_cluster.planner.advise import advise
+    advice = advise(resolve_spec(args.spec), args.model,
+                    batch_size=args.batch_size,
+                    memory_fraction=args.memory_fraction,
+                    repeats=args.repeats,
+                    log=None if args.json else (
+                        lambda text: print(text, file=sys.stderr,
+                                           flush=True)))
+    print_result(args, advice)
+    return EXIT_OK
+
+
+def _log(args: argparse.Namespace):
+    """Where the job's progress lines go: stdout, or stderr under --json
+    (stdout holds the one JSON object)."""
+    if not args.json:
+        return print
+    return lambda text: print(text, file=sys.stderr, flush=True)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    """One command for every strategy: ``ps`` supervises a local cluster (or
+    coordinates an existing one), ``multi-worker-mirrored`` without
+    TF_CONFIG launches local workers, everything else trains here."""
+    # A local cluster: into its namespace before TensorFlow is imported.
+    metrics = metrics_flags.isolate_keeping_metrics(args)
+    from psrec.launch.job.data import prepare_data
+    from psrec.launch.job.data import record_verified
+    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.run import run_job
+    config = _job_config(args)
+    use_dispatcher_flag(args)  # --data-service: PSREC_DATA_SERVICE
+    kind = config.strategy.kind
+    tf_config = bool(os.environ.get("TF_CONFIG", "").strip())
+    if kind == "ps":
+        cluster = _existing_cluster(args)
+        plan_commands.check_ps_memory(config, cluster)
+        if cluster is not None:  # coordinate it; an orchestrator restarts us
+            with metrics_flags.serving(metrics, config.state_dir,
+                                       config.stall_timeout, _log(args)):
+                print_result(args, run_job(config, cluster, log=_log(args),
+                                           data_verified=args.data_verified))
+            return EXIT_OK
+        # Local: check the data once, before any server starts, then
+        # supervise the roles and the coordinator (which reruns this command
+        # with --cluster and --data-verified, after every restart too).
+        from psrec.launch.local.cluster import LocalCluster
+        from psrec.launch.local.netns import announce
+        from psrec.launch.supervise.supervisor import supervise
+        record_verified(config, prepare_data(config, _log(args)))
+        local = LocalCluster(config.workers, config.ps,
+                             log_dir=config.state_dir / "logs",
+                             allow_exposed=args.allow_exposed)
+        announce(local.exposed, local.exposed_warning, _log(args))
+        with local_data_service(config, _log(args)) as service:
+            return supervise(local, args.argv + ["--data-verified"],
+                             supervisor_config(args), config.state_dir, metrics,
+                             service)
+    if kind == "multi-worker-mirrored" and not tf_config:
+        from psrec.launch.job.local_workers import run_local_workers
+        record_verified(config, prepare_data(config, _log(args)))
+        data = run_local_workers(config, args.argv, log=_log(args),
+                                 allow_exposed=args.allow_exposed)
+        print_result(args, JobSummary.from_dict(data))
+        return EXIT_OK
+    summary = run_job(config, log=_log(args),
+                      data_verified=args.data_verified)
+    if summary is not None:
+        print_result(args, summary)
+    if kind == "multi-worker-mirrored":
+        # MultiWorkerMirroredStrategy's server cannot be shut down.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+    return EXIT_OK
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    from psrec.ps_cluster.cluster.server import start_server
+    from psrec.ps_cluster.cluster.tf_config import TaskInfo
+    from psrec.ps_cluster.cluster.tf_config import TFConfig
+    if args.cluster:
+        if args.role is None or args.index is None:
+            raise UsageError("give --role and --index with --cluster FILE.")
+        config = TFConfig(TFConfig.from_file(args.cluster).cluster,
+                          TaskInfo(args.role, args.index))
+    else:
+        config = TFConfig.from_env()
+        if config is None or config.task is None:
+            raise UsageError(
+                "no task to run: set TF_CONFIG (see `psrec tf-config`) or give "
+                "--cluster FILE --role ps|worker --index N.")
+    config.validate(strategy="ps", allow_remote=args.allow_remote)
+    cluster, task = config.cluster, config.task
+    server = start_server(cluster, task)
+    from psrec.launch.local.netns import print_listening
+    print(f"psrec server: {task.type}:{task.index} serving "
+          f"{cluster.address_of(task)} (pid {os.getpid()})", flush=True)
+    print_listening(int(cluster.address_of(task).rsplit(":", 1)[1]))
+    server.join()
+    return EXIT_OK
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Registers ``train``, ``advise`` and ``server``."""
+
+    p = sub.add_parser("train", help="train a model (PS cluster, mirrored or "
+                       "one device)",
+                       description="Train under --strategy ps on a local "
+                       "supervised cluster, or coordinate an existing one "
+                       "(--cluster or TF_CONFIG); or under a replicated "
+                       "strategy (mirrored, multi-worker-mirrored, "
+                       "one-device). Every other option means the same under "
+                       "each strategy, or is refused where it cannot apply.")
+    data = p.add_argument_group("data")
+    add_spec_and_data_flags(
+        data, spec_beside_data=", which --spec may only repeat",
+        data="default: generate the embedded synthetic data")
+    data.add_argument("--synthetic-rows", type=positive, default=250_000,
+                      help="rows of synthetic data when --data is not given")
+    add_batch_flag(data, "rows of one step: of one worker's step under "
+                    "--strategy ps, of the global step (split over the "
+                    "replicas) otherwise")
+    data.add_argument("--seed", type=integer, default=0,
+                      help="shuffle and synthetic-data seed")
+    data.add_argument("--no-verify-checksums", action="store_true",
+                      help="check shard presence and size but not sha256")
+    data.add_argument("--max-corrupt-records", type=non_negative, default=0,
+                      help="skip up to N corrupted records (counted, "
+                      "reported); 0 refuses corrupted data")
+    add_input_flags(data)
+    data.add_argument("--data-verified", action="store_true",
+                      help=argparse.SUPPRESS)  # set by the supervisor
+
+    model = p.add_argument_group("model")
+    add_model_flag(model)
+    model.add_argument("--cross-low-rank", type=positive, default=None,
+                       help="rank of the DCN cross layers' low-rank kernels "
+                       "(default: the model configuration's)")
+    model.add_argument("--sync-batch-norm", action="store_true",
+                       help="batch norm in the MLP towers with statistics "
+                       "all-reduced across the replicas in sync (under ps: "
+                       "a worker's local replicas)")
+    model.add_argument("--mixed-precision", action="store_true",
+                       help="mixed_float16 on GPU (dynamic loss scale; an "
+                       "overflowing update is skipped whole), mixed_bfloat16 "
+                       "on CPU; float32 variables, logits and loss. Under ps "
+                       "it runs the workers' dense towers in 16 bits")
+
+    optimizer = p.add_argument_group(
+        "optimizer", "learning rates and the step schedule")
+    optimizer.add_argument("--sparse-lr", type=positive_float, default=0.05,
+                           help="embedding-table learning rate at "
+                           "--base-batch-size")
+    optimizer.add_argument("--dense-lr", type=positive_float, default=0.001,
+                           help="dense-tower learning rate at "
+                           "--base-batch-size")
+    optimizer.add_argument("--base-batch-size", type=positive, default=1024,
+                           help="the update size (rows) the learning rates "
+                           "are given for. They are scaled to --batch-size x "
+                           "--grad-accum-steps: linearly for sgd, by the "
+                           "square root for adagrad/adam/ftrl (the scaling "
+                           "rule valid for adaptive optimizers)")
+    optimizer.add_argument("--warmup-steps", type=non_negative, default=100,
+                           help="linear learning-rate warmup from 0 over N "
+                           "steps")
+    optimizer.add_argument("--steps", type=positive, default=None,
+                           help="training steps: the run ends at this "
+                           f"global step (default: {DEFAULT_STEPS}, unless "
+                           "--epochs is given)")
+    optimizer.add_argument("--steps-per-closure", type=positive, default=10,
+                           help="training steps per scheduled closure (K)")
+    optimizer.add_argument("--epochs", type=positive_float, default=None,
+                           help="train N passes over the train split "
+                           "(manifest rows / (--batch-size x "
+                           "--grad-accum-steps) steps each) instead of "
+                           "--steps")
+    optimizer.add_argument("--grad-accum-steps", type=positive, default=1,
+                           help="micro-batches of --batch-size whose "
+                           "gradients are summed into one update (every "
+                           "strategy)")
+
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument("--strategy",
+                         choices=("ps", "mirrored", "multi-worker-mirrored",
+                                  "one-device"),
+                         default="ps",
+                         help="ps: parameter servers (tables sharded); "
+                         "mirrored: all local GPUs/CPU replicas, all-reduce; "
+                         "multi-worker-mirrored: workers from TF_CONFIG (or "
+                         "--workers local ones); one-device: one GPU or the "
+                         "CPU; see `psrec advise`")
+    add_count_flags(cluster)
+    cluster.add_argument("--cluster", default=None,
+                         help="coordinate an existing cluster (JSON cluster "
+                         "spec or TF_CONFIG file); TF_CONFIG naming this task "
+                         "chief also does (default: start a local cluster)")
+    cluster.add_argument("--partitioner",
+                         choices=("min-size", "fixed", "max-size"),
+                         default="min-size",
+                         help="how embedding tables are split across PS tasks")
+    cluster.add_argument("--table-shards", type=positive, default=None,
+                         help="shards per table (default: one per PS task)")
+    cluster.add_argument("--collective", choices=("auto", "ring", "nccl"),
+                         default="auto",
+                         help="all-reduce implementation (mirrored "
+                         "strategies)")
+    cluster.add_argument("--memory-fraction", type=positive_fraction,
+                         default=0.5,
+                         help="size guard: replicated tables + optimizer "
+                         "slots may use this share of one device's memory, "
+                         "in (0, 1] (mirrored strategies)")
+    cluster.add_argument("--cpu-replicas", type=positive, default=None,
+                         help="--strategy mirrored without GPUs: split the "
+                         "CPU into N logical devices (default: no split)")
+    plan_commands.add_ps_memory_flag(cluster)
+    add_cluster_flags(cluster)
+    add_allow_exposed_flag(cluster)
+
+    reliability = p.add_argument_group("reliability")
+    add_reliability_flags(reliability)
+    add_checkpoint_flags(reliability)
+
+    metrics_flags.add_metrics_flags(p.add_argument_group("monitoring"))
+    output = p.add_argument_group("output")
+    add_json_flag(output)
+    output.add_argument("--workdir", default="runs/default",
+                        help="holds data/, checkpoints/, export/, "
+                        "tensorboard/ and logs/; a path or gs:// URI")
+    output.add_argument("--log-every", type=positive, default=50,
+                        help="steps between progress lines")
+    output.add_argument("--eval-every", type=non_negative, default=None,
+                        help="steps between evaluations, each also a "
+                        "checkpoint (default: about 5 per run, a multiple of "
+                        "--steps-per-closure); 0: only at the end")
+    output.add_argument("--no-export", action="store_true",
+                        help="do not export a SavedModel at the end")
+    p.set_defaults(run=_cmd_train)
+
+    p = sub.add_parser("advise",
+                       help="measure compute vs all-reduce vs PS round trip "
+                       "and recommend a strategy")
+    model = p.add_argument_group("model")
+    model.add_argument("--spec", default="criteo",
+                       help="preset (criteo, movielens) or spec file")
+    add_model_flag(model)
+    add_batch_flag(model, "rows of one replica's (worker's) step")
+    measure = p.add_argument_group("measurement")
+    measure.add_argument("--memory-fraction", type=positive_fraction,
+                         default=0.5,
+                         help="size guard: share of one device's memory the "
+                         "replicated tables + slots may use, in (0, 1]")
+    measure.add_argument("--repeats", type=positive, default=5,
+                         help="timed repetitions per measurement (median)")
+    add_json_flag(p.add_argument_group("output"))
+    p.set_defaults(run=_cmd_advise)
+
+    p = sub.add_parser("server", help="run one PS or worker role (blocks)",
+                       description="Run one PS or worker role from TF_CONFIG "
+                       "(or --cluster FILE --role --index) and block.")
+    p.add_argument("--cluster", default=None,
+                   help="cluster spec JSON file (default: TF_CONFIG)")
+    p.add_argument("--role", choices=("ps", "worker"), default=None,
+                   help="this task's role, with --cluster")
+    p.add_argument("--index", type=non_negative, default=None,
+                   help="this task's index in its role, with --cluster")
+    add_cluster_flags(p)
+    p.set_defaults(run=_cmd_server)
+    add_data_server_command(sub)
+
+
+# ``psrec train``'s checkpoint options: how often, how many are kept, the
+# best one, early stopping, and who writes the files.
+
+# psrec.ps_cluster.checkpoint.writers.WRITERS (not imported: it loads
+# TensorFlow, and the CLI's parser must not).
+WRITERS = ("auto", "tasks", "coordinator")
+
+
+def add_checkpoint_flags(group) -> None:
+    """Registers the checkpoint options on ``group``."""
+    group.add_argument("--checkpoint-every", type=non_negative, default=200,
+                       help="steps between checkpoints; 0: only at the end")
+    group.add_argument("--keep-checkpoints", type=positive, default=3,
+                       help="recent checkpoints kept (the best one is kept "
+                       "besides them)")
+    group.add_argument("--keep-best", choices=("auc", "logloss", "none"),
+                       default="auc",
+                       help="keep the checkpoint with the best eval metric "
+                       "in checkpoints/best/ (recorded in "
+                       "checkpoints/best.json); the final export is that "
+                       "checkpoint")
+    group.add_argument("--early-stop-patience", type=non_negative,
+                       default=0,
+                       help="stop after N evaluations in a row without "
+                       "improvement of --keep-best's metric; 0: never")
+    group.add_argument("--checkpoint-writers", choices=WRITERS,
+                       default="auto",
+                       help="--strategy ps: who writes checkpoint files "
+                       "(and on restore reads and checks them). tasks: "
+                       "every PS writes and reads its own shards, no table "
+                       "passes through the coordinator; the checkpoint "
+                       "folder must be on storage every task sees (NFS, GCS "
+                       "fuse, a gs:// bucket every task can write): each PS "
+                       "is proven to read and write it before training, "
+                       "exit 2 naming the PS otherwise. coordinator: the "
+                       "coordinator writes and reads every tensor (a folder "
+                       "only it sees; about the whole training state in its "
+                       "memory during a save). auto: tasks for a "
+                       "local path when every task is on this host (the "
+                       "local cluster), else coordinator")
+
+
+# ``psrec train``'s reliability options and the supervisor's policy built
+# from them.
+
+def add_reliability_flags(group) -> None:
+    """Restart budgets, watchdog, connect timeout, grace period."""
+    group.add_argument("--max-restarts", type=non_negative, default=3,
+                       help="restarts of the coordinator alone (it failed or "
+                       "stalled while every role was healthy); also the "
+                       "default of --max-worker-restarts and "
+                       "--max-ps-restarts (local cluster)")
+    group.add_argument("--max-worker-restarts", type=non_negative,
+                       default=None,
+                       help="restarts of worker tasks (default: "
+                       "--max-restarts)")
+    group.add_argument("--max-ps-restarts", type=non_negative, default=None,
+                       help="restarts of PS tasks, each with the coordinator "
+                       "from the latest checkpoint (default: --max-restarts)")
+    group.add_argument("--max-data-service-restarts", type=non_negative,
+                       default=None,
+                       help="restarts of the local tf.data service process "
+                       "(--input-mode data-service), on its port; the "
+                       "training workers reconnect (default: --max-restarts)")
+    group.add_argument("--restart-budget-refill", type=non_negative_float,
+                       default=600.0,
+                       help="seconds a role runs without failing after which "
+                       "its restart budget is full again; 0: never")
+    group.add_argument("--no-restart-workers", action="store_true",
+                       help="keep training on the remaining workers "
+                       "instead of restarting a lost one")
+    group.add_argument("--stall-timeout", type=non_negative_float,
+                       default=900.0,
+                       help="seconds without progress (in any phase: "
+                       "connecting, training, eval, checkpoint) before the "
+                       "watchdog acts: the supervisor reads the coordinator's "
+                       "heartbeat file, prints its phase, step and per-worker "
+                       "progress, kills it and restarts what failed; the "
+                       "coordinator's own watchdog dumps stacks and exits "
+                       "138. 0 disables")
+    group.add_argument("--connect-timeout", type=positive_float,
+                       default=300.0,
+                       help="seconds to wait for every PS and worker port "
+                       "before failing (retryable, 138) with the unreachable "
+                       "tasks named")
+    group.add_argument("--grace-period", type=non_negative_float,
+                       default=30.0,
+                       help="after SIGTERM/SIGINT: seconds to drain the "
+                       "closures in flight and save a checkpoint at the step "
+                       "reached (skipped when the last save took longer than "
+                       "what is left), then exit 143 (SIGTERM) or 130 "
+                       "(SIGINT) with one line")
+
+
+def supervisor_config(args: argparse.Namespace):
+    """The :class:`SupervisorConfig` of ``psrec train``'s arguments."""
+    from psrec.launch.supervise.restart_policy import RestartLimits
+    from psrec.launch.supervise.restart_policy import SupervisorConfig
+
+    def given(value):
+        return args.max_restarts if value is None else value
+    return SupervisorConfig(
+        limits=RestartLimits(
+            worker=given(args.max_worker_restarts),
+            ps=given(args.max_ps_restarts), coordinator=args.max_restarts,
+            data_service=given(args.max_data_service_restarts),
+            refill_after=args.restart_budget_refill),
+        restart_workers=not args.no_restart_workers,
+        stall_timeout=args.stall_timeout or None,
+        grace_period=args.grace_period)

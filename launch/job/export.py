@@ -1,0 +1,284 @@
+"""Checkpoint -> serving SavedModel, and checkpoint evaluation, without a
+cluster: the model is rebuilt with plain variables from ``job.json`` and
+restored (verified by value) from the chosen checkpoint: ``latest``,
+``best`` (``best.json``, see :mod:`psrec.ps_cluster.checkpoint.best`) or ``ckpt-N``;
+by default the best when the run recorded one, else the latest.
+
+A run trained on negatives kept at rate ``R`` (``psrec convert
+--neg-sample-rate``) is evaluated and exported with ``log(R)`` added to its
+logits (see :func:`~psrec.launch.job.data.training_neg_sample_rate`); the
+export records ``R`` in ``psrec_export.json`` beside ``saved_model.pb``.
+
+Exports are versioned as TF Serving expects: ``OUT/<version>/`` (published
+atomically, never overwritten; :mod:`psrec.models.serving.versions`), each with
+warmup requests built from the run's eval rows
+(:mod:`psrec.models.serving.warmup`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from psrec.data.convert.catalogue import Catalogue
+from psrec.data.convert.sampling import logit_shift
+from psrec.data.format.files import write_json_atomic
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.records import corruption_named
+from psrec.data.input.dataset import make_eval_dataset
+from psrec.errors import ConfigError
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.data import training_neg_sample_rate
+from psrec.models.build import build_model
+from psrec.models.ranking.model import RankingModel
+from psrec.models.retrieval.config import RECALL_KS
+from psrec.models.serving.export import export_saved_model
+from psrec.models.serving.retrieval_export import export_retrieval
+from psrec.models.serving.versions import ExportVersion
+from psrec.models.serving.versions import publish
+from psrec.models.serving.warmup import warmup_rows
+from psrec.models.serving.warmup import write_warmup
+from psrec.progress import SILENT
+from psrec.progress import Progress
+from psrec.ps_cluster.checkpoint.best import choose_checkpoint
+from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
+from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.evaluation.metrics import batch_statistics
+from psrec.ps_cluster.evaluation.metrics import merge
+from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
+from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
+from psrec.uri_path import as_path
+
+
+def restore_plain_model(checkpoint_dir: str | Path,
+                        checkpoint: str | None = None
+                        ) -> tuple[RankingModel, JobConfig, str]:
+    """The trained model with plain (unsharded) variables.
+
+    Returns:
+      ``(model, job record, restored checkpoint path)``.
+
+    Raises:
+      FileNotFoundError: no job.json or no checkpoint in the directory.
+    """
+    record = JobConfig.read(checkpoint_dir)
+    model = build_model(record.spec, record.retrieval or record.model)
+    keeper = CheckpointKeeper(checkpoint_dir, tf.train.Checkpoint(model=model))
+    path = keeper.restore(checkpoint, model_only=True)
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}.")
+    return model, record, path
+
+
+def _chosen(checkpoint_dir: str | Path, checkpoint: str | None) -> str:
+    """The path of the chosen checkpoint (after checking that the folder
+    is a run's: its job.json first)."""
+    JobConfig.read(checkpoint_dir)
+    return choose_checkpoint(checkpoint_dir, checkpoint).path
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportReport:
+    """One published export version.
+
+    Attributes:
+      path: the version folder (``root/<version>``), a SavedModel.
+      version: its version number.
+      root: the versioned export folder.
+      checkpoint: the checkpoint exported.
+      neg_sample_rate: the training data's negative sampling rate (the
+        serving logits are corrected by its log).
+      warmup: where the warmup requests' rows came from.
+    """
+
+    path: str
+    version: int
+    root: str
+    checkpoint: str
+    neg_sample_rate: float
+    warmup: str
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def run_manifest(checkpoint_dir: str | Path) -> Manifest | None:
+    """The manifest a run trained on (its ``job.json``'s data, else the
+    data it generated in its workdir); None when it cannot be loaded."""
+    record = JobConfig.read(checkpoint_dir)
+    data = record.data or as_path(record.workdir) / "data" / "tfrecord"
+    try:
+        return Manifest.load(data)
+    except ConfigError:  # ManifestError: moved, deleted or never written
+        return None
+
+
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
+                      checkpoint: str | None = None, *,
+                      version: int | None = None,
+                      manifest: Manifest | None = None) -> ExportReport:
+    """Exports a checkpoint of a training run as version ``version`` (None:
+    the next) of the export folder ``out_dir`` (a path or URI).
+
+    Args:
+      checkpoint: ``latest``, ``best`` or ``ckpt-N``; None: the best when
+        the run recorded one, else the latest.
+      manifest: the run's data, for the warmup rows; None: the one its
+        ``job.json`` names (:func:`run_manifest`).
+
+    The serving logit and probability are corrected by ``log(R)`` for the
+    training data's ``neg_sample_rate`` R, which ``psrec_export.json``
+    records with the checkpoint.
+
+    Raises:
+      ConfigError: ``version`` exists already (see
+        :func:`psrec.models.serving.versions.publish`).
+    """
+    model, record, path = restore_plain_model(
+        checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
+    if record.retrieval is not None:  # top-K model, query tower, embeddings
+        published = publish_retrieval(
+            model, record, path, manifest or run_manifest(checkpoint_dir),
+            str(out_dir), version, EXPORT_INFO)
+        return ExportReport(path=published.path, version=published.version,
+                            root=str(out_dir), checkpoint=path,
+                            neg_sample_rate=1.0, warmup="none (retrieval)")
+    rate = training_neg_sample_rate(checkpoint_dir)
+    if manifest is None:
+        manifest = run_manifest(checkpoint_dir)
+    rows = warmup_rows(record.spec, manifest)
+    root = str(out_dir)
+    name = os.path.basename(root.rstrip("/")) or "model"
+
+    def write(folder: str) -> None:
+        export_saved_model(model, record.spec, folder,
+                           logit_shift=logit_shift(rate))
+        write_json_atomic(os.path.join(folder, EXPORT_INFO), {
+            "checkpoint": path, "spec_hash": record.spec.fingerprint(),
+            "label": record.spec.label.name, "neg_sample_rate": rate,
+            "logit_shift": logit_shift(rate), "warmup": rows.source})
+        write_warmup(folder, rows.inputs, name)
+
+    published = publish(root, write, version)
+    return ExportReport(path=published.path, version=published.version,
+                        root=root, checkpoint=path, neg_sample_rate=rate,
+                        warmup=rows.source)
+
+
+EXPORT_INFO = "psrec_export.json"
+
+
+def sampling_note(rate: float) -> str:
+    """What the CLI says about the logit correction ("" without one)."""
+    if rate >= 1.0:
+        return ""
+    return (f"; logits corrected by log({rate:g}) = {logit_shift(rate):.4f} "
+            "(train negatives kept at --neg-sample-rate "
+            f"{rate:g})")
+
+
+def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
+                        split: str = "eval", batch_size: int = 4096,
+                        checkpoint: str | None = None,
+                        neg_sample_rate: float | None = None, *,
+                        progress: Progress = SILENT) -> EvalResult:
+    """AUC/logloss/calibration of a checkpoint on a split (every example
+    once), on logits corrected by ``log(neg_sample_rate)``.
+
+    Args:
+      checkpoint: as in :func:`export_checkpoint`.
+      neg_sample_rate: the share of negatives the model's training data
+        kept; None: the run's (:func:`training_neg_sample_rate`; not the
+        rate of ``manifest``, whose eval split is never sampled).
+      progress: told the rows evaluated (total: the split's rows).
+
+    Raises:
+      ConfigError: the manifest has no rows in ``split`` (exit 2).
+    """
+    files = manifest.files(split) if manifest.shards.get(split) else []
+    if not files or manifest.rows(split) == 0:
+        hint = ("convert with --eval-fraction (e.g. 0.1) to hold out eval "
+                "rows" if split == "eval" else "convert training data")
+        raise ConfigError(f"{manifest.root / 'manifest.json'} has no "
+                          f"{split} split: {hint}.")
+    if JobConfig.read(checkpoint_dir).retrieval is not None:  # recall@k
+        return evaluate_retrieval(checkpoint_dir, _chosen(
+            checkpoint_dir, checkpoint), manifest, split, batch_size)
+    model, record, _ = restore_plain_model(
+        checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
+    manifest.verify(record.spec.fingerprint(), checksums=False)
+    dataset = make_eval_dataset(files, record.spec, batch_size,
+                                manifest.block_rows)
+    label = record.spec.label.name
+    shift = logit_shift(training_neg_sample_rate(checkpoint_dir)
+                        if neg_sample_rate is None else neg_sample_rate)
+    step = tf.function(lambda batch: batch_statistics(
+        batch[label], tf.cast(model(batch), tf.float32) + shift,
+        batch[ID_COLUMN], record.spec.label.loss == "mse"))  # mse: RMSE
+    parts = []
+    with corruption_named(files), progress.task(
+            f"eval ({split} split)", manifest.rows(split), "rows") as task:
+        for batch in dataset:
+            parts.append({k: np.asarray(v) for k, v in step(batch).items()})
+            task.advance(int(tf.shape(batch[label])[0]))
+    return merge(parts)
+
+
+# ``psrec export`` and ``psrec eval`` of a retrieval run.
+#
+# Export: the checkpoint's two-tower model (restored with plain variables by
+# ``launch.job.export``) and the catalogue of the run's data -> one export
+# version holding the top-K SavedModel, the query tower and the candidate
+# embeddings (:mod:`psrec.models.serving.retrieval_export`). Eval: the exact
+# recall@k/MRR of the trainer, on one device, no cluster.
+
+#: Candidates the top-K SavedModel returns per query.
+EXPORT_K = max(RECALL_KS)
+
+
+def publish_retrieval(model, record, checkpoint: str,
+                      manifest: Manifest | None, out_dir: str,
+                      version: int | None, info_name: str,
+                      k: int = EXPORT_K) -> ExportVersion:
+    """Publishes version ``version`` (None: the next) of ``out_dir`` from
+    the restored ``model`` of job ``record`` (checkpoint ``checkpoint``),
+    with ``info_name`` (``psrec_export.json``) describing it.
+
+    Raises:
+      ConfigError: the run's data (and so its catalogue) is unknown.
+    """
+    if manifest is None:
+        raise ConfigError(
+            f"the data of the run of {checkpoint} (job.json `data`) cannot "
+            "be loaded: a retrieval export needs its candidate catalogue "
+            "(candidates.parquet beside the manifest).")
+    catalogue = Catalogue.load(manifest.root, record.spec)
+
+    def write(folder: str) -> None:
+        written = export_retrieval(model, record.spec, catalogue, folder, k)
+        write_json_atomic(os.path.join(folder, info_name), {
+            "checkpoint": checkpoint,
+            "spec_hash": record.spec.fingerprint(), **written})
+
+    return publish(str(out_dir), write, version)
+
+
+def evaluate_retrieval(checkpoint_dir: str, checkpoint: str,
+                       manifest: Manifest, split: str = "eval",
+                       batch_size: int = 4096) -> RetrievalEvalResult:
+    """Exact recall@k and MRR of checkpoint ``checkpoint`` (a path) of the
+    retrieval run in ``checkpoint_dir`` on ``split`` of ``manifest``,
+    against the catalogue of ``manifest``."""
+    record = JobConfig.read(checkpoint_dir)
+    manifest.verify(record.spec.fingerprint(), checksums=False)
+    trainer = RetrievalTrainer(
+        tf.distribute.OneDeviceStrategy("/cpu:0"), record.spec,
+        record.retrieval, record.optimizer, record.input,
+        catalogue=Catalogue.load(manifest.root, record.spec))
+    CheckpointKeeper(checkpoint_dir, tf.train.Checkpoint(
+        model=trainer.model)).restore(checkpoint, model_only=True)
+    return trainer.evaluate(manifest, batch_size, split)

@@ -1,0 +1,440 @@
+"""The main job, for every strategy: data -> strategy -> train (periodic
+eval and checkpoints) -> export -> summary.
+
+``run_job`` is the typed function behind ``psrec train``; the CLI only
+builds a :class:`~psrec.launch.job.config.JobConfig`. Under ``ps`` it
+coordinates the given cluster (or starts a :class:`LocalCluster`); under
+the replicated strategies this process trains (one worker of a
+multi-worker-mirrored cluster when ``TF_CONFIG`` names it). Everything that
+can be checked is checked before any server starts or any model is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+from typing import Iterator
+
+from psrec.data.format.files import write_json_atomic
+from psrec.data.format.manifest import Manifest
+from psrec.errors import one_line
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.data import load_verified
+from psrec.launch.job.data import prepare_data
+from psrec.launch.job.data import record_sampling
+from psrec.launch.job.reporting import coverage_fields
+from psrec.launch.job.reporting import coverage_lines
+from psrec.launch.job.reporting import input_options
+from psrec.launch.job.reporting import write_restore_report
+from psrec.launch.local.cluster import LocalCluster
+from psrec.launch.monitor.heartbeat import run_state_dir
+from psrec.ps_cluster.checkpoint.best import BestRecord
+from psrec.ps_cluster.cluster.tf_config import ClusterSpec
+from psrec.ps_cluster.cluster.tf_config import TFConfig
+from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
+from psrec.ps_cluster.retrieval.metrics import eval_result_from_dict
+from psrec.ps_cluster.retrieval.metrics import ranking_auc
+from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.loop import steps_for_epochs
+from psrec.ps_cluster.training.loop import steps_per_epoch
+from psrec.uri_path import as_path
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSummary:
+    """What ``psrec train`` prints (and writes to ``summary.json``)."""
+
+    strategy: str
+    manifest: str
+    checkpoint: str | None
+    export: str | None
+    tensorboard: str
+    start_step: int
+    step: int
+    executed_steps: int
+    examples_per_sec: float
+    final_loss: float
+    eval: EvalResult | None
+    seconds: float
+    workers: int
+    ps: int
+    replicas: int
+    batch_size: int
+    micro_batches: int
+    precision: str
+    closures_per_worker: dict[int, int]
+    epochs: float = 0.0
+    steps_per_epoch: int = 0
+    best: BestRecord | None = None
+    exported_checkpoint: str | None = None
+    exported_auc: float | None = None
+    stopped_early_at: int | None = None
+    input_mode: str = "static"
+    coverage: list = dataclasses.field(default_factory=list)  # per epoch
+    coverage_warning: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["eval"] = dataclasses.asdict(self.eval) if self.eval else None
+        data["best"] = self.best.to_dict() if self.best else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobSummary:
+        """Inverse of :meth:`to_dict` (the local launcher reads the chief's
+        ``summary.json``)."""
+        data = dict(data)
+        if data.get("eval") is not None:
+            data["eval"] = eval_result_from_dict(data["eval"])
+        if data.get("best") is not None:
+            data["best"] = BestRecord.from_dict(data["best"])
+        data["closures_per_worker"] = {
+            int(k): v for k, v in data["closures_per_worker"].items()}
+        return cls(**data)
+
+    def summary(self) -> str:
+        lines = [f"psrec train summary ({self.strategy}):"]
+        if isinstance(self.eval, RetrievalEvalResult) or getattr(
+                self.eval, "rmse", None) is not None:  # retrieval, mse
+            lines.append(f"  {self.eval.summary()}")
+        elif self.eval is not None:
+            lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
+                         f"{self.eval.logloss:.4f}  calibration "
+                         f"{self.eval.calibration:.2f}  on {self.eval.count} "
+                         "eval examples")
+        cluster = (f"{self.workers} workers + {self.ps} PS"
+                   if self.strategy == "ps" else
+                   f"{self.replicas} replica(s) on {self.workers} worker(s)")
+        lines += [
+            f"  steps {self.start_step} -> {self.step} (optimizer updates "
+            f"executed: {self.executed_steps}), final train loss "
+            f"{self.final_loss:.4f}, {self.examples_per_sec:,.0f} examples/s",
+            f"  {self.epochs:.2f} epochs ({self.steps_per_epoch} steps "
+            "each)",
+            f"  batch {self.batch_size} x {self.micro_batches} "
+            f"micro-batch(es), {self.precision}; total time "
+            f"{self.seconds:.1f} s on {cluster}"] + coverage_lines(self)
+        if self.stopped_early_at is not None:
+            lines.append(f"  stopped early at step {self.stopped_early_at}: "
+                         "no improvement of the eval "
+                         f"{self.best.metric if self.best else 'metric'} "
+                         "within --early-stop-patience evaluations")
+        lines += [
+            f"  best:        {self.best.summary() if self.best else None}",
+            f"  data:        {self.manifest}",
+            f"  checkpoint:  {self.checkpoint}",
+            f"  export:      {self.export}"]
+        if self.export is not None:  # AUC: ranking on a 0/1 label only
+            auc = ("" if self.exported_auc is None
+                   else f", eval AUC {self.exported_auc:.4f}")
+            lines[-1] += f" (from checkpoint {self.exported_checkpoint}{auc})"
+        lines.append(f"  tensorboard: {self.tensorboard}")
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _ps_cluster(config: JobConfig, cluster: ClusterSpec | None,
+                log) -> Iterator[ClusterSpec]:
+    if cluster is not None:
+        log(f"coordinating existing cluster: {cluster.to_tf_cluster_dict()}")
+        yield cluster
+        return
+    with LocalCluster(config.workers, config.ps,
+                      log_dir=run_state_dir(config.workdir) / "logs") as local:
+        log(f"local cluster: {config.workers} workers + {config.ps} PS on "
+            f"127.0.0.1 (pids {', '.join(map(str, local.pids()))})")
+        yield local.cluster
+
+
+def _replicated_strategy(config: JobConfig, log):
+    """The strategy of a replicated job (first: MultiWorkerMirrored must be
+    created before any other TensorFlow op), with the size guard."""
+    from psrec.models.optim.sizing import check_fits
+    from psrec.models.optim.sizing import device_memory_bytes
+    from psrec.models.optim.sizing import estimate_replicated_bytes
+    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
+    from psrec.ps_cluster.cluster.strategy import local_replicas_sharing_memory
+    from psrec.ps_cluster.cluster.strategy import split_cpu
+    options = config.strategy
+    if options.cpu_replicas:
+        split_cpu(options.cpu_replicas)
+    strategy = build_replicated_strategy(options.kind, options.collective,
+                                         allow_remote=options.allow_remote)
+    log(f"{type(strategy).__name__} over {strategy.num_replicas_in_sync} "
+        f"replica(s): {', '.join(strategy.extended.worker_devices)}")
+    check_fits(estimate_replicated_bytes(config.spec, config.model,
+                                         config.optimizer),
+               device_memory_bytes(), options.memory_fraction,
+               local_replicas_sharing_memory(strategy))
+    return strategy
+
+
+def _manifest(config: JobConfig, data_verified: bool, log) -> Manifest:
+    if data_verified:
+        return load_verified(config)
+    if config.strategy.kind == "multi-worker-mirrored" and (
+            TFConfig.from_env() is not None):
+        if config.data is None:
+            from psrec.ps_cluster.cluster.strategy import StrategyError
+            raise StrategyError(
+                "`--data` is required for a multi-worker-mirrored worker: "
+                "convert the data once (psrec convert) onto storage every "
+                "worker reads; without TF_CONFIG, psrec starts local "
+                "workers and prepares it.")
+        manifest = Manifest.load(config.data)
+        manifest.verify(config.spec.fingerprint(),
+                        checksums=config.verify_checksums)
+        return manifest
+    return prepare_data(config, log)
+
+
+def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
+            log=print, data_verified: bool = False) -> JobSummary | None:
+    """Runs the whole job; resumes from the latest checkpoint if any.
+
+    Args:
+      config: the job.
+      cluster: ``ps``: the cluster to coordinate (None starts a local one).
+      log: where progress lines go.
+      data_verified: the data already passed :func:`prepare_data` in this
+        workdir (a supervisor or launcher checked it): use the record.
+
+    Returns:
+      The summary, or None on a worker of a multi-worker cluster that is
+      not the chief.
+    """
+    began = time.perf_counter()
+    strategy = None
+    if config.strategy.replicated:
+        strategy = _replicated_strategy(config, log)
+    manifest = _manifest(config, data_verified, log)
+    workdir = as_path(config.workdir)
+    if strategy is not None:
+        result, trainer = _train(config, strategy, manifest, log)
+        if config.strategy.kind == "multi-worker-mirrored":
+            _barrier(strategy)  # no worker leaves while another needs it
+        if not trainer.chief:
+            return None
+        num_ps = 0
+    else:
+        from psrec.launch.job.runtime import coordinator_heartbeat
+        from psrec.ps_cluster.cluster.probe import wait_reachable
+        from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+        beat = coordinator_heartbeat(run_state_dir(workdir))
+        with _ps_cluster(config, cluster, log) as live:
+            wait_reachable(live, config.connect_timeout, log)
+            result, trainer = _train(
+                config, build_ps_strategy(live, config.partition), manifest,
+                log, beat, live)
+        num_ps = live.num_ps
+    export_path, exported = None, None
+    if config.export and result.checkpoint is not None:
+        from psrec.launch.job.export import export_checkpoint
+        from psrec.ps_cluster.checkpoint.best import choose_checkpoint
+        # The best checkpoint when the run keeps and recorded one, else the
+        # latest.
+        which = "latest" if config.loop.keep_best == "none" else None
+        exported = choose_checkpoint(config.checkpoint_dir, which)
+        export_path = export_checkpoint(  # workdir/export/<version>
+            config.checkpoint_dir, workdir / "export", which,
+            manifest=manifest).path
+        log(f"exported {exported.describe()} to {export_path}")
+    if exported is not None and exported.best is not None:
+        exported_auc = exported.best.auc
+    elif exported is not None and exported.path == result.checkpoint and (
+            result.eval is not None):
+        exported_auc = ranking_auc(result.eval)
+    else:
+        exported_auc = None
+    per_epoch = epoch_steps(config, manifest)
+    summary = JobSummary(
+        strategy=config.strategy.kind,
+        manifest=str(manifest.root / "manifest.json"),
+        checkpoint=result.checkpoint, export=export_path,
+        tensorboard=str(workdir / "tensorboard"),
+        start_step=result.start_step, step=result.step,
+        executed_steps=result.executed_steps,
+        examples_per_sec=result.examples_per_sec,
+        final_loss=result.final_loss, eval=result.eval,
+        seconds=time.perf_counter() - began, workers=trainer.num_workers,
+        ps=num_ps,
+        replicas=result.replicas, batch_size=config.input.batch_size,
+        micro_batches=trainer.micro_batches, precision=trainer.precision,
+        closures_per_worker=result.closures_per_worker,
+        epochs=result.step / per_epoch, steps_per_epoch=per_epoch,
+        best=result.best,
+        exported_checkpoint=exported.name if exported else None,
+        exported_auc=exported_auc, stopped_early_at=result.stopped_early_at,
+        **coverage_fields(result, config.input.mode, log))
+    write_json_atomic(workdir / "summary.json", summary.to_dict())
+    return summary
+
+
+def epoch_steps(config: JobConfig, manifest: Manifest) -> int:
+    """Steps of one epoch: the train split's rows over the rows of one
+    step, ``batch_size * grad_accum_steps`` -- under ``ps`` a step is one
+    worker's batch (the workers share the step count), under the replicated
+    strategies ``batch_size`` is the global batch."""
+    return steps_per_epoch(manifest.rows("train"), config.input.batch_size
+                           * config.strategy.grad_accum_steps)
+
+
+def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
+    """The job's loop with ``--epochs`` converted to steps and the default
+    evaluation interval (about 5 per run) made a step count."""
+    loop = config.loop
+    if config.epochs is not None:
+        loop = dataclasses.replace(loop, steps=steps_for_epochs(
+            config.epochs, epoch_steps(config, manifest)))
+    return loop.resolved()
+
+
+def _train(config: JobConfig, strategy, manifest: Manifest, log,
+           heartbeat=None, cluster: ClusterSpec | None = None):
+    """Builds the trainer, resumes, trains with progress, eval, checkpoints
+    (the best one kept), the heartbeat, the stall watchdog and a graceful
+    SIGTERM. Returns ``(result, trainer)``."""
+    from psrec.launch.job import runtime as job_runtime
+    from psrec.launch.job.reporting import make_reporter
+    from psrec.ps_cluster.cluster.strategy import precision_policy
+    from psrec.ps_cluster.retrieval.trainer import trainer_class
+    from psrec.ps_cluster.training.step import NonFiniteLossError
+    from psrec.ps_cluster.training.watchdog import Watchdog
+    trainer = trainer_class(config.retrieval, config.spec, manifest)(
+        strategy, config.spec, config.retrieval or config.model,
+        config.optimizer, config.input,
+        micro_batches=config.strategy.grad_accum_steps,
+        precision=precision_policy(config.strategy.mixed_precision),
+        checkpoint_dir=config.checkpoint_dir,
+        keep_checkpoints=config.keep_checkpoints,
+        checkpoint_writers=config.checkpoint_writers,
+        positive_rate=_base_rate(manifest),
+        neg_sample_rate=manifest.neg_sample_rate)
+    config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
+    if config.epochs is not None:
+        log(f"--epochs {config.epochs:g}: {config.loop.steps} steps of "
+            f"{config.input.batch_size * trainer.micro_batches} rows over "
+            f"{manifest.rows('train'):,} train rows")
+    if trainer.chief:
+        config.write(config.checkpoint_dir)
+        record_sampling(config.checkpoint_dir, manifest, log)
+    if heartbeat is not None:  # phase restoring, with per-worker progress
+        job_runtime.attach_trainer(heartbeat, trainer)
+    with translated_errors(manifest, cluster):
+        restored = trainer.restore()
+    if restored:
+        log(f"resumed from {restored} at step "
+            f"{int(trainer.progress.step.numpy())} (restore verified against "
+            "the checkpoint's values)")
+        if trainer.chief:
+            write_restore_report(config.workdir, trainer, restored)
+    reporter = make_reporter(config, trainer, heartbeat, extra=(
+        (lambda: _per_worker(trainer)) if trainer.is_ps else None))
+    watchdog = None
+    if config.stall_timeout:
+        watchdog = Watchdog(config.stall_timeout, trainer.describe_pending)
+        watchdog.start()
+    try:
+        with translated_errors(manifest, cluster), job_runtime.StopRequest(
+                config.grace_period) as stop:
+            result = trainer.train(
+                trainer.dataset_fn(manifest, **input_options(
+                    config, trainer, manifest)), config.loop,
+                eval_manifest=manifest,
+                on_progress=reporter.update if reporter else None,
+                on_boundary=reporter.boundary if reporter else None,
+                heartbeat=job_runtime.beat_all(heartbeat, watchdog),
+                on_best=reporter.best if reporter else None,
+                should_stop=stop.requested, save_on_stop=stop.save_fits)
+        job_runtime.finish(heartbeat, stop, trainer, result.interrupted_at)
+    except NonFiniteLossError as error:  # name the last good checkpoint
+        raise error.with_checkpoint(
+            trainer.keeper.latest if trainer.keeper else None) from None
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if reporter is not None:
+            reporter.close()
+    if trainer.is_ps:
+        log(f"closures finished per worker: {_per_worker(trainer)}")
+    if result.stopped_early_at is not None:
+        log(f"early stopping at step {result.stopped_early_at}: "
+            f"{config.loop.early_stop_patience} evaluation(s) without "
+            f"improvement of {config.loop.keep_best}; best: "
+            f"{result.best.summary() if result.best else None}")
+    return result, trainer
+
+
+def _barrier(strategy) -> None:
+    """A last all-reduce over every worker."""
+    import tensorflow as tf
+    value = strategy.run(tf.function(lambda: tf.constant(1.0)))
+    strategy.reduce("SUM", value, axis=None).numpy()
+
+
+def _per_worker(trainer) -> str:
+    executor = trainer.executor
+    counts = (dict(sorted(executor.closures_per_pipeline.items()))
+              if executor else {})
+    return "workers " + str(counts)
+
+
+def _base_rate(manifest: Manifest) -> float | None:
+    """The train split's positive rate, strictly inside (0, 1), if the
+    manifest records it (older manifests do not)."""
+    rate = manifest.positive_rate("train")
+    return rate if rate is not None and 0.0 < rate < 1.0 else None
+
+
+# TensorFlow errors of a training job turned into psrec errors with exit
+# codes (``psrec.errors``): a lost or reset task is retryable, a corrupted
+# record names its file.
+
+@contextlib.contextmanager
+def translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
+                      ) -> Iterator[None]:
+    """TF errors from the cluster -> psrec errors with exit codes: a lost
+    task is retryable (named after probing each task), a corrupted record
+    names its file."""
+    import tensorflow as tf
+
+    from psrec.data.format.records import corruption_named
+    from psrec.ps_cluster.cluster.errors import ClusterUnavailableError
+    from psrec.ps_cluster.cluster.probe import lost_task_message
+    try:
+        with corruption_named(manifest.files("train")
+                              + manifest.files("eval")):
+            yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.CancelledError) as error:
+        raise ClusterUnavailableError(
+            f"the cluster became unreachable ({type(error).__name__}: "
+            f"{one_line(error)[:600]}); "
+            f"{lost_task_message(cluster)}. Restart the lost task(s); a lost "
+            "PS also needs the coordinator rerun (it resumes from the latest "
+            "checkpoint).") from error
+    except tf.errors.OutOfRangeError as error:
+        if "IteratorGetNext" not in str(error):
+            raise
+        # The training stream repeats forever: an end means a worker's
+        # iterator was lost (measured right after a PS partition healed, on
+        # a worker the previous coordinator had used).
+        raise ClusterUnavailableError(
+            f"a worker's input iterator ended ({one_line(error)[:300]}); "
+            "rerun: it resumes from the latest checkpoint.") from error
+    except tf.errors.FailedPreconditionError as error:
+        if _LOST_FUNCTIONS not in str(error):
+            raise
+        raise ClusterUnavailableError(  # a reset connection, not the input
+            f"a worker lost its functions ({one_line(error)[:300]}): its "
+            "connection was reset (a network partition?); rerun: it resumes "
+            "from the latest checkpoint.") from error
+
+
+# What a worker whose gRPC connection was reset (a partition of ~30 s) says
+# when the next function runs there (measured with a 30 s link cut between
+# network namespaces, as tests/test_multihost.py makes them).
+_LOST_FUNCTIONS = "Could not find required function definition"

@@ -1,0 +1,155 @@
+"""The local tf.data service process of ``psrec train``, kept alive.
+
+The local launcher runs the tf.data service as one OS process (``psrec
+data-server --role dispatcher --local-workers N``: the dispatcher and one
+tf.data worker per training worker) on a fixed loopback port that the
+coordinator and the training workers know. The supervisor calls
+:meth:`LocalDataService.keep` in its watch loop: when the process has
+died, it is started again on the same port, within the data service's own
+restart budget (``--max-data-service-restarts``, :mod:`restart_policy`),
+with one log line per restart naming the pid, how it ended and the restart
+count.
+
+The dispatcher runs in fault-tolerant mode with its journal in the run
+state folder (``data-service-journal``, emptied when the launcher starts,
+so a rerun never joins the jobs of an earlier run): a restarted dispatcher
+recovers the jobs, the iterations and the files it had handed out, and the
+training workers' iterators reconnect to it by themselves (TF 2.21,
+measured: see ``tests/test_data_service.py``), so the coordinator goes on.
+Without the journal they do not: their next read fails with "Unknown
+iteration client id ... The dispatcher is not configured to be fault
+tolerant" (NotFound) and the coordinator exits 1 (measured). What the dead
+tf.data workers had read ahead is not re-read (at-most-once).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from psrec.errors import RetryableError
+from psrec.launch.local.cluster import die_with_parent
+from psrec.launch.local.cluster import stop_processes
+from psrec.launch.local.cluster import wait_listening
+from psrec.launch.supervise.failure import is_frozen
+from psrec.launch.supervise.restart_policy import BUDGET_FLAGS
+from psrec.ps_cluster.cluster.addresses import free_loopback_ports
+from psrec.runtime import role_environment
+
+START_TIMEOUT = 120.0  # seconds for the tf.data roles to listen
+JOURNAL = "data-service-journal"
+
+
+def _describe_exit(code: int) -> str:
+    """``exit 3`` or ``signal SIGKILL`` for a ``Popen.returncode``."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
+
+
+class LocalDataService:
+    """The one-process local tf.data service, restarted when it dies.
+
+    Args:
+      workers: tf.data workers to run beside the dispatcher (one per
+        training worker).
+      state_dir: the run state folder: ``logs/data-dispatcher.log`` and
+        the dispatcher's journal go there.
+      run_dir: the run's workdir (``psrec data-server --run-dir``).
+      log: status lines.
+    """
+
+    def __init__(self, workers: int, state_dir: Path, run_dir: str,
+                 log=print) -> None:
+        self.workers = workers
+        self.state_dir = Path(state_dir)
+        self.run_dir = run_dir
+        self.log = log
+        self.port = free_loopback_ports(1)[0]
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def journal(self) -> Path:
+        return self.state_dir / JOURNAL
+
+    def start(self) -> None:
+        """Starts the service with an empty journal; returns once the
+        dispatcher listens."""
+        shutil.rmtree(self.journal, ignore_errors=True)
+        self._spawn()
+        self.log(f"tf.data service: dispatcher {self.address} + "
+                 f"{self.workers} tf.data workers, one process (data pid "
+                 f"{self.process.pid}; journal {self.journal})")
+
+    def keep(self, spend: Callable[[str, str], bool]) -> bool:
+        """Restarts the service on its port when it has died (blocking
+        until it listens again); True when it did. ``spend(role, why)``
+        takes one restart from the ``data_service`` budget and logs the
+        line (the supervisor's ``_spend``); False when it is spent.
+
+        Raises:
+          RetryableError: it died with its restart budget spent.
+        """
+        if self.process is None or self.process.poll() is None:
+            return False
+        pid, how = self.process.pid, _describe_exit(self.process.returncode)
+        if not spend("data_service",
+                     f"tf.data service died (data pid {pid}, {how})"):
+            raise RetryableError(
+                f"the local tf.data service (data pid {pid}) died ({how}) "
+                f"with its restart budget spent ({BUDGET_FLAGS['data_service']}"
+                f"); see {self._log_path()}; rerun to resume from the "
+                "latest checkpoint")
+        self._spawn()
+        self.log(f"psrec supervisor: tf.data service restarted on "
+                 f"{self.address} (data pid {self.process.pid}) from its "
+                 "journal; the training workers reconnect")
+        return True
+
+    def frozen(self) -> bool:
+        """True when the service process is alive but stopped (SIGSTOP)."""
+        return (self.process is not None and self.process.poll() is None
+                and is_frozen(self.process.pid))
+
+    def kill_if_frozen(self) -> bool:
+        """After a stall: a frozen service cannot hand out data (the
+        coordinator's closures wait on it), so it is killed, and the next
+        :meth:`keep` restarts it from its journal; True when it was."""
+        if not self.frozen():
+            return False
+        self.process.kill()
+        self.process.wait()
+        return True
+
+    def stop(self) -> None:
+        stop_processes([self.process])
+
+    def _log_path(self) -> Path:
+        return self.state_dir / "logs" / "data-dispatcher.log"
+
+    def _spawn(self) -> None:
+        path = self._log_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "psrec", "data-server", "--role",
+                 "dispatcher", "--port", str(self.port), "--local-workers",
+                 str(self.workers), "--work-dir", str(self.journal),
+                 "--run-dir", self.run_dir],
+                stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=role_environment(),
+                preexec_fn=die_with_parent)
+        wait_listening("data-dispatcher", self.process, self.address, path,
+                       time.monotonic() + START_TIMEOUT, START_TIMEOUT)

@@ -1,0 +1,114 @@
+"""Restart budgets per role, refilled after a period of health.
+
+The supervisor spends from the budget of the role that failed: a worker
+that dies repeatedly uses up the worker budget only, so a later PS loss is
+still restarted. A budget refills (its count goes back to 0) once its role
+has run ``refill_after`` seconds without a failure, so a long job survives
+failures spread over days, while a crash loop still ends.
+:class:`SupervisorConfig` is the whole policy the supervisor runs by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from psrec.errors import check_at_least
+from psrec.launch.monitor.heartbeat import ROLES
+
+# The flag that sets each role's budget, for messages.
+BUDGET_FLAGS = {"worker": "--max-worker-restarts", "ps": "--max-ps-restarts",
+                "coordinator": "--max-restarts",
+                "data_service": "--max-data-service-restarts"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartLimits:
+    """Restarts allowed per role.
+
+    Attributes:
+      worker: restarts of worker tasks (``--max-worker-restarts``).
+      ps: restarts of the PS tasks (with the coordinator, from the latest
+        checkpoint; ``--max-ps-restarts``).
+      coordinator: restarts of the coordinator alone, when it failed or
+        stalled and every role is healthy (``--max-restarts``).
+      data_service: restarts of the local tf.data service process
+        (``--max-data-service-restarts``).
+      refill_after: seconds without a failure of a role after which its
+        budget is full again (0: never refills).
+    """
+
+    worker: int = 3
+    ps: int = 3
+    coordinator: int = 3
+    data_service: int = 3
+    refill_after: float = 600.0
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 0, *ROLES, "refill_after")
+
+
+class RestartBudget:
+    """Counts restarts per role against :class:`RestartLimits`."""
+
+    def __init__(self, limits: RestartLimits, clock=time.monotonic) -> None:
+        self.limits = limits
+        self._clock = clock
+        self.used = {role: 0 for role in ROLES}
+        self.total = {role: 0 for role in ROLES}  # never refilled: metrics
+        self._last_failure: dict[str, float] = {}
+
+    def limit(self, role: str) -> int:
+        return getattr(self.limits, role)
+
+    def spend(self, role: str) -> bool:
+        """Takes one restart of ``role``; False when its budget is spent."""
+        now = self._clock()
+        last = self._last_failure.get(role)
+        if (self.limits.refill_after and last is not None
+                and now - last >= self.limits.refill_after):
+            self.used[role] = 0  # healthy long enough: the budget refills
+        self._last_failure[role] = now
+        if self.used[role] >= self.limit(role):
+            return False
+        self.used[role] += 1
+        self.total[role] += 1
+        return True
+
+    def describe(self, role: str) -> str:
+        return f"{role} restart {self.used[role]}/{self.limit(role)}"
+
+    def backoff(self, role: str, first: float) -> float:
+        """Seconds to wait before restarting ``role``: ``first`` doubled
+        per restart already spent on it, capped at 60."""
+        return min(60.0, first * 2 ** max(0, self.used[role] - 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisorConfig:
+    """Restart policy.
+
+    Attributes:
+      limits: restarts allowed per role, and when a budget refills.
+      restart_workers: restart a worker that died (otherwise training goes
+        on with the remaining workers).
+      backoff: first backoff in seconds, doubled per restart of a role,
+        capped at 60.
+      stall_timeout: seconds without a new heartbeat before the
+        coordinator is declared stalled (None: not watched).
+      grace_period: seconds the coordinator gets after SIGTERM/SIGINT to
+        save a checkpoint and exit before it is killed.
+    """
+
+    limits: RestartLimits = RestartLimits()
+    restart_workers: bool = True
+    backoff: float = 1.0
+    stall_timeout: float | None = None
+    grace_period: float = 30.0
+
+    def stall_deadline(self) -> float | None:
+        """The supervisor's stall limit: the timeout plus a margin."""
+        if not self.stall_timeout:
+            return None
+        return self.stall_timeout + max(3.0, min(10.0,
+                                                 0.1 * self.stall_timeout))

@@ -1,0 +1,211 @@
+"""SparseArch: the embedding tables of a feature spec and their lookups.
+
+One variable per :class:`features.spec.spec.TableConfig`, created inside
+:func:`table_creation_scope` so that, under ``ParameterServerStrategy``, the
+partitioner (``ps_cluster.cluster.partitioning``) makes it a ``ShardedVariable``
+split across the PS tasks. Every step looks up
+each table **once**: the ids of all features sharing the table are
+concatenated and de-duplicated (``tf.unique``) and passed to
+``tf.nn.embedding_lookup``, which gathers from each shard only the rows it
+owns. Nothing converts a table to a tensor, so a table is never read whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from typing import Iterator
+
+import tensorflow as tf
+import tf_keras
+
+from psrec.features.spec.columns import TableConfig
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.dynamic.shards import ShardLayout
+from psrec.models.dynamic.table import DynamicTable
+from psrec.models.embedding.table_init import fill_table
+from psrec.models.embedding.table_init import fills_in_blocks
+
+WIDE_SUFFIX = "__wide"
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def table_creation_scope() -> Iterator[None]:
+    """Variables created inside this scope are embedding tables."""
+    previous = creating_table()
+    _STATE.tables = True
+    try:
+        yield
+    finally:
+        _STATE.tables = previous
+
+
+def creating_table() -> bool:
+    """True inside :func:`table_creation_scope` (in this thread)."""
+    return getattr(_STATE, "tables", False)
+
+
+def _initializer(table: TableConfig, default_scale: float | None = None
+                 ) -> tf_keras.initializers.Initializer:
+    """The table's initializer; its scale: the spec's ``scale``, else
+    ``default_scale`` (the model's), else ``1/sqrt(dim)``."""
+    scale = table.scale
+    if scale is None:
+        scale = (default_scale if default_scale is not None
+                 else table.dim ** -0.5)
+    if table.initializer == "uniform":
+        return tf_keras.initializers.RandomUniform(-scale, scale)
+    if table.initializer == "truncated_normal":
+        return tf_keras.initializers.TruncatedNormal(stddev=scale)
+    return tf_keras.initializers.Zeros()
+
+
+def table_variables(variable) -> list[tf.Variable]:
+    """The per-shard variables of a table (a plain variable is one shard).
+
+    ``GradientTape.gradient`` rejects a ``ShardedVariable``, so gradients are
+    taken with respect to these.
+    """
+    return list(getattr(variable, "variables", [variable]))
+
+
+def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
+    """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``.
+
+    Each distinct id is fetched once; ``embedding_lookup`` on a
+    ``ShardedVariable`` issues one gather per shard.
+    """
+    flat = tf.reshape(ids, [-1])
+    unique, index = tf.unique(flat, out_idx=tf.int32)
+    if tf.executing_eagerly() and hasattr(table, "variables"):
+        # In eager mode TensorFlow's lookup on a ShardedVariable silently
+        # concatenates the whole table on the caller (measured: the model's
+        # first call, on the coordinator); the shard list (split as the
+        # strategy splits: "div", extra rows first) gathers per shard.
+        table = list(table.variables)
+    rows = tf.nn.embedding_lookup(table, unique)
+    gathered = tf.gather(rows, index)
+    return tf.reshape(gathered,
+                      tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
+
+
+class SparseArch(tf_keras.layers.Layer):
+    """Looks up every categorical feature of a spec.
+
+    Call with the batch dict (``feature name -> int64 ids``: ``[B]``, or
+    ``[B, L]`` padded with -1 for multi-hot features). Returns a list of
+    ``[B, dim]`` embeddings in spec order, and the wide (first-order) logit
+    ``[B]`` when ``wide`` is set (else None).
+
+    Args:
+      spec: the feature spec.
+      wide: also create a ``[rows, 1]`` first-order weight table per table.
+      default_scale: initializer scale of the tables whose spec leaves
+        ``scale`` unset (``ModelConfig.init_scale``); None: ``1/sqrt(dim)``.
+    """
+
+    def __init__(self, spec: FeatureSpec, wide: bool = False,
+                 default_scale: float | None = None,
+                 **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.wide = wide
+        self.tables = {}
+        with table_creation_scope():
+            for table in spec.tables:
+                # Random tables are created from zeros and filled in blocks
+                # of rows on their PS (models.table_init): nothing the size
+                # of a table exists twice while it is initialised.
+                initializer = _initializer(table, default_scale)
+                in_blocks = fills_in_blocks(initializer)
+                self.tables[table.name] = self.add_weight(
+                    name=table.name, shape=(table.rows, table.dim),
+                    initializer="zeros" if in_blocks else initializer,
+                    trainable=True)
+                if in_blocks:
+                    fill_table(self.tables[table.name], initializer,
+                               label=f"init {table.name}")
+                if wide:
+                    name = table.name + WIDE_SUFFIX
+                    self.tables[name] = self.add_weight(
+                        name=name, shape=(table.rows, 1),
+                        initializer="zeros", trainable=True)
+        # Raw ids -> rows of the `mode: dynamic` tables (models.dynamic_table).
+        self.dynamic_tables = {
+            t.name: DynamicTable(t, ShardLayout.of(self.tables[t.name]),
+                                 _initializer(t, default_scale))
+            for t in spec.tables if t.dynamic}
+        self._by_table = collections.defaultdict(list)
+        for feature in spec.categorical:
+            self._by_table[feature.table].append(feature)
+
+    def table_variables(self) -> list[tf.Variable]:
+        """All shard variables of all tables (sparse-optimizer variables)."""
+        return [v for t in self.tables.values() for v in table_variables(t)]
+
+    def _lookup_table(self, name: str, batch: dict[str, tf.Tensor],
+                      features: list | None = None, training: bool = False
+                      ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        features = features or self._by_table[name]
+        ids = [tf.reshape(batch[f.name], [-1]) for f in features]
+        sizes = [tf.size(i) for i in ids]
+        all_ids = tf.concat(ids, 0)
+        safe = tf.maximum(all_ids, 0)  # -1 padding; masked below
+        dynamic = self.dynamic_tables.get(name)
+        if dynamic is not None:  # raw ids -> rows; unknown: the default row
+            safe = dynamic.rows(all_ids, training=bool(training))
+        tables = [self.tables[name]]
+        if self.wide:
+            tables.append(self.tables[name + WIDE_SUFFIX])
+        outputs = []
+        for table in tables:
+            found = _lookup(table, safe)
+            if dynamic is not None:
+                found = dynamic.drop_default_gradient(found, safe,
+                                                      dynamic.default_row)
+            rows = tf.split(found, sizes, axis=0)
+            outputs.append({f.name: self._combine(f, batch[f.name], r)
+                            for f, r in zip(features, rows)})
+        return outputs[0], (outputs[1] if self.wide else {})
+
+    @staticmethod
+    def _combine(feature, ids: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        width = tf.shape(rows)[-1]
+        if not feature.multi_hot:
+            return rows
+        rows = tf.reshape(rows, [-1, feature.max_length, width])
+        mask = tf.cast(ids >= 0, rows.dtype)[:, :, None]
+        total = tf.reduce_sum(rows * mask, axis=1)
+        if feature.combiner == "sum":
+            return total
+        count = tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+        return total / count
+
+    def lookup(self, batch: dict[str, tf.Tensor],
+               names: tuple[str, ...], training: bool = False
+               ) -> list[tf.Tensor]:
+        """The embeddings of the features ``names`` only, in that order
+        (``batch`` needs only those; one lookup per table, as :meth:`call`):
+        what a retrieval tower reads."""
+        found = {}
+        for table, features in self._by_table.items():
+            chosen = [f for f in features if f.name in names]
+            if chosen:
+                found.update(self._lookup_table(table, batch, chosen,
+                                                training)[0])
+        return [found[name] for name in names]
+
+    def call(self, batch: dict[str, tf.Tensor], training=None):
+        embeddings, wide = {}, {}
+        for name in self._by_table:
+            e, w = self._lookup_table(name, batch, training=training)
+            embeddings.update(e)
+            wide.update(w)
+        ordered = [embeddings[f.name] for f in self.spec.categorical]
+        if not self.wide:
+            return ordered, None
+        wide_logit = tf.add_n(
+            [tf.reshape(wide[f.name], [-1]) for f in self.spec.categorical])
+        return ordered, wide_logit

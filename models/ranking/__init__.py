@@ -1,0 +1,3 @@
+"""The one composable ranking model and its configuration (``ModelConfig``,
+the four presets).
+"""

@@ -1,0 +1,184 @@
+"""Model configuration: one ranking model, four named configurations.
+
+DLRM, DCN-v2, DeepFM and Wide & Deep are not four classes: they are values
+of :class:`ModelConfig` that pick the interaction and whether a wide
+(first-order) part is added. ``MODEL_PRESETS`` is the only name -> config
+mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+from psrec.errors import ConfigError
+from psrec.errors import check
+from psrec.errors import check_choice
+
+if TYPE_CHECKING:
+    from psrec.features.spec.spec import FeatureSpec
+
+INTERACTIONS = ("dot", "cross", "fm", "concat")
+#: Interactions that combine field vectors with dot products: every field
+#: must have one width (tables of other widths are projected to it).
+COMMON_WIDTH_INTERACTIONS = ("dot", "fm")
+BATCH_NORMS = ("none", "batch", "sync")
+
+
+class ModelConfigError(ConfigError):
+    """A model configuration value is invalid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of :class:`models.ranking.model.RankingModel`.
+
+    Attributes:
+      interaction: ``dot`` (DLRM pairwise dot products), ``cross`` (DCN-v2
+        cross network, ``tfrs.layers.dcn.Cross``), ``fm`` (factorization
+        machine second-order term, DeepFM) or ``concat`` (plain
+        concatenation, Wide & Deep's deep part).
+      bottom_mlp: hidden widths of the dense-feature MLP; for ``dot`` and
+        ``fm`` a final projection to the embedding width is added, since
+        dense and sparse vectors must share a width there. Empty: raw
+        transformed dense features go straight to the interaction.
+      top_mlp: hidden widths of the MLP above the interaction (a final
+        1-unit logit layer is always added).
+      cross_layers: number of cross layers (``cross``).
+      cross_low_rank: optional low-rank projection of the cross layers.
+      wide: add a first-order linear part (one weight per embedding row,
+        sharded like the tables, plus a linear term on dense features).
+      batch_norm: batch normalization after each hidden layer of both MLP
+        towers: ``none`` (default), ``batch`` (per-replica statistics) or
+        ``sync`` (statistics all-reduced across the replicas in sync, for
+        the mirrored strategies; ``psrec train --sync-batch-norm``).
+      init_scale: initialisation scale of the field vectors the interaction
+        combines: the rows of the tables whose spec leaves ``scale`` unset
+        (with the table's ``initializer``) and, for ``dot`` and ``fm``, the
+        kernel of the dense tower's projection to the embedding width
+        (normal, this stddev). None: the defaults
+        (tables ``1/sqrt(dim)``, Glorot). DeepFM sets ``0.01``
+        (:data:`FM_INIT_SCALE`): its second-order term, a sum over all
+        field pairs added to the logit, is then near 0 at the start.
+    """
+
+    interaction: str = "cross"
+    bottom_mlp: tuple[int, ...] = ()
+    top_mlp: tuple[int, ...] = (256, 128)
+    cross_layers: int = 2
+    cross_low_rank: int | None = None
+    wide: bool = False
+    batch_norm: str = "none"
+    init_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
+        object.__setattr__(self, "top_mlp", tuple(self.top_mlp))
+        check_choice("interaction", self.interaction, INTERACTIONS,
+                     ModelConfigError)
+        for key in ("bottom_mlp", "top_mlp"):
+            widths = getattr(self, key)
+            if any(not isinstance(w, int) or w < 1 for w in widths):
+                raise ModelConfigError(
+                    f"`{key}` = {widths!r} must hold positive integers.")
+        if self.interaction == "cross" and self.cross_layers < 1:
+            raise ModelConfigError(
+                f"`cross_layers` = {self.cross_layers!r} must be >= 1 for the "
+                "cross interaction.")
+        check_choice("batch_norm", self.batch_norm, BATCH_NORMS,
+                     ModelConfigError)
+        check(self.cross_low_rank is None or self.cross_low_rank >= 1,
+              "cross_low_rank", self.cross_low_rank, "must be >= 1 or None",
+              ModelConfigError)
+        scale = self.init_scale
+        check(scale is None or (isinstance(scale, (int, float))
+                                and not isinstance(scale, bool)
+                                and math.isfinite(scale) and scale > 0),
+              "init_scale", scale, "must be a finite number > 0 or None",
+              ModelConfigError)
+
+
+#: DeepFM's initialisation scale of the field vectors (DeepFM
+#: implementations commonly start embeddings at N(0, 0.01) or less). The FM
+#: term sums the dot products of all F(F-1)/2 field pairs into the logit:
+#: at the tables' default scale ``1/sqrt(dim)``, and with the dense field
+#: (the dense tower's output, Glorot-initialised, norm ~ that of the raw
+#: transformed dense values) among them, it starts with a standard
+#: deviation of several logits on Criteo (27 embeddings + 1 dense field)
+#: and the model first has to unlearn it; at 0.01 it starts near 0.
+FM_INIT_SCALE = 0.01
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "dlrm": ModelConfig(interaction="dot", bottom_mlp=(64,)),
+    "dcn": ModelConfig(interaction="cross"),
+    "deepfm": ModelConfig(interaction="fm", wide=True,
+                          init_scale=FM_INIT_SCALE),
+    "wide_deep": ModelConfig(interaction="concat", wide=True),
+}
+
+
+def model_config(name: str, **overrides: object) -> ModelConfig:
+    """A named configuration, optionally with fields replaced.
+
+    Raises:
+      ModelConfigError: for an unknown name or field.
+    """
+    if name not in MODEL_PRESETS:
+        raise ModelConfigError(
+            f"`--model` = {name!r} is not one of "
+            f"{', '.join(MODEL_PRESETS)}.")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ModelConfigError(
+            f"unknown model option(s) {unknown}; allowed: {sorted(fields)}.")
+    return dataclasses.replace(MODEL_PRESETS[name], **overrides)
+
+
+def check_model_spec(spec: FeatureSpec, config: ModelConfig,
+                     name: str | None = None) -> None:
+    """Refuses a spec the model cannot be built on, before anything starts.
+
+    Pure Python (no TensorFlow). What every model supports: no dense
+    features (``dot`` and ``fm`` then interact the embeddings only), a
+    single categorical feature, multi-hot features, and tables of different
+    widths (``dot`` and ``fm`` project each narrower or wider table to the
+    widest table's ``dim`` with a learned linear map).
+
+    Args:
+      spec: the feature spec.
+      config: the architecture.
+      name: the model's name (``--model``), for the message.
+
+    Raises:
+      ModelConfigError: naming the model, the spec problem and the fix.
+    """
+    model = (f"`--model` = {name!r}" if name is not None
+             else f"`interaction` = {config.interaction!r}")
+    if not spec.categorical:
+        raise ModelConfigError(
+            f"{model} needs at least one categorical feature (embedding "
+            f"table); spec {spec.name!r} has only dense features "
+            f"{[f.name for f in spec.dense]}: add a categorical feature and "
+            "its table to the spec.")
+
+
+def initial_logit(positive_rate: float | None) -> float:
+    """The output bias that makes an untrained model predict the base rate:
+    ``log(p / (1 - p))``; 0 when ``positive_rate`` is None.
+
+    Raises:
+      ModelConfigError: unless 0 < ``positive_rate`` < 1.
+    """
+    if positive_rate is None:
+        return 0.0
+    ok = (isinstance(positive_rate, (int, float))
+          and not isinstance(positive_rate, bool)
+          and 0.0 < positive_rate < 1.0)
+    check(ok, "positive_rate", positive_rate,
+          "must be in (0, 1) (the training split's share of positives; "
+          "a split of one class cannot train a classifier)",
+          ModelConfigError)
+    return math.log(positive_rate / (1.0 - positive_rate))

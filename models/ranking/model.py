@@ -1,0 +1,196 @@
+"""RankingModel: embeddings -> bottom MLP -> interaction -> top MLP -> logit.
+
+One class for DLRM, DCN-v2, DeepFM and Wide & Deep; the
+:class:`models.ranking.config.ModelConfig` picks the interaction and the wide part.
+Parts are named by role, as in TorchRec: ``sparse_arch`` (PS-sharded
+tables), ``dense_arch`` (bottom MLP on transformed dense features),
+``interaction_arch`` and ``over_arch`` (top MLP).
+
+The model takes the batch dict produced by ``data.format.records.decode_blocks``
+(raw dense matrix + categorical row ids) and returns logits ``[B]``; the
+dense transforms of the spec are applied inside, so the exported model can
+take raw values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from psrec.features.spec.spec import DENSE_COLUMN
+from psrec.features.spec.spec import FeatureSpec
+from psrec.features.transforms.ops import transform_dense
+from psrec.models.embedding.sparse_arch import SparseArch
+from psrec.models.ranking.blocks import MLP
+from psrec.models.ranking.config import COMMON_WIDTH_INTERACTIONS
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.ranking.config import check_model_spec
+from psrec.models.ranking.config import initial_logit
+from psrec.models.ranking.interaction import make_interaction
+
+
+class RankingModel(tf_keras.Model):
+    """A CTR ranking model built from a feature spec.
+
+    Every named model works on every spec with at least one categorical
+    feature (:func:`models.ranking.config.check_model_spec`): without dense
+    features there is no bottom MLP and ``dot``/``fm`` interact the
+    embeddings only; for ``dot``/``fm`` a table whose ``dim`` differs from
+    the widest table's is projected to that width by a learned linear map
+    (``project_<table>``, a dense variable).
+
+    Args:
+      spec: the feature spec (tables, dense and categorical features).
+      config: the architecture.
+      positive_rate: the training split's share of positives. When given,
+        the untrained model predicts it: the output layer's bias starts at
+        ``log(p / (1 - p))`` and the kernels of the layers that add to the
+        logit (the top MLP's output layer, ``wide_dense``) at zero, like the
+        wide tables, so the initial logit is the bias (plus, for ``fm``,
+        the FM term of the random field vectors: near 0, since ``deepfm``
+        starts them small, ``ModelConfig.init_scale``). None: default
+        initialisation, bias 0.
+    """
+
+    def __init__(self, spec: FeatureSpec, config: ModelConfig,
+                 positive_rate: float | None = None,
+                 **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        check_model_spec(spec, config)
+        self.spec = spec
+        self.config = config
+        self.positive_rate = positive_rate
+        bias = (None if positive_rate is None
+                else initial_logit(positive_rate))
+        width = None
+        if config.interaction in COMMON_WIDTH_INTERACTIONS:
+            width = max(t.dim for t in spec.tables)
+        self.sparse_arch = SparseArch(spec, wide=config.wide,
+                                      default_scale=config.init_scale,
+                                      name="sparse_arch")
+        self.projections = {
+            t.name: tf_keras.layers.Dense(width, use_bias=False,
+                                          name=f"project_{t.name}")
+            for t in spec.tables if width is not None and t.dim != width}
+        # Under a mixed-precision policy the logit layers stay float32.
+        logit_dtype = "float32" if _mixed_precision() else None
+        self.dense_arch = (MLP(config.bottom_mlp, output_units=width,
+                               batch_norm=config.batch_norm,
+                               name="dense_arch") if spec.dense else None)
+        if (self.dense_arch is not None and self.dense_arch.out is not None
+                and config.init_scale is not None):
+            # The dense field vector starts at the embeddings' scale (not
+            # yet built: the kernel is created on the first call).
+            self.dense_arch.out.kernel_initializer = (
+                tf_keras.initializers.RandomNormal(stddev=config.init_scale))
+        self.interaction_arch = make_interaction(config)
+        self.over_arch = MLP(config.top_mlp, output_units=1,
+                             batch_norm=config.batch_norm,
+                             output_dtype=logit_dtype, output_bias=bias,
+                             name="over_arch")
+        wide_options = {"dtype": logit_dtype} if logit_dtype else {}
+        if bias is not None:
+            wide_options["kernel_initializer"] = "zeros"
+        self.wide_dense = (tf_keras.layers.Dense(1, name="wide_dense",
+                                                 **wide_options)
+                           if config.wide and spec.dense else None)
+
+    def get_config(self) -> dict:
+        return {"spec": self.spec.to_dict(),
+                "config": dataclasses.asdict(self.config),
+                "positive_rate": self.positive_rate}
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None) -> RankingModel:
+        return cls(FeatureSpec.from_dict(config["spec"]),
+                   ModelConfig(**config["config"]),
+                   positive_rate=config.get("positive_rate"))
+
+    def call(self, batch: dict[str, tf.Tensor], training: bool = False):
+        embeddings, wide_logit = self.sparse_arch(batch)
+        embeddings = [
+            self.projections[f.table](e) if f.table in self.projections
+            else e for f, e in zip(self.spec.categorical, embeddings)]
+        if self.dense_arch is not None:
+            dense = transform_dense(batch[DENSE_COLUMN], self.spec)
+            dense_out = self.dense_arch(dense)
+        else:  # no dense features: a zero-width dense vector
+            dense_out = tf.zeros([tf.shape(embeddings[0])[0], 0],
+                                 embeddings[0].dtype)
+        if self.compute_dtype != "float32":  # mixed precision: one dtype in
+            embeddings = [tf.cast(e, self.compute_dtype) for e in embeddings]
+            dense_out = tf.cast(dense_out, self.compute_dtype)
+        features, extra = self.interaction_arch(dense_out, embeddings)
+        # Logits (and so the loss) are float32 whatever the policy; under
+        # float32 these casts are no-ops.
+        logit = tf.cast(tf.reshape(self.over_arch(features),
+                                   [-1]), tf.float32)
+        if extra is not None:
+            logit += tf.cast(extra, tf.float32)
+        if wide_logit is not None:
+            logit += tf.cast(wide_logit, tf.float32)
+        if self.wide_dense is not None:
+            logit += tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
+                             tf.float32)
+        return logit
+
+    def embedding_variables(self) -> list[tf.Variable]:
+        """Shard variables of every table: trained by the sparse optimizer."""
+        return self.sparse_arch.table_variables()
+
+    def dense_variables(self) -> list[tf.Variable]:
+        """Every other trainable variable: trained by the dense optimizer."""
+        tables = {id(v) for v in self.embedding_variables()}
+        return [v for v in self.trainable_variables if id(v) not in tables]
+
+
+def _mixed_precision() -> bool:
+    """True when the global Keras policy computes in float16/bfloat16."""
+    return tf_keras.mixed_precision.global_policy().compute_dtype != "float32"
+
+
+def example_batch(spec: FeatureSpec, rows: int = 2) -> dict[str, tf.Tensor]:
+    """A batch of zeros with the model's input structure (to build it)."""
+    batch = {}
+    if spec.dense:
+        batch[DENSE_COLUMN] = tf.zeros([rows, len(spec.dense)])
+    for feature in spec.categorical:
+        shape = [rows, feature.max_length] if feature.multi_hot else [rows]
+        batch[feature.name] = tf.fill(shape, tf.constant(
+            feature.row_offset or 0, tf.int64))
+    return batch
+
+
+def build_ranking_model(spec: FeatureSpec, config: ModelConfig,
+                        positive_rate: float | None = None
+                        ) -> RankingModel:
+    """Creates the model and all its variables (call under a strategy scope
+    so that tables are sharded across PS tasks).
+
+    Args:
+      spec: the feature spec.
+      config: the architecture.
+      positive_rate: the training split's share of positives, for the
+        output bias (see :class:`RankingModel`); None: bias 0.
+
+    Raises:
+      ModelConfigError: a spec the model cannot be built on, or a
+        ``positive_rate`` outside (0, 1).
+    """
+    check_model_spec(spec, config)
+    initial_logit(positive_rate)
+    model = RankingModel(spec, config, positive_rate=positive_rate,
+                         name="ranking")
+    model(example_batch(spec), training=False)
+    return model
+
+
+def count_parameters(model: RankingModel) -> dict[str, int]:
+    return {
+        "embedding": int(sum(np.prod(v.shape) for v in
+                             model.embedding_variables())),
+        "dense": int(sum(np.prod(v.shape) for v in model.dense_variables())),
+    }

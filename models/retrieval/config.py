@@ -1,0 +1,79 @@
+"""Configuration of the two-tower retrieval task (plain Python, no
+TensorFlow): the towers' shape and the sampled-softmax loss."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from psrec.errors import check
+from psrec.models.ranking.config import ModelConfigError
+
+TASKS = ("ranking", "retrieval")
+#: The cut-offs of the exact evaluation (recall@k), and the largest one.
+RECALL_KS = (1, 5, 10, 50, 100)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalConfig:
+    """A two-tower model (``psrec train --task retrieval``).
+
+    Attributes:
+      tower_mlp: hidden widths (ReLU) of each tower, above the concatenated
+        embeddings (and dense features) of its features.
+      output_dim: width of the query and candidate embeddings.
+      temperature: the softmax divides the scores by it (with
+        ``normalize``, scores are cosines: small temperatures sharpen).
+      normalize: L2-normalise both embeddings (scores are cosines).
+      logq: subtract the log of each candidate's sampling probability
+        (its share of the train rows, counted at conversion) from its
+        in-batch logit: the sampled softmax then estimates the full one
+        instead of demoting popular candidates.
+      uniform_negatives: extra negatives per batch drawn uniformly from
+        the catalogue (0: in-batch negatives only); their logits are
+        corrected by ``log(n / catalogue size)``.
+      remove_accidental_hits: a negative with the positive's candidate id
+        (the same movie in another row of the batch) is left out of that
+        row's softmax.
+    """
+
+    tower_mlp: tuple[int, ...] = (64,)
+    output_dim: int = 32
+    temperature: float = 0.05
+    normalize: bool = True
+    logq: bool = True
+    uniform_negatives: int = 0
+    remove_accidental_hits: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tower_mlp", tuple(self.tower_mlp))
+        check(all(isinstance(w, int) and w >= 1 for w in self.tower_mlp),
+              "--tower-mlp", self.tower_mlp, "must hold positive integers",
+              ModelConfigError)
+        check(isinstance(self.output_dim, int) and self.output_dim >= 1,
+              "--output-dim", self.output_dim, "must be >= 1",
+              ModelConfigError)
+        check(isinstance(self.temperature, (int, float))
+              and math.isfinite(self.temperature) and self.temperature > 0,
+              "--temperature", self.temperature, "must be a number > 0",
+              ModelConfigError)
+        check(isinstance(self.uniform_negatives, int)
+              and self.uniform_negatives >= 0, "--uniform-negatives",
+              self.uniform_negatives, "must be >= 0", ModelConfigError)
+
+
+def check_no_dynamic_tables(spec) -> None:
+    """Two-tower retrieval takes hashed tables only: its catalogue and
+    log-q counts index table rows by id, which raw ids of a ``mode:
+    dynamic`` table are not (pure Python, before anything starts).
+
+    Raises:
+      ModelConfigError: naming the dynamic tables and the fix.
+    """
+    dynamic = [t.name for t in spec.tables if getattr(t, "dynamic", False)]
+    if dynamic:
+        raise ModelConfigError(
+            f"`--task retrieval` does not support `mode: dynamic` tables "
+            f"({', '.join(dynamic)}): the catalogue and its log-q counts "
+            "index rows by id; use hashed tables (drop `mode: dynamic`) or "
+            "train a ranking model.")

@@ -1,0 +1,263 @@
+"""The best checkpoint of a run: kept out of rotation, recorded atomically,
+and the choice of a checkpoint by name (``latest``, ``best``, ``ckpt-N``).
+
+Every evaluation boundary is a checkpoint boundary. When the evaluation
+improved the tracked metric (``--keep-best auc|logloss``), the files of the
+checkpoint just saved are hard-linked (copied where a link is impossible)
+into ``checkpoints/best/`` as ``best-<step>.*``, and then ``best.json``
+beside the checkpoints is replaced atomically, naming them with the step and
+the metrics. ``tf.train.CheckpointManager`` deletes only the files of the
+checkpoints it wrote into ``checkpoints/``, so the best survives
+``--keep-checkpoints`` rotation. The previous best's files are removed only
+after the record names the new one: a crash in between leaves extra files,
+never a record naming missing ones. A resumed run reads the record, so the
+best-so-far (and the early-stopping count) carries over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from psrec.data.format.files import write_json_atomic
+from psrec.errors import ConfigError
+from psrec.errors import DataError
+from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.uri import name as uri_name
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
+
+METRICS = ("auc", "logloss", "none")
+BEST_FILE = "best.json"
+BEST_DIR = "best"
+_CKPT_RE = re.compile(r"^ckpt-(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class BestRecord:
+    """``best.json``: the checkpoint with the best evaluation so far.
+
+    Attributes:
+      checkpoint: its prefix, relative to the checkpoint folder
+        (``best/best-<step>``).
+      source: the rotated checkpoint it was linked from (``ckpt-<step>``).
+      step: the global step it was saved at.
+      metric: ``auc`` (higher is better) or ``logloss`` (lower is better).
+      value: the metric's value at ``step``.
+      auc, logloss, count: the evaluation at ``step``.
+      evals_without_improvement: evaluations since (for early stopping).
+    """
+
+    checkpoint: str
+    source: str
+    step: int
+    metric: str
+    value: float
+    auc: float
+    logloss: float
+    count: int
+    evals_without_improvement: int = 0
+
+    def path(self, directory: str | Path) -> str:
+        return str(as_path(directory) / self.checkpoint)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BestRecord:
+        return cls(**data)
+
+    def summary(self) -> str:
+        return (f"step {self.step}, AUC {self.auc:.4f}, logloss "
+                f"{self.logloss:.4f} ({self.checkpoint})")
+
+
+def read_best(directory: str | Path) -> BestRecord | None:
+    """The record in ``directory``, None when there is none.
+
+    Raises:
+      DataError: the record is unreadable or names files that are missing.
+    """
+    path = as_path(directory) / BEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = BestRecord.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError) as error:
+        raise DataError(f"{path} is not a best-checkpoint record ({error}); "
+                        "delete it to start a new one.") from error
+    if not as_path(record.path(directory) + ".index").is_file():
+        raise DataError(f"{path} names {record.checkpoint}, whose files are "
+                        f"missing in {directory}; delete {BEST_FILE} (or use "
+                        "--checkpoint latest).")
+    return record
+
+
+def improves(metric: str, value: float, best: float | None) -> bool:
+    """True if ``value`` is better than ``best`` (NaN never is)."""
+    if not math.isfinite(value):
+        return False
+    if best is None or not math.isfinite(best):
+        return True
+    return value > best if metric == "auc" else value < best
+
+
+def _files_of(prefix: str) -> list[Path | UriPath]:
+    """A checkpoint's files: data shards first, the index last."""
+    prefix_path = as_path(prefix)
+    files = sorted(prefix_path.parent.glob(prefix_path.name + ".*"))
+    return sorted(files, key=lambda f: f.suffix == ".index")
+
+
+def _link_or_copy(source: Path | UriPath, target: Path | UriPath) -> None:
+    target.unlink(missing_ok=True)
+    if isinstance(source, UriPath):  # a store: no links
+        source.copy_to(target)
+        return
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+class BestTracker:
+    """Keeps the best checkpoint of a run (on the chief only).
+
+    Args:
+      directory: the checkpoint folder.
+      metric: ``auc`` or ``logloss``.
+      patience: evaluations without improvement that end the run (0: off).
+    """
+
+    def __init__(self, directory: str | Path, metric: str,
+                 patience: int = 0) -> None:
+        self.directory = as_path(directory)
+        self.metric = metric
+        self.patience = patience
+        record = read_best(self.directory)
+        # A record of another metric is not comparable: start a new one.
+        self.record = (record if record is not None
+                       and record.metric == metric else None)
+
+    @property
+    def exhausted(self) -> bool:
+        """Early stopping is due: ``patience`` evaluations in a row did not
+        improve the best."""
+        return bool(self.patience and self.record is not None and
+                    self.record.evals_without_improvement >= self.patience)
+
+    def update(self, step: int, result: EvalResult, saved: str) -> bool:
+        """Considers the evaluation of checkpoint ``saved`` (at ``step``);
+        returns True when it is the new best."""
+        value = result.auc if self.metric == "auc" else result.logloss
+        best = self.record.value if self.record is not None else None
+        if not improves(self.metric, value, best):
+            if self.record is not None:
+                self.record = dataclasses.replace(
+                    self.record, evals_without_improvement=(
+                        self.record.evals_without_improvement + 1))
+                write_json_atomic(self.directory / BEST_FILE,
+                                  self.record.to_dict())
+            return False
+        folder = self.directory / BEST_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"best-{step}"
+        source = as_path(saved)
+        files = _files_of(saved)
+        if not files:
+            raise DataError(f"checkpoint {saved} has no files to keep as the "
+                            "best checkpoint.")
+        for file in files:
+            _link_or_copy(file, folder / (name + file.name[len(source.name):]))
+        self.record = BestRecord(
+            checkpoint=f"{BEST_DIR}/{name}", source=source.name, step=step,
+            metric=self.metric, value=float(value), auc=float(result.auc),
+            logloss=float(result.logloss), count=int(result.count))
+        write_json_atomic(self.directory / BEST_FILE, self.record.to_dict())
+        for file in folder.iterdir():  # earlier bests, only now
+            if not file.name.startswith(name + "."):
+                file.unlink(missing_ok=True)
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class ChosenCheckpoint:
+    """A checkpoint chosen by :func:`choose_checkpoint`.
+
+    Attributes:
+      path: its prefix.
+      name: how to call it (``best/best-80``, ``ckpt-400``).
+      step: its step (from its name).
+      best: the best record when it is the best checkpoint (its metrics).
+    """
+
+    path: str
+    name: str
+    step: int
+    best: BestRecord | None = None
+
+    def describe(self) -> str:
+        text = f"checkpoint {self.name} (step {self.step}"
+        if self.best is not None:
+            text += (f", the best: eval AUC {self.best.auc:.4f}, logloss "
+                     f"{self.best.logloss:.4f}")
+        return text + ")"
+
+
+def choose_checkpoint(directory: str | Path, which: str | None = None
+                      ) -> ChosenCheckpoint:
+    """``latest``, ``best`` or ``ckpt-N`` of a checkpoint folder.
+
+    Args:
+      which: None: the best when ``best.json`` exists, else the latest.
+
+    Raises:
+      ConfigError: an unknown name, or no such checkpoint (exit 2).
+    """
+    directory = as_path(directory)
+    record = read_best(directory)
+    if which is None:
+        which = "best" if record is not None else "latest"
+    if which == "best":
+        if record is None:
+            raise ConfigError(
+                f"no {BEST_FILE} in {directory}: the run recorded no best "
+                "checkpoint (no eval split, or --keep-best none); use "
+                "--checkpoint latest.")
+        return ChosenCheckpoint(record.path(directory), record.checkpoint,
+                                record.step, record)
+    if which == "latest":
+        path = tf.train.latest_checkpoint(str(directory))
+        if path is None:
+            raise ConfigError(f"no checkpoint in {directory}.")
+        name = uri_name(path)
+        step = int(name.rsplit("-", 1)[-1])
+        same = record if record is not None and record.source == name else None
+        return ChosenCheckpoint(path, name, step, same)
+    match = _CKPT_RE.match(which)
+    if match is None:
+        raise ConfigError(f"`--checkpoint` = {which!r} is not latest, best "
+                          "or ckpt-N.")
+    step = int(match.group(1))
+    path = directory / which
+    if (directory / (which + ".index")).is_file():
+        same = record if record is not None and record.source == which else (
+            None)
+        return ChosenCheckpoint(str(path), which, step, same)
+    if record is not None and record.step == step:
+        return ChosenCheckpoint(record.path(directory), record.checkpoint,
+                                step, record)
+    kept = sorted(p.stem for p in directory.glob("ckpt-*.index"))
+    raise ConfigError(f"`--checkpoint` = {which!r}: no such checkpoint in "
+                      f"{directory} (kept: {', '.join(kept) or 'none'}"
+                      f"{'; best: ckpt-' + str(record.step) if record else ''}"
+                      ").")

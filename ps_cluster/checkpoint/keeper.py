@@ -1,0 +1,401 @@
+"""Checkpoints written by the PS tasks or the coordinator
+(:mod:`psrec.ps_cluster.checkpoint.writers`), and restores that are proven
+complete.
+
+``tf.train.CheckpointManager`` writes the model, both optimizers (with their
+slots) and the training progress. Its ``checkpoint`` state file is replaced
+atomically after the data files are complete, so a save cut off mid-write is
+never the one ``latest_checkpoint`` names. The ``<prefix>_temp`` folder a
+cut-off or failed save leaves is removed when a keeper starts and when a
+save fails; :func:`check_output_folder` checks a folder is writable with
+room for one checkpoint before any server starts.
+
+A restore is **streamed and verified by value**
+(:mod:`psrec.ps_cluster.checkpoint.verify`). Variables that are plain (PS
+shards, one device) are restored block by block of rows, each block read by
+key and slice (on its own PS when the tasks write, else on the
+coordinator) and written in place on its PS, so a
+multi-GB table is never sent (or held on the coordinator) whole; mirrored
+variables go through TensorFlow's restore. The status object's
+``assert_existing_objects_matched()`` passes even when sharded optimizer
+slots silently keep their initial values (measured: a checkpoint from 2 PS
+shards restored into 3), so after restoring, every variable's live value is
+compared, block by block, with the checkpoint's tensor -- nothing is written
+for it; a difference is an error naming the variables, never a silent
+partial restore. Optimizer slots of resharded tables that TensorFlow's
+restore leaves behind are restored by :func:`_restore_resharded_slots`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import tensorflow as tf
+
+from psrec import progress as reporting
+from psrec.errors import ConfigError
+from psrec.errors import DataError
+from psrec.errors import RetryableError
+from psrec.errors import one_line
+from psrec.ps_cluster.checkpoint.save import absolute
+from psrec.ps_cluster.checkpoint.save import save_options
+from psrec.ps_cluster.checkpoint.save import save_progress
+from psrec.ps_cluster.checkpoint.verify import copy_rows
+from psrec.ps_cluster.checkpoint.verify import differing_keys
+from psrec.ps_cluster.checkpoint.verify import live_tensors
+from psrec.ps_cluster.checkpoint.verify import restore_streamed
+from psrec.ps_cluster.checkpoint.verify import saved_tensors
+from psrec.ps_cluster.checkpoint.verify import streamable
+from psrec.ps_cluster.checkpoint.verify import tensor_bytes
+from psrec.ps_cluster.checkpoint.writers import check_tasks_see_folder
+from psrec.ps_cluster.checkpoint.writers import tasks_write
+from psrec.uri import is_uri
+from psrec.uri import require_tf_filesystem
+from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
+
+
+class RestoreError(DataError):
+    """A checkpoint did not restore completely."""
+
+
+class OutputFolderError(ConfigError):
+    """A checkpoint or export folder is not writable or lacks room (exit 2,
+    before any server starts)."""
+
+
+class SaveError(DataError):
+    """A checkpoint save failed; its partial files were removed."""
+
+
+class SaveInterruptedError(RetryableError):
+    """A checkpoint save failed because a task was unreachable (a lost or
+    partitioned PS, a reset gRPC channel): a rerun can finish it (exit
+    138), unlike a full or read-only disk (:class:`SaveError`, exit 1)."""
+
+
+# TensorFlow errors of an unreachable task (not of the storage).
+_NETWORK_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                   tf.errors.CancelledError, tf.errors.DeadlineExceededError)
+
+
+TEMP_SUFFIX = "_temp"  # TensorFlow's sharded save writes <prefix>_temp/ first
+
+
+def remove_partial_saves(directory: str | Path) -> list[str]:
+    """Removes the ``<prefix>_temp`` folders (and files) a save that was cut
+    off or failed leaves in ``directory``; returns their names."""
+    folder = as_path(directory)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if path.name.endswith(TEMP_SUFFIX):
+            if isinstance(path, UriPath) and path.is_dir():
+                path.rmtree()
+            elif path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def check_output_folder(directory: str | Path, needed_bytes: int,
+                        what: str) -> None:
+    """Raises :class:`OutputFolderError` unless ``directory`` -- or, when it
+    does not exist yet, its nearest existing parent -- is a folder a probe
+    file can be written to (and is removed from), on a file system with
+    ``needed_bytes`` free. Creates nothing. A URI (``gs://``, ``ram://``)
+    must be a store TensorFlow writes; a probe object is written there and
+    removed (a store reports no free space to check)."""
+    if is_uri(directory):
+        _check_remote_folder(str(directory), what)
+        return
+    folder = Path(directory).absolute()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"{existing} is not a folder")
+        with tempfile.NamedTemporaryFile(dir=existing,
+                                         prefix=".psrec-probe-"):
+            pass
+        free = shutil.disk_usage(existing).free
+    except OSError as error:
+        raise OutputFolderError(
+            f"the {what} folder {folder} is not writable "
+            f"({error.strerror or error}); give a --workdir you can write "
+            "to.") from None
+    if free < needed_bytes:
+        raise OutputFolderError(
+            f"the {what} folder {folder} has {free / 2**20:,.1f} MiB free, "
+            f"one {what} needs about {needed_bytes / 2**20:,.1f} MiB "
+            "(tables, optimizer slots and dense weights); free space or give "
+            "another --workdir.")
+
+
+def _check_remote_folder(directory: str, what: str) -> None:
+    require_tf_filesystem(directory, "--workdir")
+    probe = as_path(directory) / f".psrec-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except (tf.errors.OpError, OSError) as error:
+        message = getattr(error, "message", None) or str(error)
+        raise OutputFolderError(
+            f"the {what} folder {directory} is not writable "
+            f"({message.splitlines()[0][:200]}); give a --workdir you can "
+            "write to.") from None
+
+
+class Progress(tf.Module):
+    """Training progress saved with every checkpoint.
+
+    Attributes:
+      step: steps completed and joined (the resumed run continues from it).
+      examples: examples trained on.
+      resumes: how many times the job was resumed; the input pipeline's
+        shuffle seed is offset by it, so a resumed run does not replay the
+        data order from the start (per-worker iterators cannot be
+        checkpointed under ParameterServerStrategy).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="progress")
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.examples = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.resumes = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+
+def io_options() -> tf.train.CheckpointOptions:
+    """The options of a restore: in a cluster, the coordinator's own CPU
+    reads the files; outside a cluster, the default."""
+    return save_options(tasks_write=False)
+
+
+def _io_device() -> str:
+    """The device that reads checkpoint files for a verification."""
+    return io_options().experimental_io_device or "/device:CPU:0"
+
+
+def _model_key(key: str) -> bool:
+    return key.startswith("model/") and ".OPTIMIZER_SLOT" not in key
+
+
+def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
+                            model_only: bool = False, *,
+                            progress: reporting.Progress = reporting.SILENT,
+                            on_tasks: bool = False) -> list[str]:
+    """Keys whose live value differs from ``path``, or that only one side has.
+
+    Streamed (:mod:`psrec.ps_cluster.checkpoint.verify`): each live variable
+    is compared per shard and per block of rows with the checkpoint's tensor
+    read by key and slice; nothing is written, and the extra memory is two
+    blocks. Sharded variables (and their slots) are compared against their
+    full logical tensors, so any sharding compares.
+
+    Args:
+      model_only: compare only the model's own variables (not optimizer
+        slots, optimizers or progress), for a model restored alone.
+      progress: told the bytes compared, for a large state.
+      on_tasks: read and compare each block on its variable's own task
+        (every task sees ``path``): only booleans reach the coordinator.
+    """
+    return differing_keys(checkpoint, path,
+                          None if on_tasks else _io_device(),
+                          _model_key if model_only else None,
+                          progress=progress)
+
+
+def shape_mismatches(checkpoint: tf.train.Checkpoint, path: str,
+                     model_only: bool = False) -> list[str]:
+    """Keys present on both sides whose live shape differs from ``path``'s
+    (live shapes are those of the variables; nothing is written)."""
+    saved, _ = saved_tensors(path)
+    live = live_tensors(checkpoint)
+    return sorted(k for k in live.keys() & saved.keys()
+                  if list(live[k].shape) != list(saved[k]) and (
+                      not model_only or k.startswith("model/")))
+
+
+_SLOT_RE = re.compile(r"^(?P<var>.+)/\.OPTIMIZER_SLOT/(?P<opt>[^/]+)/"
+                      r"(?P<slot>[^/]+)/\.ATTRIBUTES/VARIABLE_VALUE$")
+
+
+def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
+                             bad_keys: list[str], optimizers: dict,
+                             tables: dict, io_device: str | None
+                             ) -> list[str]:
+    """Assigns slot values of resharded tables from the checkpoint, block
+    by block of rows (never a whole table on the coordinator).
+
+    Args:
+      bad_keys: keys that differ after the regular restore.
+      optimizers: checkpoint attribute name -> optimizer.
+      tables: checkpoint key prefix of a table -> its (sharded) variable.
+      io_device: where blocks are read (None: on each shard's task).
+
+    Returns:
+      The keys that are not repaired (the repaired ones are checked again
+      by the caller).
+    """
+    live = live_tensors(checkpoint)
+    saved, _ = saved_tensors(path)
+    remaining = []
+    for key in bad_keys:
+        match = _SLOT_RE.match(key)
+        table = tables.get(match.group("var")) if match else None
+        optimizer = optimizers.get(match.group("opt")) if match else None
+        if (table is None or optimizer is None or key not in live
+                or key not in saved
+                or list(live[key].shape) != list(saved[key])):
+            remaining.append(key)
+            continue
+        copy_rows(path, key, live[key], io_device)
+    return remaining
+
+
+def _does_not_fit(path: str, bad: list[str]) -> RestoreError:
+    return RestoreError(
+        f"checkpoint {path} does not fit this model: {len(bad)} key(s) have "
+        f"another shape in the checkpoint: {bad[:8]}. Was it written with "
+        "another spec or model configuration? Nothing was trained on the "
+        "partial state.")
+
+
+class CheckpointKeeper:
+    """Saves and restores the state of a PS training job.
+
+    Args:
+      directory: checkpoint folder.
+      checkpoint: a ``tf.train.Checkpoint`` over model, optimizers, progress.
+      optimizers: checkpoint attribute name -> optimizer (for slot repair).
+      tables: checkpoint key prefix -> table variable (for slot repair).
+      max_to_keep: checkpoints kept.
+      strategy: the training strategy (its PS tasks may write).
+      writers: ``--checkpoint-writers``: ``tasks`` (each PS writes, reads
+        and checks its own shards), ``coordinator`` (every tensor through
+        the coordinator), ``auto`` (``tasks`` where every task surely
+        shares the folder; :mod:`~psrec.ps_cluster.checkpoint.writers`).
+        When the tasks write, each PS is first proven to see the folder
+        (:class:`~psrec.ps_cluster.checkpoint.writers.
+        CheckpointFolderError` otherwise).
+    """
+
+    def __init__(self, directory: str | Path, checkpoint: tf.train.Checkpoint,
+                 optimizers: dict | None = None, tables: dict | None = None,
+                 max_to_keep: int = 3, strategy=None,
+                 writers: str = "auto") -> None:
+        self.checkpoint = checkpoint
+        self.writers = writers
+        self.tasks_write = tasks_write(writers, strategy, directory)
+        if self.tasks_write:  # before anything is trained or restored
+            check_tasks_see_folder(strategy, absolute(directory), writers)
+        self.manager = tf.train.CheckpointManager(
+            checkpoint, absolute(directory) if self.tasks_write
+            else str(directory), max_to_keep=max_to_keep)
+        self._optimizers = optimizers or {}
+        self._tables = tables or {}
+        self.directory = as_path(directory)
+        remove_partial_saves(self.directory)  # of a save that was cut off
+
+    @property
+    def latest(self) -> str | None:
+        return self.manager.latest_checkpoint
+
+    def save(self, step: int) -> str:
+        """Saves checkpoint ``step`` (from each PS when the tasks write,
+        else through the coordinator); a failed save removes its
+        partial ``*_temp`` files and raises :class:`SaveError`. A save of
+        1 GiB or more reports the bytes written to the default progress."""
+        state = sum(tensor_bytes(t)
+                    for t in live_tensors(self.checkpoint).values())
+        prefix = f"{self.manager.directory}/ckpt-{step}"
+        try:
+            with save_progress(prefix, state):
+                return self.manager.save(
+                    checkpoint_number=step,
+                    options=save_options(self.tasks_write))
+        except (tf.errors.OpError, OSError) as error:
+            removed = remove_partial_saves(self.directory)
+            kind = (SaveInterruptedError
+                    if isinstance(error, _NETWORK_ERRORS) else SaveError)
+            raise kind(
+                f"saving checkpoint {step} in {self.directory} failed "
+                f"({one_line(error)[:600]}); its partial files were "
+                f"removed ({', '.join(removed) or 'none'}), the previous "
+                f"checkpoint ({self.latest}) is intact.") from error
+
+    def restore(self, path: str | None = None, *, model_only: bool = False,
+                progress: reporting.Progress | None = None
+                ) -> str | None:
+        """Restores ``path`` (default: the latest) and proves it complete.
+
+        Completeness is checked by value, not with the status object's
+        ``assert_existing_objects_matched()``: that assertion both misses
+        sharded slots that kept their initial values and flags the
+        optimizer's ShardedVariable slot containers, which own no tensor.
+
+        Args:
+          path: a checkpoint prefix; None for the latest.
+          model_only: restore and check only ``model/`` keys (export, eval).
+          progress: told the bytes restored and checked (passes
+            ``restore`` and ``verify``) when the state is 1 GiB or more
+            (default: the process's default progress).
+
+        Returns:
+          The restored path, or None when there is no checkpoint.
+
+        Raises:
+          RestoreError: naming the keys that are missing or differ.
+        """
+        path = path or self.latest
+        if path is None:
+            return None
+        if progress is None:
+            progress = reporting.default_progress()
+        # Each PS reads (and checks) its own rows when it sees the files.
+        device = None if self.tasks_write else _io_device()
+        if self.tasks_write:
+            path = absolute(path)
+        if streamable(live_tensors(self.checkpoint)):
+            # Block by block: no variable is ever sent whole (giant tables).
+            if shape_mismatches(self.checkpoint, path):
+                raise _does_not_fit(path, shape_mismatches(
+                    self.checkpoint, path, model_only))
+            restore_streamed(self.checkpoint, path, device,
+                             progress=progress)
+        else:  # mirrored variables: TensorFlow's restore reaches replicas
+            try:
+                self.checkpoint.restore(
+                    path, options=io_options()).expect_partial()
+            except (tf.errors.InvalidArgumentError, ValueError) as error:
+                # A tensor of another shape (e.g. another `dim` or bucket
+                # count) fails inside RestoreV2: an incomplete restore.
+                raise _does_not_fit(path, shape_mismatches(
+                    self.checkpoint, path, model_only)) from error
+        bad = compare_with_checkpoint(self.checkpoint, path, model_only,
+                                      progress=progress,
+                                      on_tasks=self.tasks_write)
+        if bad:
+            still = _restore_resharded_slots(self.checkpoint, path, bad,
+                                             self._optimizers, self._tables,
+                                             device)
+            repaired = set(bad) - set(still)
+            if repaired:  # only they changed: check them again
+                still += differing_keys(self.checkpoint, path, device,
+                                        repaired.__contains__)
+            bad = sorted(still)
+        if bad:
+            raise RestoreError(
+                f"checkpoint {path} restored incompletely: {len(bad)} key(s) "
+                f"are missing on one side or differ after restore: {bad[:8]}. "
+                "Was it written with another spec or model configuration? "
+                "Nothing was trained on the partial state.")
+        return path

@@ -1,0 +1,3 @@
+"""Streaming evaluation metrics that merge across closures (counts, logloss,
+AUC, calibration): the results every strategy's evaluation reports.
+"""

@@ -1,0 +1,3 @@
+"""Planning before any server starts: the bytes every PS task will hold, and
+``psrec advise``, which measures which strategy suits a model here.
+"""

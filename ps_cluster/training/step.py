@@ -1,0 +1,358 @@
+"""The one training step of psrec, for every strategy.
+
+:func:`make_train_function` builds the ``tf.function(iterator)`` that runs
+``steps`` optimizer updates. Under ``ParameterServerStrategy`` it is the
+closure the coordinator schedules on a worker; under the mirrored
+strategies, one device or no strategy it is called directly. ``psrec
+advise`` and ``psrec bench`` time the same function.
+
+Loss normalisation: each replica's loss is its summed per-example loss
+divided by the GLOBAL batch (``tf.nn.compute_average_loss``: the replica's
+rows times the replicas in sync) and by the micro-batches per update, so
+the all-reduced (summed) gradients are those of the mean over every row of
+the update. A worker with several GPUs under PS, or a mirrored run, thus
+takes the same step size and logs the same loss as one device would.
+
+Mixed float16 (GPU): the loss is scaled by a dynamic loss scale; when any
+gradient of any replica is not finite, the whole update -- tables and dense
+weights, on every replica -- is skipped and the scale halved (it doubles
+after ``growth_steps`` finite updates), as Keras' ``LossScaleOptimizer``
+does for one optimizer.
+
+float32: the same all-finite check covers the loss and every gradient of
+every replica; a non-finite update is not applied, the function stops at
+it and reports its index, and the run ends with exit 2 naming the step
+(:class:`NonFiniteLossError`) -- never a model trained on NaN weights.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+from psrec.data.input.dataset import EPOCH_COLUMN
+from psrec.data.input.dataset import PIPELINE_COLUMN
+from psrec.errors import ConfigError
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
+from psrec.models.optim.accumulation import add_gradients
+from psrec.models.ranking.model import RankingModel
+
+Batch = dict[str, tf.Tensor]
+
+
+class NonFiniteLossError(ConfigError):
+    """A float32 training step had a non-finite loss or gradient; the step
+    was not applied and the run stops (exit 2)."""
+
+    def __init__(self, step: int, checkpoint: str | None = None) -> None:
+        self.step = step
+        super().__init__(self.describe(step, checkpoint))
+
+    @staticmethod
+    def describe(step: int, checkpoint: str | None) -> str:
+        last = (f"The last good checkpoint is {checkpoint}" if checkpoint
+                else "No checkpoint was written before it")
+        return (f"step {step}: the loss or a gradient is not finite (NaN or "
+                f"inf); the update was not applied and training stopped. "
+                f"{last}: lower the learning rates or fix the data, then "
+                "rerun (training resumes from the latest checkpoint).")
+
+    def with_checkpoint(self, checkpoint: str | None) -> NonFiniteLossError:
+        return NonFiniteLossError(self.step, checkpoint)
+
+
+class DynamicLossScale(tf.Module):
+    """A dynamic loss scale shared by both optimizers (mixed float16).
+
+    Args:
+      initial: the first scale.
+      growth_steps: finite updates in a row before the scale doubles.
+    """
+
+    def __init__(self, initial: float = 2.0 ** 15,
+                 growth_steps: int = 2000) -> None:
+        super().__init__(name="loss_scale")
+        self.growth_steps = growth_steps
+        aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        self.scale = tf.Variable(initial, dtype=tf.float32, trainable=False,
+                                 aggregation=aggregation, name="scale")
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                      aggregation=aggregation,
+                                      name="good_steps")
+
+    def update(self, finite: tf.Tensor) -> tf.Operation:
+        """Halves the scale after an overflow, doubles it after
+        ``growth_steps`` finite updates (call in cross-replica context)."""
+        grow = tf.logical_and(finite,
+                              self.good_steps + 1 >= self.growth_steps)
+        new_scale = tf.where(
+            finite, tf.where(grow, self.scale * 2.0, self.scale),
+            tf.maximum(1.0, self.scale / 2.0))
+        new_good = tf.where(tf.logical_and(finite, tf.logical_not(grow)),
+                            self.good_steps + 1, tf.zeros_like(
+                                self.good_steps))
+        return tf.group(self.scale.assign(new_scale),
+                        self.good_steps.assign(new_good))
+
+
+def _all_finite(grads: list) -> tf.Tensor:
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(
+        g.values if isinstance(g, tf.IndexedSlices) else g))
+        for g in grads if g is not None])
+
+
+def ids_per_example(spec: FeatureSpec, table: str) -> int:
+    """Ids one example looks up in ``table`` (or its wide twin)."""
+    base = table.removesuffix(WIDE_SUFFIX)
+    return sum(f.max_length for f in spec.categorical if f.table == base)
+
+
+def pad_slices(grad, rows: int):
+    """A table gradient padded to exactly ``rows`` slices.
+
+    Replicas touch different numbers of distinct rows, and all-gathering
+    ``IndexedSlices`` of different sizes inside a ``tf.while`` loop of
+    updates fails (measured: "Shape mismatch in the collective instance" on
+    2 CPU replicas). Padding every replica to the same static bound (ids
+    per example x per-replica batch x micro-batches) avoids it; the padding
+    repeats a touched row with zero values, which the optimizers' duplicate
+    summing turns into no change.
+    """
+    if grad is None or not isinstance(grad, tf.IndexedSlices):
+        return grad
+    indices = tf.cast(grad.indices, tf.int64)
+    size = tf.shape(indices)[0]
+    check = tf.debugging.assert_less_equal(
+        size, rows, message="table gradient has more rows than the bound")
+    with tf.control_dependencies([check]):
+        pad = rows - size
+    first = tf.concat([indices, tf.zeros([1], tf.int64)], 0)[0]
+    indices = tf.concat([indices, tf.fill([pad], first)], 0)
+    values = tf.concat([grad.values, tf.zeros(
+        tf.stack([pad, tf.shape(grad.values)[1]]), grad.values.dtype)], 0)
+    return tf.IndexedSlices(
+        tf.ensure_shape(values, [rows] + grad.values.shape[1:].as_list()),
+        tf.ensure_shape(indices, [rows]), grad.dense_shape)
+
+
+class TrainStep:
+    """One optimizer update on one replica (call inside ``strategy.run``).
+
+    Args:
+      model: the ranking model.
+      sparse_optimizer: trains ``model.embedding_variables()``.
+      dense_optimizer: trains ``model.dense_variables()``.
+      label: the label column, or the spec's ``LabelConfig`` (its ``loss``
+        ``mse`` trains on the squared error of the model's output).
+      loss_scale: a :class:`DynamicLossScale` under mixed float16, else None.
+      prepare_table_grads: optional ``grads -> grads`` applied to the table
+        gradients before the update (the mirrored path pads them to a
+        static size for the all-gather).
+      example_losses: ``batch -> [B]`` per-example losses of the task
+        (retrieval: a sampled softmax); None: the logloss of the model's
+        logits against ``label``.
+    """
+
+    def __init__(self, model: RankingModel, sparse_optimizer,
+                 dense_optimizer, label: str, *,
+                 loss_scale: DynamicLossScale | None = None,
+                 prepare_table_grads: Callable[[list], list] | None = None,
+                 example_losses: Callable[[Batch], tf.Tensor] | None = None
+                 ) -> None:
+        self.model = model
+        self.sparse_optimizer = sparse_optimizer
+        self.dense_optimizer = dense_optimizer
+        self.label = getattr(label, "name", label)
+        self.regression = getattr(label, "loss", "logloss") == "mse"
+        self.loss_scale = loss_scale
+        self._prepare = prepare_table_grads
+        self.example_losses = example_losses or self._label_loss
+
+    def _label_loss(self, batch: Batch) -> tf.Tensor:
+        """The logloss of the logits, or (``mse``) the squared error of
+        the output as a prediction of the label."""
+        output = tf.cast(self.model(batch, training=True), tf.float32)
+        label = tf.cast(batch[self.label], tf.float32)
+        if self.regression:
+            return tf.square(output - label)
+        return tf.nn.sigmoid_cross_entropy_with_logits(labels=label,
+                                                       logits=output)
+
+    @property
+    def stops_on_non_finite(self) -> bool:
+        """float32: a non-finite loss or gradient ends the run (mixed
+        float16 skips the update and lowers the loss scale instead)."""
+        return self.loss_scale is None
+
+    def __call__(self, batches: list[Batch]
+                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Gradients of ``len(batches)`` micro-batches summed into one update.
+
+        Returns this replica's share of the update's mean loss, its row
+        count (both summed over replicas by the caller) and 1 when the
+        update was not applied because a loss or gradient of some replica
+        is not finite under float32 (else 0; the same on every replica).
+        """
+        tables = self.model.embedding_variables()
+        dense = self.model.dense_variables()
+        total, loss_sum = None, tf.constant(0.0)
+        count = tf.constant(0, tf.int64)
+        for batch in batches:
+            with tf.GradientTape() as tape:
+                per_example = self.example_losses(batch)
+                loss = tf.nn.compute_average_loss(per_example) / len(batches)
+                scaled = (loss * self.loss_scale.scale
+                          if self.loss_scale is not None else loss)
+            # Shards, not ShardedVariables: the tape rejects the latter.
+            total = add_gradients(total, tape.gradient(scaled,
+                                                       tables + dense))
+            loss_sum += loss
+            count += tf.size(batch[self.label], out_type=tf.int64)
+        table_grads, dense_grads = total[:len(tables)], total[len(tables):]
+        if self._prepare is not None:
+            table_grads = self._prepare(table_grads)
+        finite = self._apply_if_finite(table_grads, dense_grads, tables,
+                                       dense, loss_sum)
+        skipped = tf.cast(tf.logical_not(finite), tf.int64)
+        if not self.stops_on_non_finite:
+            skipped = tf.zeros_like(skipped)  # float16: skipping is normal
+        return loss_sum, count, skipped
+
+    def _apply_if_finite(self, table_grads, dense_grads, tables, dense,
+                         loss) -> tf.Tensor:
+        """All-reduces the (unscaled) gradients, then in cross-replica
+        context applies both optimizers only if every value of every
+        replica -- and under float32 the loss -- is finite (a ``tf.cond``
+        around ``apply_gradients`` must not sit in a replica context: it
+        calls ``merge_call``). Returns that all-finite flag."""
+        context = tf.distribute.get_replica_context()
+        grads = table_grads + dense_grads
+        if self.loss_scale is not None:
+            inverse = 1.0 / self.loss_scale.scale
+            grads = [None if g is None else (
+                tf.IndexedSlices(g.values * inverse, g.indices, g.dense_shape)
+                if isinstance(g, tf.IndexedSlices) else g * inverse)
+                for g in grads]
+        # ParameterServerStrategy refuses pre-aggregated gradients: there
+        # each replica checks its own and the flags are all-reduced.
+        ps = isinstance(tf.distribute.get_strategy(),
+                        tf.distribute.ParameterServerStrategy)
+        if not ps:
+            grads = context.all_reduce("SUM", grads)
+        finite = _all_finite(grads)
+        if self.stops_on_non_finite:
+            finite = tf.logical_and(finite, tf.math.is_finite(loss))
+        finite = tf.equal(context.all_reduce("SUM", tf.cast(
+            tf.logical_not(finite), tf.float32)), 0.0)
+        split = len(table_grads)
+
+        def apply_in_replica(grads):
+            self.sparse_optimizer.apply_gradients(
+                zip(grads[:split], tables),
+                experimental_aggregate_gradients=ps)
+            self.dense_optimizer.apply_gradients(
+                zip(grads[split:], dense),
+                experimental_aggregate_gradients=ps)
+
+        def cross_replica(strategy, grads, finite):
+            def apply():
+                strategy.extended.call_for_each_replica(apply_in_replica,
+                                                        args=(grads,))
+                return tf.constant(True)
+
+            def skip():
+                if self.loss_scale is not None:
+                    # apply_gradients counts iterations; a skipped update too.
+                    self.dense_optimizer.iterations.assign_add(1)
+                    self.sparse_optimizer.iterations.assign_add(1)
+                return tf.constant(False)
+
+            finite = strategy.experimental_local_results(finite)[0]
+            applied = tf.cond(finite, apply, skip)
+            if self.loss_scale is None:
+                return applied
+            with tf.control_dependencies([applied]):
+                return self.loss_scale.update(finite)
+
+        done = context.merge_call(cross_replica, args=(grads, finite))
+        with tf.control_dependencies([done]):
+            return tf.identity(finite)
+
+
+def make_train_function(strategy: tf.distribute.Strategy, step: TrainStep,
+                        steps: int, micro_batches: int = 1, *,
+                        with_rows: bool = False) -> Callable:
+    """A ``tf.function(iterator)`` running ``steps`` updates of ``step``.
+
+    Returns ``(loss_sum, examples, seconds, pipeline, not_run)``: the
+    per-update mean losses summed over the updates applied, the rows trained
+    on, the wall time measured where the function ran (on a PS worker: the
+    steps with their PS round trips), the input pipeline (worker) that fed
+    it (-1 unknown) and the updates not applied because one had a
+    non-finite loss or gradient (float32): the function stops at that
+    update, so ``not_run`` counts it and every later one of the call (0:
+    all applied). The caller ends the run (:class:`NonFiniteLossError`
+    names the step ``end - not_run + 1``). With ``with_rows`` it also
+    returns the ids and epochs of the rows of the updates applied
+    (``psrec.ps_cluster.training.coverage`` tallies them).
+    """
+
+    @tf.function
+    def train(iterator):
+        began = tf.timestamp()
+        with tf.control_dependencies([began]):  # order the two timestamps
+            loss_sum = tf.constant(0.0)
+            examples = tf.constant(0, tf.int64)
+        pipeline = tf.constant(-1, tf.int64)
+        not_run = tf.constant(0, tf.int64)
+        ids, epochs = _row_arrays()  # written only when with_rows
+        for index in tf.range(steps, dtype=tf.int64):
+            batches = [next(iterator) for _ in range(micro_batches)]
+            loss, count, skipped = strategy.run(step, args=(batches,))
+            first = strategy.experimental_local_results(batches[0])[0]
+            if PIPELINE_COLUMN in first:
+                pipeline = first[PIPELINE_COLUMN]
+            if strategy.reduce("SUM", skipped, axis=None) > 0:
+                not_run = steps - index
+                break
+            loss_sum += strategy.reduce("SUM", loss, axis=None)
+            examples += strategy.reduce("SUM", count, axis=None)
+            if with_rows:
+                ids, epochs = _log_rows(strategy, batches, ids, epochs)
+        with tf.control_dependencies([loss_sum, examples, not_run]):
+            ended = tf.timestamp()
+        result = (loss_sum, examples, ended - began, pipeline, not_run)
+        if not with_rows:
+            return result
+        return result + (_concat(ids), _concat(epochs))
+
+    return train
+
+
+def _row_arrays() -> tuple[tf.TensorArray, tf.TensorArray]:
+    """Empty logs of the ids and epochs of the rows trained on (one vector
+    per batch)."""
+    return tuple(tf.TensorArray(tf.int64, size=0, dynamic_size=True,
+                                infer_shape=False, element_shape=[None])
+                 for _ in range(2))
+
+
+def _log_rows(strategy: tf.distribute.Strategy, batches: list,
+              ids: tf.TensorArray, epochs: tf.TensorArray
+              ) -> tuple[tf.TensorArray, tf.TensorArray]:
+    for batch in batches:
+        for part in strategy.experimental_local_results(batch):
+            ids = ids.write(ids.size(), part[ID_COLUMN])
+            epochs = epochs.write(epochs.size(),
+                                  tf.cast(part[EPOCH_COLUMN], tf.int64))
+    return ids, epochs
+
+
+def _concat(array: tf.TensorArray) -> tf.Tensor:
+    """The logged rows (an empty vector when nothing was written: the
+    first update of the call was not applied)."""
+    return tf.cond(array.size() > 0, array.concat,
+                   lambda: tf.zeros([0], tf.int64))

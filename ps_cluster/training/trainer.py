@@ -1,0 +1,469 @@
+"""The trainer: one model, optimizers, checkpoints and loop for every
+strategy. Only how a step is executed depends on it (see
+:mod:`psrec.ps_cluster.training.loop`): closures on a ``ClusterCoordinator``
+under ``ParameterServerStrategy``, direct calls of the same ``tf.function``
+otherwise. The step (:mod:`psrec.ps_cluster.training.step`), rates, evaluation,
+checkpoints and progress reporting are shared."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+from typing import Iterator
+
+import tensorflow as tf
+import tf_keras
+
+from psrec.data.convert.sampling import logit_shift
+from psrec.data.format.manifest import Manifest
+from psrec.data.input.dataset import DatasetFn
+from psrec.data.input.dataset import InputConfig
+from psrec.data.input.dataset import make_train_dataset_fn
+from psrec.errors import check
+from psrec.errors import check_choice
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.build import build_model
+from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.optimizers import build_optimizers
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.ranking.model import RankingModel
+from psrec.ps_cluster.checkpoint.best import BestRecord
+from psrec.ps_cluster.checkpoint.best import BestTracker
+from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
+from psrec.ps_cluster.checkpoint.keeper import Progress
+from psrec.ps_cluster.cluster.strategy import StrategyError
+from psrec.ps_cluster.cluster.strategy import cluster_resolver
+from psrec.ps_cluster.cluster.strategy import is_chief
+from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.training.coverage import new_tally
+from psrec.ps_cluster.training.loop import ClosureExecutor
+from psrec.ps_cluster.training.loop import DirectExecutor
+from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.loop import evaluate_files
+from psrec.ps_cluster.training.loop import make_eval_function
+from psrec.ps_cluster.training.maintenance import dynamic_maintainer
+from psrec.ps_cluster.training.step import DynamicLossScale
+from psrec.ps_cluster.training.step import TrainStep
+from psrec.ps_cluster.training.step import ids_per_example
+from psrec.ps_cluster.training.step import make_train_function
+from psrec.ps_cluster.training.step import pad_slices
+from psrec.uri_path import as_path
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """Outcome of :meth:`Trainer.train`."""
+
+    start_step: int
+    step: int
+    executed_steps: int
+    examples: int
+    seconds: float
+    final_loss: float
+    eval: EvalResult | None
+    checkpoint: str | None
+    replicas: int = 1
+    closure_seconds: tuple[float, ...] = ()
+    closures_per_worker: dict[int, int] = dataclasses.field(
+        default_factory=dict)
+    best: BestRecord | None = None
+    stopped_early_at: int | None = None
+    interrupted_at: int | None = None  # should_stop ended the run here
+    coverage: tuple = ()  # EpochCoverage per epoch (rows of the split seen)
+
+    @property
+    def examples_per_sec(self) -> float:
+        return self.examples / self.seconds if self.seconds else 0.0
+
+
+@contextlib.contextmanager
+def _policy(precision: str) -> Iterator[None]:
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+
+
+class Trainer:
+    """Trains a ranking model under any ``tf.distribute`` strategy.
+
+    Args:
+      strategy: a ``ParameterServerStrategy`` (this process coordinates),
+        ``MirroredStrategy``, ``MultiWorkerMirroredStrategy`` or
+        ``OneDeviceStrategy`` (see :mod:`psrec.ps_cluster.cluster.strategy`).
+      spec: the feature spec.
+      model_config: the architecture.
+      optimizer_config: optimizers and learning rates (scaled to the rows
+        of one update: ``batch_size * micro_batches``).
+      input_config: ``batch_size`` is the rows of one step: of one worker's
+        step under PS, of the global step under the mirrored strategies.
+      micro_batches: batches whose gradients are summed per update.
+      precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
+      checkpoint_dir: where the chief writes checkpoints (None: none).
+      keep_checkpoints: recent checkpoints kept.
+      checkpoint_writers: who writes checkpoints (the keeper's ``writers``).
+      positive_rate: the train split's share of positives: the model starts
+        predicting it (output bias at its logit); None starts at 0.5.
+      neg_sample_rate: the share of negatives the train data kept
+        (``psrec convert --neg-sample-rate``): evaluation adds
+        ``log(neg_sample_rate)`` to the logits, so logloss and calibration
+        are those of calibrated predictions (AUC is unchanged).
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, spec: FeatureSpec,
+                 model_config: ModelConfig,
+                 optimizer_config: OptimizerConfig = OptimizerConfig(),
+                 input_config: InputConfig = InputConfig(), *,
+                 micro_batches: int = 1, precision: str = "float32",
+                 checkpoint_dir: str | Path | None = None,
+                 keep_checkpoints: int = 3, checkpoint_writers: str = "auto",
+                 positive_rate: float | None = None,
+                 neg_sample_rate: float = 1.0) -> None:
+        check(micro_batches >= 1, "--grad-accum-steps", micro_batches,
+              "must be >= 1", StrategyError)
+        check_choice("precision", precision, PRECISIONS, StrategyError)
+        self.strategy = strategy
+        self.spec = spec
+        self.input_config = input_config
+        self.micro_batches = micro_batches
+        self.precision = precision
+        self.logit_shift = logit_shift(neg_sample_rate)
+        self.replicas = strategy.num_replicas_in_sync
+        self.is_ps = isinstance(strategy,
+                                tf.distribute.ParameterServerStrategy)
+        if not self.is_ps and input_config.batch_size % self.replicas:
+            raise StrategyError(
+                f"`--batch-size` = {input_config.batch_size} (the global "
+                f"batch) must be a multiple of the {self.replicas} replicas "
+                "in sync.")
+        self.chief = is_chief(strategy)
+        self.coordinator = (
+            tf.distribute.coordinator.ClusterCoordinator(strategy)
+            if self.is_ps else None)
+        with _policy(precision), strategy.scope():
+            self.model: RankingModel = build_model(spec, model_config,
+                                                   positive_rate)
+            self.sparse_optimizer, self.dense_optimizer = build_optimizers(
+                optimizer_config, input_config.batch_size * micro_batches)
+            self.loss_scale = (DynamicLossScale()
+                               if precision == "mixed_float16" else None)
+            # Slots now, under the scope, so a restore fills them before
+            # training instead of deferring silently.
+            self.sparse_optimizer._create_all_weights(  # noqa: SLF001
+                self.model.embedding_variables())
+            self.dense_optimizer._create_all_weights(  # noqa: SLF001
+                self.model.dense_variables())
+        self.progress = Progress()  # on the coordinator, outside the scope
+        state = {"model": self.model,
+                 "sparse_optimizer": self.sparse_optimizer,
+                 "dense_optimizer": self.dense_optimizer,
+                 "progress": self.progress}
+        if self.loss_scale is not None:
+            state["loss_scale"] = self.loss_scale
+        self.checkpoint = tf.train.Checkpoint(**state)
+        self.checkpoint_dir = checkpoint_dir and as_path(checkpoint_dir)
+        self.keeper = None if self.checkpoint_dir is None else (
+            CheckpointKeeper(
+                self.checkpoint_dir, self.checkpoint,
+                optimizers={"sparse_optimizer": self.sparse_optimizer,
+                            "dense_optimizer": self.dense_optimizer},
+                tables=table_checkpoint_keys(self.model), strategy=strategy,
+                max_to_keep=keep_checkpoints, writers=checkpoint_writers))
+        self.step = TrainStep(
+            self.model, self.sparse_optimizer, self.dense_optimizer,
+            spec.label, loss_scale=self.loss_scale,
+            prepare_table_grads=self._padding())
+        self.executor = self.eval_beat = None  # set by train()
+        self.coverage_rows: int | None = None  # set by dataset_fn
+        self.scratch_saves = 0
+
+    def _padding(self) -> Callable[[list], list] | None:
+        """Replicated strategies all-gather table gradients inside a
+        ``tf.while`` loop, which needs one static size on every replica."""
+        if self.is_ps or self.replicas == 1:
+            return None
+        per_replica = self.input_config.batch_size // self.replicas
+        rows = [per_replica * self.micro_batches * ids_per_example(
+            self.spec, name) for name in self.model.sparse_arch.tables]
+        return lambda grads: [pad_slices(g, r) for g, r in zip(grads, rows)]
+
+    @property
+    def num_workers(self) -> int:
+        """Worker tasks of the cluster (1 without a cluster)."""
+        resolver = cluster_resolver(self.strategy)
+        if resolver is None:
+            return 1
+        return max(1, resolver.cluster_spec().num_tasks("worker"))
+
+    @property
+    def executed_steps(self) -> int:
+        """Optimizer updates actually applied (>= scheduled steps when a
+        closure was re-run after a worker loss: at-least-once)."""
+        return int(self.dense_optimizer.iterations.numpy())
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def restore(self) -> str | None:
+        """Restores the latest checkpoint (verified by value); returns its
+        path, None when there is none."""
+        if self.keeper is None or self.keeper.latest is None:
+            return None
+        path = self.keeper.restore()
+        self.progress.resumes.assign_add(1)
+        return path
+
+    def save(self) -> str | None:
+        """Saves a checkpoint; returns its path on the chief. Every worker
+        of a multi-worker strategy calls this together (saving may run
+        collectives): the others write into a scratch folder, deleted at
+        once, and get None."""
+        if self.keeper is None:
+            return None
+        step = int(self.progress.step.numpy())
+        if self.chief:
+            return self.keeper.save(step)
+        resolver = self.strategy.cluster_resolver
+        scratch = self.checkpoint_dir.parent / (
+            f".{self.checkpoint_dir.name}-{resolver.task_type}-"
+            f"{resolver.task_id}-scratch")
+        try:
+            CheckpointKeeper(scratch, self.checkpoint).save(step)
+            self.scratch_saves += 1
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
+
+    # -- data and evaluation -------------------------------------------------------
+
+    def dataset_fn(self, manifest: Manifest, **options) -> DatasetFn:
+        """The training ``dataset_fn`` of ``manifest``; its shuffle seed is
+        offset by the number of resumes so a resumed run sees a new order.
+        Under PS (static input) each worker reads the files of its own
+        worker index; ``options`` go to ``make_train_dataset_fn``."""
+        resumes = int(self.progress.resumes.numpy())
+        config = dataclasses.replace(
+            self.input_config, seed=self.input_config.seed + 7919 * resumes)
+        self.coverage_rows = manifest.rows("train")
+        return make_train_dataset_fn(
+            manifest, self.spec, config,
+            ps_workers=self.num_workers if self.is_ps else None, **options)
+
+    def evaluate(self, manifest: Manifest, batch_size: int | None = None
+                 ) -> EvalResult:
+        """Every eval example once (one call or closure per shard), on
+        logits corrected for the negative sampling of the train data."""
+        model, shift = self.model, self.logit_shift
+        function = make_eval_function(
+            (lambda batch: tf.cast(model(batch), tf.float32) + shift)
+            if shift else model,
+            self.spec, batch_size or self.input_config.batch_size,
+            manifest.block_rows)
+        return evaluate_files(function, manifest.files("eval"),
+                              self.coordinator, on_part=self.eval_beat)
+
+    # -- training -------------------------------------------------------------
+
+    def _executor(self, dataset_fn: DatasetFn, loop: LoopConfig):
+        rows = self.coverage_rows is not None  # count rows: psrec's data
+        build = functools.partial(
+            make_train_function, self.strategy, self.step,
+            micro_batches=self.micro_batches, with_rows=rows)
+        executor = (ClosureExecutor(self.coordinator, build, dataset_fn,
+                                    self.num_workers, loop) if self.is_ps
+                    else DirectExecutor(self.strategy, build, dataset_fn, loop))
+        executor.tally = new_tally(self.coverage_rows)
+        executor.maintainer = dynamic_maintainer(self)  # dynamic tables
+        return executor
+
+    def best_tracker(self, loop: LoopConfig) -> BestTracker | None:
+        """The chief's keeper of the best checkpoint (None: no checkpoints,
+        not the chief, or ``keep_best`` is ``none``)."""
+        if (self.keeper is None or not self.chief
+                or loop.keep_best == "none"):
+            return None
+        return BestTracker(self.checkpoint_dir, loop.keep_best,
+                           loop.early_stop_patience)
+
+    def train(self, dataset_fn: DatasetFn, loop: LoopConfig,
+              eval_manifest: Manifest | None = None,
+              on_progress: Callable[[int, float, int], None] | None = None,
+              on_boundary: Callable[[int, EvalResult | None, str | None],
+                                    None] | None = None,
+              heartbeat: Callable[[str], None] | None = None,
+              on_best: Callable[[BestRecord], None] | None = None,
+              should_stop: Callable[[], bool] | None = None,
+              save_on_stop: Callable[[float | None], bool] | None = None
+              ) -> TrainResult:
+        """Trains from the current progress step up to ``loop.steps``, or
+        until early stopping ends it.
+
+        Args:
+          dataset_fn: training input (see :meth:`dataset_fn`).
+          loop: scheduling, evaluation and checkpoint intervals, the metric
+            of the best checkpoint and the early-stopping patience.
+          eval_manifest: evaluated at eval boundaries and at the end (by
+            the chief only, under a multi-worker strategy); each eval
+            boundary is also a checkpoint, kept as the best when the eval
+            improved ``loop.keep_best``.
+          on_progress: ``(step, mean loss, examples)`` per finished call.
+          on_boundary: ``(step, eval result or None, checkpoint path or
+            None)`` at each join boundary.
+          heartbeat: ``(phase)`` whenever work completes or a phase
+            (``training``, ``eval``, ``checkpoint``) begins; feeds the stall
+            watchdogs.
+          on_best: ``(record)`` when a new best checkpoint is recorded.
+          should_stop: checked before each call; True (SIGTERM) stops
+            scheduling, drains the calls in flight and ends the run there
+            (``interrupted_at``), saving a checkpoint at that step when
+            ``save_on_stop(last save's seconds or None)`` allows it.
+        """
+        beat = heartbeat or (lambda phase: None)
+        self.eval_beat, loop = (lambda: beat("eval")), loop.resolved()
+        check(not (loop.early_stop_patience and not self.is_ps
+                   and self.num_workers > 1), "--early-stop-patience",
+              loop.early_stop_patience, "is not supported with several "
+              "workers of a replicated strategy (only the chief evaluates)",
+              StrategyError)
+        self.executor = executor = self._executor(dataset_fn, loop)
+        executor.should_stop = should_stop or (lambda: False)
+        interrupted = None
+        start = int(self.progress.step.numpy())
+        step, examples, last_loss = start, 0, float("nan")
+        began = time.perf_counter()
+        eval_result, path = None, None
+        # The same on every worker (each saves at eval boundaries); only
+        # the chief evaluates.
+        evals = eval_manifest is not None and bool(
+            eval_manifest.files("eval"))
+        has_eval = self.chief and evals
+        tracker = self.best_tracker(loop) if has_eval else None
+        stopped = (start if tracker is not None and tracker.exhausted
+                   else None)
+
+        def on_result(at: int, loss_sum: float, count: int) -> None:
+            nonlocal examples, last_loss
+            examples += count
+            last_loss = loss_sum / max(1, count // max(
+                1, self.input_config.batch_size * self.micro_batches))
+            self.progress.step.assign(at)
+            self.progress.examples.assign_add(count)
+            beat("training")
+            if on_progress is not None:
+                on_progress(at, last_loss, count)
+
+        while step < loop.steps and stopped is None:
+            beat("training")
+            boundary = loop.next_boundary(step)
+            step = executor.run(step, boundary, on_result)
+            if step < boundary:  # should_stop: drained; save and end here
+                interrupted = step
+                if save_at_stop(self, save_on_stop, beat):
+                    path = self.keeper.latest
+                break
+            eval_result = None
+            eval_due = evals and (step >= loop.steps
+                                  or loop.is_eval_step(step))
+            if has_eval and eval_due:
+                beat("eval")
+                eval_result = self.evaluate(eval_manifest)
+            saved = None
+            if step >= loop.steps or eval_due or (
+                    loop.checkpoint_every and
+                    step % loop.checkpoint_every == 0):
+                saved = timed_save(self, beat)
+                path = saved or path
+            if on_boundary is not None:
+                on_boundary(step, eval_result, saved)
+            if tracker is not None and eval_result is not None and saved:
+                if tracker.update(step, eval_result, saved) and on_best:
+                    on_best(tracker.record)
+                if tracker.exhausted and step < loop.steps:
+                    stopped = step
+        if step == start and self.keeper is not None and (
+                interrupted is None):  # already done
+            path = self.keeper.latest
+            if has_eval:
+                eval_result = self.evaluate(eval_manifest)
+        return TrainResult(
+            start_step=start, step=step, executed_steps=self.executed_steps,
+            examples=examples, seconds=time.perf_counter() - began,
+            final_loss=last_loss, eval=eval_result, checkpoint=path,
+            replicas=self.replicas,
+            closure_seconds=tuple(executor.closure_seconds),
+            closures_per_worker=dict(executor.closures_per_pipeline),
+            best=tracker.record if tracker is not None else None,
+            stopped_early_at=stopped, interrupted_at=interrupted,
+            coverage=tuple(executor.tally.epochs()) if executor.tally else ())
+
+    def describe_pending(self) -> str:
+        """Work in flight and per-worker progress (for the watchdog)."""
+        return describe_pending(self)
+
+
+def table_checkpoint_keys(model: RankingModel) -> dict[str, object]:
+    """Checkpoint key prefix of every table variable -> the variable."""
+    return {f"model/sparse_arch/{name}": variable
+            for name, variable in model.sparse_arch.tables.items()}
+
+
+# What the trainer does around its loop that is not training: timed
+# checkpoint saves, the checkpoint of an interrupted run (SIGTERM), and the
+# description of pending work the stall watchdog prints.
+
+def timed_save(trainer, beat: Callable[[str], None]) -> str | None:
+    """``trainer.save()`` in the ``checkpoint`` heartbeat phase; records its
+    duration in ``trainer.last_save_seconds`` (the next interrupted run's
+    estimate of whether a save fits its grace period)."""
+    beat("checkpoint")
+    began = time.perf_counter()
+    saved = trainer.save()
+    trainer.last_save_seconds = time.perf_counter() - began
+    beat("training")
+    return saved
+
+
+def save_at_stop(trainer, allowed: Callable[[float | None], bool] | None,
+                 beat: Callable[[str], None]) -> bool:
+    """The checkpoint of an interrupted run, at the step reached. True when
+    one exists at that step afterwards (saved now, or already there);
+    False when there are no checkpoints or ``allowed(last save seconds)``
+    refuses (no time left for a save)."""
+    if trainer.keeper is None:
+        return False
+    step = int(trainer.progress.step.numpy())
+    latest = trainer.keeper.latest
+    if latest is not None and latest.endswith(f"-{step}"):
+        return True
+    if allowed is not None and not allowed(
+            getattr(trainer, "last_save_seconds", None)):
+        return False
+    return timed_save(trainer, beat) is not None or not trainer.chief
+
+
+def describe_pending(trainer) -> str:
+    """Work in flight and per-worker progress (for the watchdog)."""
+    executor = trainer.executor
+    if executor is None:
+        return "training loop not started"
+    now = time.monotonic()
+    done, last = executor.closures_per_pipeline, executor.last_result_at
+    workers = "; ".join(
+        f"worker {w}: {done[w]} closures finished, " + (
+            f"last {now - last[w]:.0f} s ago" if w in last else "none yet")
+        for w in (range(trainer.num_workers) if trainer.is_ps
+                  else sorted(done)))
+    unit = ("closure(s) scheduled and not collected" if trainer.is_ps
+            else "call(s) in flight")
+    return (f"{executor.in_flight} {unit} (the oldest is awaited); step "
+            f"{int(trainer.progress.step.numpy())}; "
+            f"{workers or 'no results yet'}. A worker whose last result "
+            "is oldest holds the stalled closure.")
