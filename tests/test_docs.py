@@ -1,0 +1,369 @@
+"""The README and docs/ cannot go stale: every command they show is checked.
+
+* Every ``psrec ...`` command line in a fenced ``console``/``sh``/``bash``
+  block of README.md and docs/**/*.md is parsed by the real ``psrec``
+  argument parser (built in-process), so a renamed or removed flag, command
+  or choice fails here. Every fenced block names its language, so no
+  command hides in an untagged block.
+* Every ``--flag`` of an inline ``psrec <command> ...`` span in the prose
+  is an option of that command.
+* The README's command table lists exactly the CLI's commands.
+* A block that includes a script (``<!-- include: FILE -->`` right above
+  it) equals that file, and the Criteo walkthrough script
+  (docs/tutorials/criteo.sh) runs end to end on the real sample, in a
+  temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from psrec.launch.cli.main import build_parser
+from tests._proc import WatchedProcess
+from tests._proc import kill_pids
+from tests._proc import processes_matching
+from tests._shared import shared_data
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
+SHELL_LANGUAGES = {"console", "sh", "bash", "shell"}
+_FENCE = re.compile(r"^(```+)\s*(\S*)\s*$")
+_INCLUDE = re.compile(r"^<!--\s*include:\s*(\S+)\s*-->\s*$")
+# `psrec`, `.venv/bin/psrec` or `python -m psrec` starts a psrec command.
+_PSREC = re.compile(r"^(?:\S*/)?psrec$")
+_PYTHON = re.compile(r"^(?:\S*/)?python[0-9.]*$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_SEPARATORS = {"|", "||", "&", "&&", ";", ">", ">>", "2>", "2>&1"}
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    language: str
+    text: str
+    include: str | None  # the file an include marker names
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+
+def fenced_blocks(page: Path) -> list[Block]:
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        fence, language, start = match.group(1), match.group(2), i
+        include = None
+        if start > 0 and _INCLUDE.match(lines[start - 1]):
+            include = _INCLUDE.match(lines[start - 1]).group(1)
+        i += 1
+        body = []
+        while i < len(lines) and lines[i].rstrip() != fence:
+            body.append(lines[i])
+            i += 1
+        assert i < len(lines), f"{page}:{start + 1}: unclosed code fence"
+        blocks.append(Block(page, start + 1, language,
+                            "\n".join(body) + "\n", include))
+        i += 1
+    return blocks
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Shell lines with ``\\`` continuations joined and a ``$ `` prompt
+    dropped."""
+    out, pending = [], ""
+    for raw in text.splitlines():
+        line = pending + raw
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        if line.startswith("$ "):
+            line = line[2:]
+        out.append(line)
+    return out
+
+
+def _strip_comment(line: str) -> str:
+    """``line`` without a shell comment (a ``#`` starting a word outside
+    quotes)."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def psrec_commands(text: str) -> list[list[str]]:
+    """The argv of every psrec command in a shell block (leading variable
+    assignments skipped; pipes, ``&``, ``;`` and redirections end a
+    command; comments dropped)."""
+    commands = []
+    for line in _logical_lines(text):
+        lexer = shlex.shlex(_strip_comment(line), posix=True,
+                            punctuation_chars=";&|>")
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        words, segment = list(lexer), []
+        for word in [*words, ";"]:
+            if word in _SEPARATORS or set(word) <= set(";&|>"):
+                argv = _psrec_argv(segment)
+                if argv is not None:
+                    commands.append(argv)
+                segment = []
+            else:
+                segment.append(word)
+    return commands
+
+
+def _psrec_argv(words: list[str]) -> list[str] | None:
+    while words and _ASSIGNMENT.match(words[0]):
+        words = words[1:]
+    if words and _PSREC.match(words[0]):
+        return words[1:]
+    if (len(words) >= 3 and _PYTHON.match(words[0])
+            and words[1:3] == ["-m", "psrec"]):
+        return words[3:]
+    return None
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    found = []
+    for page in PAGES:
+        for block in fenced_blocks(page):
+            if block.language in SHELL_LANGUAGES:
+                found += [(block.where, argv)
+                          for argv in psrec_commands(block.text)]
+    return found
+
+
+def _subcommands(parser: argparse.ArgumentParser
+                 ) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _parse(argv: list[str]) -> str | None:
+    """None when the psrec parser accepts ``argv``, else its message."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), \
+                contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(argv)
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            return stderr.getvalue().strip() or f"exit {stop.code}"
+    return None
+
+
+# -- the checks ---------------------------------------------------------------
+
+
+def test_every_fenced_block_names_its_language():
+    # docs/architecture.md is kept by the layering test (its ```layers
+    # block); its one untagged block is a picture of the package tree.
+    untagged = [block.where for page in PAGES
+                if page.name != "architecture.md"
+                for block in fenced_blocks(page) if not block.language]
+    assert not untagged, (
+        "fenced blocks without a language (use ```console/```sh for "
+        f"commands, ```text for output): {untagged}")
+
+
+def test_the_docs_show_many_commands():
+    # A broken extractor must not pass by finding nothing.
+    commands = documented_commands()
+    assert len(commands) >= 40, commands
+    names = {argv[0] for _, argv in commands if argv}
+    assert {"ingest", "convert", "train", "eval", "export",
+            "predict"} <= names
+
+
+def test_every_documented_command_parses():
+    failures = [f"{where}: psrec {shlex.join(argv)}\n    {message}"
+                for where, argv in documented_commands()
+                if (message := _parse(argv)) is not None]
+    assert not failures, "\n".join(failures)
+
+
+def test_the_parse_check_catches_a_renamed_flag():
+    assert _parse(["train", "--steps", "10"]) is None
+    assert "--no-such-flag" in _parse(["train", "--no-such-flag", "1"])
+    assert _parse(["no-such-command"]) is not None
+
+
+_INLINE = re.compile(r"`(psrec [^`]+)`")
+
+
+def _parser_for(words: list[str]) -> tuple[argparse.ArgumentParser, int]:
+    """The deepest (sub)parser the leading words name, and how many words
+    named it."""
+    parser, used = build_parser(), 0
+    while used < len(words) and words[used] in _subcommands(parser):
+        parser = _subcommands(parser)[words[used]]
+        used += 1
+    return parser, used
+
+
+def test_every_flag_of_an_inline_command_exists():
+    failures = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in _INLINE.finditer(text):
+            words = match.group(1).split()[1:]
+            parser, used = _parser_for(words)
+            line = text.count("\n", 0, match.start()) + 1
+            where = f"{page.relative_to(REPO)}:{line}"
+            if used == 0 and re.match(r"[a-z]", words[0] if words else "-"):
+                failures.append(f"{where}: no such command: {match.group(1)}")
+                continue
+            options = set(parser._option_string_actions)
+            for word in words[used:]:
+                flag = word.split("=")[0].strip("[](),.")
+                if flag.startswith("--") and len(flag) > 2 \
+                        and flag not in options:
+                    failures.append(f"{where}: `{match.group(1)}`: "
+                                    f"{flag} is not an option")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_readme_command_table_lists_exactly_the_cli_commands():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `psrec ([a-z0-9-]+)", section, re.MULTILINE)
+    cli = list(_subcommands(build_parser()))
+    assert sorted(listed) == sorted(cli)
+    assert len(listed) == len(set(listed)), listed
+
+
+def test_included_scripts_are_the_files_they_name():
+    includes = [block for page in PAGES for block in fenced_blocks(page)
+                if block.include]
+    assert any(b.include == "criteo.sh" for b in includes), includes
+    for block in includes:
+        script = block.page.parent / block.include
+        assert script.is_file(), f"{block.where}: {script} is missing"
+        assert block.text == script.read_text(encoding="utf-8"), (
+            f"{block.where} differs from {script.relative_to(REPO)}: copy "
+            "the script into the page again")
+
+
+_TEST_REF = re.compile(r"tests/(test_[a-z0-9_]+\.py)::(test_[a-z0-9_]+)")
+
+
+def test_every_named_test_exists():
+    refs = {(m.group(1), m.group(2)) for page in PAGES
+            for m in _TEST_REF.finditer(page.read_text(encoding="utf-8"))}
+    assert len(refs) >= 20, refs
+    missing = [f"tests/{file}::{name}" for file, name in sorted(refs)
+               if not (REPO / "tests" / file).is_file()
+               or not re.search(rf"^def {name}\(",
+                                (REPO / "tests" / file).read_text(
+                                    encoding="utf-8"), re.MULTILINE)]
+    assert not missing, f"the docs name tests that do not exist: {missing}"
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    anchors, fenced = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            anchors.add(_slug(line.lstrip("#")))
+    return anchors
+
+
+def test_every_relative_link_and_anchor_exists():
+    broken = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in _LINK.finditer(text):
+            target = match.group(1)
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and file.suffix == ".md" and \
+                    anchor not in _anchors(file):
+                broken.append(f"{page.relative_to(REPO)}: {target} "
+                              "(no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_the_criteo_walkthrough_runs_end_to_end(tmp_path):
+    """docs/tutorials/criteo.sh as a reader runs it: ingest of the raw
+    sample -> spec infer -> convert -> train (local cluster) -> eval ->
+    export -> predict, in an empty folder (never the source tree)."""
+    sample = shared_data("criteo/criteo_combined_10390.txt")
+    script = REPO / "docs" / "tutorials" / "criteo.sh"
+    env = dict(os.environ, CRITEO=str(sample.parent), PYTHONUNBUFFERED="1")
+    # The `psrec` of the editable install this interpreter runs.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    run = WatchedProcess(subprocess.Popen(
+        ["bash", str(script)], cwd=tmp_path, env=env, text=True, bufsize=1,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=_default_sigint), label="criteo.sh: ")
+    try:
+        code = run.process.wait(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.process.pid, signal.SIGKILL)
+        run.process.wait()
+        raise AssertionError(f"criteo.sh did not finish within 420 s:\n"
+                             f"{run.output[-4000:]}") from None
+    finally:
+        left = processes_matching([str(tmp_path)])
+        kill_pids(left)
+    assert code == 0, f"criteo.sh exited {code}:\n{run.output[-6000:]}"
+    assert not left, f"processes left behind: {sorted(left)}"
+    run.wait_for(r"wrote spec\.yaml: \d+ dense, \d+ categorical", 10)
+    run.wait_for(r"wrote train 8312, eval 2078", 10)
+    run.wait_for(r"step 40: eval: 2078 examples, AUC 0\.\d+", 10)
+    run.wait_for(r"scored 10,390 rows of 1 file", 10)
+    assert (tmp_path / "model" / "1" / "saved_model.pb").is_file()
+    assert (tmp_path / "scores.parquet").is_file()
+    import pyarrow.parquet as pq
+    scores = pq.read_table(tmp_path / "scores.parquet")
+    assert scores.num_rows == 10_390
+    probability = scores.column("probability").to_numpy()
+    assert ((probability > 0) & (probability < 1)).all()
