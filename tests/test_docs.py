@@ -37,7 +37,8 @@ from tests._proc import processes_matching
 from tests._shared import shared_data
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
+PAGES = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
+                *(REPO / "docs").rglob("*.md")])
 SHELL_LANGUAGES = {"console", "sh", "bash", "shell"}
 _FENCE = re.compile(r"^(```+)\s*(\S*)\s*$")
 _INCLUDE = re.compile(r"^<!--\s*include:\s*(\S+)\s*-->\s*$")
@@ -284,6 +285,54 @@ def test_every_named_test_exists():
                                 (REPO / "tests" / file).read_text(
                                     encoding="utf-8"), re.MULTILINE)]
     assert not missing, f"the docs name tests that do not exist: {missing}"
+
+
+_PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|sh|md|svg|toml|yaml))`")
+_DOTTED = re.compile(r"`(psrec(?:\.\w+)+)")
+_FOLDERS = {"launch", "features", "data", "ps_cluster", "models"}
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    """The source file of the psrec module ``parts`` (``["psrec",
+    "launch", "cli"]``), or None."""
+    if len(parts) > 1 and parts[1] in _FOLDERS:
+        base = REPO.joinpath(*parts[1:])
+    else:
+        base = REPO.joinpath("psrec", *parts[1:])
+    for file in (base.with_suffix(".py"), base / "__init__.py"):
+        if file.is_file():
+            return file
+    return None
+
+
+def test_every_named_file_and_module_exists():
+    missing = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        where = page.relative_to(REPO)
+        for match in _PATH.finditer(text):
+            path = match.group(1)
+            if not path.startswith(("../", "/")) and not (
+                    REPO / path).exists() and not (page.parent / path).exists():
+                missing.append(f"{where}: {path}")
+        for match in _DOTTED.finditer(text):
+            parts = match.group(1).split(".")
+            if parts[1:] == ["core"]:
+                continue  # docs/architecture.md's name for psrec/ itself
+            # The longest prefix that is a module; what follows must be a
+            # name defined (or imported) in it.
+            for cut in range(len(parts), 0, -1):
+                file = _module_file(parts[:cut])
+                if file is not None:
+                    rest = parts[cut:cut + 1]
+                    if rest and not re.search(
+                            rf"\b{rest[0]}\b", file.read_text(encoding="utf-8")):
+                        missing.append(f"{where}: {match.group(1)}")
+                    break
+            else:
+                missing.append(f"{where}: {match.group(1)}")
+    assert not missing, f"the docs name files or modules that do not exist: " \
+        f"{missing}"
 
 
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
