@@ -17,7 +17,9 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import inspect
 import io
 import os
 import re
@@ -270,6 +272,34 @@ def test_included_scripts_are_the_files_they_name():
         assert block.text == script.read_text(encoding="utf-8"), (
             f"{block.where} differs from {script.relative_to(REPO)}: copy "
             "the script into the page again")
+
+
+def test_python_blocks_compile_and_use_only_the_public_api():
+    import psrec
+    blocks = [block for page in PAGES for block in fenced_blocks(page)
+              if block.language == "python"]
+    assert blocks
+    for block in blocks:
+        tree = ast.parse(block.text, block.where)
+        used = set(re.findall(r"\bpsrec\.(\w+)", block.text))
+        assert used <= set(psrec.__all__), (
+            f"{block.where}: not in psrec.__all__: "
+            f"{sorted(used - set(psrec.__all__))}")
+        # Each call of a psrec name takes the keywords the page gives it.
+        for call in ast.walk(tree):
+            if (isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and isinstance(call.func.value, ast.Name)
+                    and call.func.value.id == "psrec"):
+                target = getattr(psrec, call.func.attr)
+                keywords = {k.arg: None for k in call.keywords if k.arg}
+                try:
+                    inspect.signature(target).bind_partial(
+                        *[None] * len(call.args), **keywords)
+                except TypeError as error:
+                    raise AssertionError(
+                        f"{block.where}: psrec.{call.func.attr}"
+                        f"({', '.join(keywords)}): {error}") from None
 
 
 _TEST_REF = re.compile(r"tests/(test_[a-z0-9_]+\.py)::(test_[a-z0-9_]+)")
