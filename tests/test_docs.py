@@ -258,8 +258,8 @@ def test_the_readme_command_table_lists_exactly_the_cli_commands():
     section = readme.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `psrec ([a-z0-9-]+)", section, re.MULTILINE)
     cli = list(_subcommands(build_parser()))
-    assert sorted(listed) == sorted(cli)
-    assert len(listed) == len(set(listed)), listed
+    # A command may have a row per form (`ingest criteo`, `ingest csv`).
+    assert sorted(set(listed)) == sorted(cli)
 
 
 def test_included_scripts_are_the_files_they_name():
