@@ -433,6 +433,8 @@ def test_the_criteo_walkthrough_runs_end_to_end(tmp_path):
     finally:
         left = processes_matching([str(tmp_path)])
         kill_pids(left)
+    # The whole output stays beside the run, for a look after the test.
+    (tmp_path / "walkthrough.log").write_text(run.output + "\n")
     assert code == 0, f"criteo.sh exited {code}:\n{run.output[-6000:]}"
     assert not left, f"processes left behind: {sorted(left)}"
     run.wait_for(r"wrote spec\.yaml: \d+ dense, \d+ categorical", 10)
