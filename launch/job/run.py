@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 from typing import Iterator
 
@@ -29,6 +30,7 @@ from psrec.launch.job.reporting import coverage_lines
 from psrec.launch.job.reporting import input_options
 from psrec.launch.job.reporting import write_restore_report
 from psrec.launch.local.cluster import LocalCluster
+from psrec.launch.local.cluster import psrec_command
 from psrec.launch.monitor.heartbeat import run_state_dir
 from psrec.ps_cluster.checkpoint.best import BestRecord
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
@@ -271,6 +273,29 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         **coverage_fields(result, config.input.mode, log))
     write_json_atomic(workdir / "summary.json", summary.to_dict())
     return summary
+
+
+# The job processes psrec's launchers start: the coordinator of a supervised
+# local cluster, the workers of a local multi-worker-mirrored run. Each is
+# handed its job as a job.json file (the one codec of a JobConfig) and runs
+# it with the data already checked by its launcher; the module's command
+# line is all it reads (no flags of `psrec train`, no environment variable).
+JOB_PROCESS = "psrec.launch.cli.job_process"
+JOB_ROLES = ("coordinator", "worker")
+
+
+def job_process_command(config: JobConfig, role: str, folder: Path,
+                        *options: str) -> list[str]:
+    """Writes ``config`` to ``folder/job.json`` and returns the command of
+    a process that runs it as ``role`` (:data:`JOB_ROLES`): ``python -P -m
+    psrec.launch.cli.job_process ROLE FOLDER/job.json OPTIONS`` (options:
+    ``--json``; the supervisor appends ``--cluster FILE``). Only for a job
+    whose data the caller checked and recorded
+    (:func:`psrec.launch.job.data.record_verified`)."""
+    if role not in JOB_ROLES:
+        raise ValueError(f"job process role {role!r}: one of {JOB_ROLES}")
+    return psrec_command(JOB_PROCESS, role, str(config.write(folder)),
+                         *options)
 
 
 def epoch_steps(config: JobConfig, manifest: Manifest) -> int:
