@@ -322,22 +322,29 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
     """Builds the trainer, resumes, trains with progress, eval, checkpoints
     (the best one kept), the heartbeat, the stall watchdog and a graceful
     SIGTERM. Returns ``(result, trainer)``."""
+    from psrec.data.convert.catalogue import Catalogue
     from psrec.launch.job import runtime as job_runtime
     from psrec.launch.job.reporting import make_reporter
     from psrec.ps_cluster.cluster.strategy import precision_policy
-    from psrec.ps_cluster.retrieval.trainer import trainer_class
+    from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
     from psrec.ps_cluster.training.step import NonFiniteLossError
+    from psrec.ps_cluster.training.trainer import Trainer
     from psrec.ps_cluster.training.watchdog import Watchdog
-    trainer = trainer_class(config.retrieval, config.spec, manifest)(
-        strategy, config.spec, config.retrieval or config.model,
-        config.optimizer, config.input,
-        micro_batches=config.strategy.grad_accum_steps,
-        precision=precision_policy(config.strategy.mixed_precision),
-        checkpoint_dir=config.checkpoint_dir,
-        keep_checkpoints=config.keep_checkpoints,
-        checkpoint_writers=config.checkpoint_writers,
-        positive_rate=_base_rate(manifest),
-        neg_sample_rate=manifest.neg_sample_rate)
+    precision = precision_policy(config.strategy.mixed_precision)
+    common = dict(micro_batches=config.strategy.grad_accum_steps,
+                  precision=precision, checkpoint_dir=config.checkpoint_dir,
+                  keep_checkpoints=config.keep_checkpoints,
+                  checkpoint_writers=config.checkpoint_writers)
+    if config.retrieval is not None:
+        trainer = RetrievalTrainer(
+            strategy, config.spec, config.retrieval, config.optimizer,
+            config.input, catalogue=Catalogue.load(manifest.root,
+                                                   config.spec), **common)
+    else:
+        trainer = Trainer(
+            strategy, config.spec, config.model, config.optimizer,
+            config.input, positive_rate=_base_rate(manifest),
+            neg_sample_rate=manifest.neg_sample_rate, **common)
     config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
     if config.epochs is not None:
         log(f"--epochs {config.epochs:g}: {config.loop.steps} steps of "
