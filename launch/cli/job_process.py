@@ -39,7 +39,7 @@ from psrec.progress import set_default_progress
 def _parser() -> argparse.ArgumentParser:
     from psrec.launch.job.run import JOB_PROCESS
     from psrec.launch.job.run import JOB_ROLES
-    parser = Parser(prog="psrec train", usage=f"python -m {JOB_PROCESS} "
+    parser = Parser(prog=JOB_PROCESS, usage=f"python -m {JOB_PROCESS} "
                     "{coordinator,worker} JOB.json [--cluster FILE] [--json]",
                     description=__doc__.split("\n\n")[0])
     parser.add_argument("role", choices=JOB_ROLES)
@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_process()
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if (args.cluster is None) == (args.role == "coordinator"):
-        _parser().error("--cluster FILE is given to the coordinator only")
+        _parser().error("the coordinator needs --cluster FILE; a worker "
+                        "takes none (its task is in TF_CONFIG)")
     set_default_progress(progress_for(args))  # as `psrec train` reports
     return run_command("train", lambda: _run(args))
 
