@@ -39,7 +39,6 @@ from psrec.features.spec.spec import ID_COLUMN
 from psrec.launch.cli.data_service import resolve_input_mode
 from psrec.ps_cluster.training.coverage import CoverageTally
 from psrec.ps_cluster.training.coverage import coverage_warning
-from psrec.ps_cluster.training.data_service import ADDRESS_ENV
 from psrec.ps_cluster.training.data_service import start_dispatcher
 from psrec.ps_cluster.training.data_service import start_worker
 from tests._proc import PsrecRun
@@ -222,16 +221,12 @@ def test_killed_data_service_is_restarted_and_training_goes_on(
     ({"cluster": "cluster.json"}, {}, "static"),  # existing, no dispatcher
     ({}, {"TF_CONFIG": '{"cluster": {}}'}, "static"),
     ({"cluster": "cluster.json", "data_service": "h:1"}, {}, "data-service"),
-    # a supervised coordinator: --cluster, the launcher's dispatcher
-    ({"cluster": "cluster.json"}, {ADDRESS_ENV: "grpc://h:1"},
-     "data-service"),
     ({"input_mode": "static"}, {}, "static"),
     ({"input_mode": "data-service", "workers": 1}, {}, "data-service"),
 ])
 def test_input_mode_auto_reads_through_the_service_where_psrec_can(
         monkeypatch, given, env, mode):
-    for name in ("TF_CONFIG", ADDRESS_ENV):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     args = argparse.Namespace(**({

@@ -194,7 +194,31 @@ def test_local_train_is_unreachable_from_other_hosts(tmp_path,
         assert _reachable(external_addresses, listeners) == []
         own = os.readlink("/proc/self/ns/net")
         assert all(os.readlink(f"/proc/{pid}/ns/net") != own for pid in pids)
+        _assert_handed_its_job(run.coordinator_pids[0], workdir)
         _stop(run, workdir)
+
+
+def _assert_handed_its_job(pid: int, workdir: Path) -> None:
+    """The supervised coordinator, as the kernel sees it: a job process
+    started with its job file and the cluster file, nothing else -- no
+    rerun of `psrec train`'s command line with hidden flags, no psrec
+    variable in its environment -- and the job file carries the local
+    tf.data service's address (the run reads through it: 2 workers)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    job = workdir / "coordinator" / "job.json"
+    assert argv[1:] == ["-P", "-m", "psrec.launch.cli.job_process",
+                        "coordinator", str(job), "--cluster",
+                        str(workdir / "cluster.json")], argv
+    environ = dict(item.split("=", 1) for item in Path(
+        f"/proc/{pid}/environ").read_bytes().decode().split("\0") if item)
+    # PSREC_NETNS: the namespace's state, set for the whole tree by the
+    # re-execution into it (launch.local.netns).
+    added = {name for name in environ if name.startswith("PSREC_")
+             and name not in os.environ and name != "PSREC_NETNS"}
+    assert not added and "PSREC_DATA_SERVICE" not in environ, sorted(environ)
+    handed = json.loads(job.read_text())
+    assert handed["input"]["mode"] == "data-service"
+    assert re.fullmatch(r"grpc://127\.0\.0\.1:\d+", handed["data_service"])
 
 
 def test_without_namespaces_train_refuses_before_any_work(tmp_path,

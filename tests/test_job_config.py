@@ -64,6 +64,7 @@ def _ps_job(tmp_path: Path) -> JobConfig:
         partition=PartitionConfig(kind="max-size", max_shard_bytes=1 << 20,
                                   shards=3),
         workers=3, ps=2, stall_timeout=None, checkpoint_writers="tasks",
+        data_service="grpc://127.0.0.1:5050",
         retrieval=RetrievalConfig(  # every field differs from its default
             tower_mlp=(8,), output_dim=8, temperature=0.1, normalize=False,
             logq=False, uniform_negatives=4, remove_accidental_hits=False))
@@ -91,13 +92,14 @@ def test_job_config_round_trips_through_dict_and_job_json(tmp_path, build):
 def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
     """The codec test above would miss a field the codec drops if that field
     kept its default: the mirrored job sets every field but partition, ps,
-    workers and checkpoint_writers (refused under mirrored) and retrieval (a
-    ranking job), which the PS job sets."""
+    workers and checkpoint_writers (refused under mirrored), data_service (a
+    PS job's dispatcher) and retrieval (a ranking job), which the PS job
+    sets."""
     config, default = _mirrored_job(tmp_path), JobConfig()
     same = {f.name for f in dataclasses.fields(JobConfig)
             if getattr(config, f.name) == getattr(default, f.name)}
     assert same == {"partition", "ps", "workers", "checkpoint_writers",
-                    "retrieval"}
+                    "data_service", "retrieval"}
     ps = _ps_job(tmp_path)
     assert all(getattr(ps, name) != getattr(default, name) for name in same)
     strategy = config.strategy

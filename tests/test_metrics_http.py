@@ -269,6 +269,37 @@ def test_healthz_fails_when_the_heartbeat_stops(tmp_path):
         assert _get(port, "/nothing")[0] == 404
 
 
+def test_healthz_judges_the_heartbeat_as_the_supervisor_does(tmp_path,
+                                                              monkeypatch):
+    """/healthz and the supervisor share one judge (HeartbeatMonitor): the
+    time since the heartbeat last changed, on the watcher's monotonic
+    clock -- not the file's wall-clock ``time``, which a writer whose clock
+    runs an hour ahead would keep "fresh" forever."""
+    from psrec.launch.monitor.metrics_http import HeartbeatCollector
+    from psrec.launch.monitor.metrics_http import health
+    now = [1000.0]
+    monkeypatch.setattr(
+        "psrec.launch.monitor.heartbeat.time.monotonic", lambda: now[0])
+    path = heartbeat_path(tmp_path)
+    ahead = time.time() + 3600.0
+
+    def beat(seq: int) -> None:
+        path.write_text(json.dumps({"seq": seq, "phase": "training",
+                                    "step": seq, "time": ahead, "pid": 7}))
+
+    beat(1)
+    collector = HeartbeatCollector(path, since=time.time())
+    assert health(collector, stall_timeout=5.0)[0]
+    now[0] += 4.0
+    assert health(collector, stall_timeout=5.0)[0]  # 4 s: within the limit
+    now[0] += 1.0
+    ok, why = health(collector, stall_timeout=5.0)
+    assert not ok and why.startswith("stalled: phase training, step 1"), why
+    beat(2)  # a new beat is fresh again, whatever its wall-clock time
+    assert health(collector, stall_timeout=5.0) == (
+        True, "ok: phase training, step 2, last heartbeat 0.0 s ago")
+
+
 def test_metrics_flags_refused_with_one_line(tmp_path, capsys):
     assert main(["train", "--strategy", "one-device", "--metrics-port",
                  "9100", "--workdir", str(tmp_path)]) == 2

@@ -238,3 +238,50 @@ def test_frozen_data_service_is_the_failed_role_of_a_stall(tmp_path):
     finally:
         service.process.kill()
         service.process.wait()
+
+
+def test_the_coordinator_is_handed_its_job_not_a_command_line(tmp_path,
+                                                              monkeypatch):
+    """What the supervisor starts: a job process named by its role, given
+    the job file the JobConfig codec wrote (the dispatcher's address in it)
+    -- no `psrec train` arguments, no hidden flag, and no environment
+    variable of psrec's besides what the caller's environment had."""
+    from psrec.launch.cli import job_process
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.run import job_process_command
+    from psrec.launch.supervise.restart_policy import SupervisorConfig
+    from psrec.launch.supervise.supervisor import Supervisor
+    config = JobConfig(workdir=tmp_path, data_service="grpc://127.0.0.1:5050")
+    folder = tmp_path / "coordinator"
+    command = job_process_command(config, "coordinator", folder, "--json")
+    assert command == [sys.executable, "-P", "-m",
+                       "psrec.launch.cli.job_process", "coordinator",
+                       str(folder / "job.json"), "--json"]
+    assert JobConfig.read(folder) == config  # the whole job, as it was
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def spawn(argv, log=None, env=None):
+        started.append((argv, env))
+        raise Started
+
+    monkeypatch.setattr("psrec.launch.supervise.supervisor.spawn", spawn)
+    supervisor = Supervisor(None, command, SupervisorConfig(), tmp_path)
+    supervisor.cluster = type("Cluster", (), {"live_spec": lambda self: (
+        ClusterSpec.build(ps=["127.0.0.1:1"], workers=["127.0.0.1:2"]))})()
+    with pytest.raises(Started):
+        supervisor._loop()
+    [(argv, env)] = started
+    assert argv == [*command, "--cluster", str(tmp_path / "cluster.json")]
+    assert env is None  # the launcher's role environment, nothing added
+    # The job process takes exactly that command line; a coordinator
+    # without a cluster file is a one-line usage error.
+    args = job_process._parser().parse_args(argv[4:])
+    assert (args.role, args.job, args.cluster, args.json) == (
+        "coordinator", str(folder / "job.json"),
+        str(tmp_path / "cluster.json"), True)
+    with pytest.raises(SystemExit) as exit_info:
+        job_process.main(["coordinator", str(folder / "job.json")])
+    assert exit_info.value.code == 2

@@ -7,16 +7,17 @@ loopback ports: the dispatcher and one tf.data worker per training worker
 workers, so a worker that dies does not take a tf.data worker -- and the
 files it is reading -- with it; it outlives coordinator and role
 restarts, and the supervisor restarts it on its port when it dies:
-:mod:`psrec.launch.supervise.data_service`). It passes the dispatcher's
-address to the coordinator in ``PSREC_DATA_SERVICE`` and stops the process
-by pid when the job ends (it also dies with the launcher,
-``PR_SET_PDEATHSIG``).
+:mod:`psrec.launch.supervise.data_service`). Its dispatcher's address is
+the job's ``data_service`` (the supervisor hands the coordinator that job);
+the process is stopped by pid when the job ends (it also dies with the
+launcher, ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 from typing import Iterator
 
@@ -24,7 +25,7 @@ from psrec.errors import EXIT_OK
 from psrec.launch.cli.argtypes import non_negative
 from psrec.launch.cli.support import UsageError
 from psrec.launch.supervise.data_service import LocalDataService
-from psrec.ps_cluster.training.data_service import ADDRESS_ENV
+from psrec.ps_cluster.cluster.tf_config import TFConfig
 
 INPUT_CHOICES = ("auto", "static", "data-service")
 
@@ -49,44 +50,36 @@ def add_input_flags(group) -> None:
 
 
 def resolve_input_mode(args: argparse.Namespace) -> str:
-    """The input mode ``--input-mode auto`` stands for (see its help); a
-    local run's coordinator (``--cluster`` from the supervisor) finds the
-    dispatcher its launcher started in :data:`ADDRESS_ENV`."""
+    """The input mode ``--input-mode auto`` stands for (see its help)."""
     if args.input_mode != "auto":
         return args.input_mode
     if args.strategy != "ps":
         return "static"
-    if args.data_service or os.environ.get(ADDRESS_ENV, "").strip():
+    if args.data_service:
         return "data-service"
-    existing = args.cluster or os.environ.get("TF_CONFIG", "").strip()
+    existing = args.cluster or TFConfig.from_env() is not None
     return "data-service" if not existing and args.workers >= 2 else "static"
-
-
-def use_dispatcher_flag(args: argparse.Namespace) -> None:
-    """``--data-service`` reaches the trainer as :data:`ADDRESS_ENV`."""
-    if getattr(args, "data_service", None):
-        os.environ[ADDRESS_ENV] = args.data_service
 
 
 @contextlib.contextmanager
 def local_data_service(config, log=print
-                       ) -> Iterator[LocalDataService | None]:
+                       ) -> Iterator[tuple[object, LocalDataService | None]]:
     """Starts the local tf.data service when ``config`` asks for it (and
-    no dispatcher was given) -- one process: the dispatcher and one tf.data
-    worker per training worker -- with :data:`ADDRESS_ENV` set for the
-    coordinator; yields it (None when not started) for the supervisor to
-    keep alive (:meth:`LocalDataService.keep`); stops it on exit."""
-    if config.input.mode != "data-service" or os.environ.get(ADDRESS_ENV):
-        yield None
+    names no dispatcher) -- one process: the dispatcher and one tf.data
+    worker per training worker. Yields ``(config, service)``: the job with
+    the service's address as its ``data_service``, and the service for the
+    supervisor to keep alive (:meth:`LocalDataService.keep`; None when
+    not started); stops it on exit."""
+    if config.input.mode != "data-service" or config.data_service:
+        yield config, None
         return
     service = LocalDataService(config.workers, config.state_dir,
                                str(config.workdir), log)
     try:
         service.start()
-        os.environ[ADDRESS_ENV] = f"grpc://{service.address}"
-        yield service
+        yield dataclasses.replace(
+            config, data_service=f"grpc://{service.address}"), service
     finally:
-        os.environ.pop(ADDRESS_ENV, None)
         service.stop()
 
 

@@ -141,13 +141,20 @@ def error_line(error: BaseException) -> str:
     return " ".join(lines) or type(error).__name__
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``psrec`` console script."""
+def start_process() -> None:
+    """What a psrec process does first: the TensorFlow environment
+    (:func:`psrec.runtime.configure_environment`), and line-buffered
+    output, so lines reach a pipe (a supervisor, a log collector) as they
+    happen."""
     configure_environment()
-    # Lines reach a pipe (a supervisor, a log collector) as they happen.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``psrec`` console script."""
+    start_process()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -155,10 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Giant-table initialisation, checkpoint saves and restores report here.
     set_default_progress(progress_for(args))
     run: Callable[[argparse.Namespace], int] = args.run
+    return run_command(args.command, lambda: run(args))
+
+
+def run_command(command: str, run: Callable[[], int]) -> int:
+    """Runs ``psrec COMMAND``'s work: known failures end in one line,
+    ``psrec COMMAND: error: ...``, and their exit code (see
+    :func:`exit_code_for`); unexpected ones propagate."""
     try:
-        return run(args)
+        return run()
     except KeyboardInterrupt:
-        print(f"psrec {args.command}: interrupted", file=sys.stderr)
+        print(f"psrec {command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 -- mapped to exit codes below
         code = exit_code_for(error)
@@ -168,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  else f" (retryable, exit {code})")
         # A requested stop (SIGTERM/SIGINT, exit 143/130) is not an error.
         kind = "" if code in (EXIT_INTERRUPTED, 143) else "error: "
-        print(f"psrec {args.command}: {kind}{error_line(error)}{retry}",
+        print(f"psrec {command}: {kind}{error_line(error)}{retry}",
               file=sys.stderr, flush=True)
         if code == EXIT_RETRYABLE:
             # TF's coordinator threads may wait on the lost task forever.

@@ -22,7 +22,6 @@ from psrec.launch.cli.data_service import add_data_server_command
 from psrec.launch.cli.data_service import add_input_flags
 from psrec.launch.cli.data_service import local_data_service
 from psrec.launch.cli.data_service import resolve_input_mode
-from psrec.launch.cli.data_service import use_dispatcher_flag
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_batch_flag
 from psrec.launch.cli.support import add_cluster_flags
@@ -126,7 +125,8 @@ def _job_config(args: argparse.Namespace):
         checkpoint_writers=args.checkpoint_writers,
         stall_timeout=args.stall_timeout or None,
         connect_timeout=args.connect_timeout, grace_period=args.grace_period,
-        retrieval=retrieval_flags.retrieval_config(args, spec))
+        retrieval=retrieval_flags.retrieval_config(args, spec),
+        data_service=args.data_service)
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -160,47 +160,65 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from psrec.launch.job.data import prepare_data
     from psrec.launch.job.data import record_verified
     from psrec.launch.job.run import JobSummary
-    from psrec.launch.job.run import run_job
+    from psrec.ps_cluster.cluster.tf_config import TFConfig
     config = _job_config(args)
-    use_dispatcher_flag(args)  # --data-service: PSREC_DATA_SERVICE
     kind = config.strategy.kind
-    tf_config = bool(os.environ.get("TF_CONFIG", "").strip())
     if kind == "ps":
         cluster = _existing_cluster(args)
-        plan_commands.check_ps_memory(config, cluster)
         if cluster is not None:  # coordinate it; an orchestrator restarts us
-            with metrics_flags.serving(metrics, config.state_dir,
-                                       config.stall_timeout, _log(args)):
-                print_result(args, run_job(config, cluster, log=_log(args),
-                                           data_verified=args.data_verified))
-            return EXIT_OK
+            return coordinate(args, config, cluster, metrics)
         # Local: check the data once, before any server starts, then
-        # supervise the roles and the coordinator (which reruns this command
-        # with --cluster and --data-verified, after every restart too).
+        # supervise the roles and the coordinator (a job process handed
+        # this job, the data checked; after every restart too).
         from psrec.launch.local.cluster import LocalCluster
         from psrec.launch.local.netns import announce
         from psrec.launch.supervise.supervisor import supervise
+        plan_commands.check_ps_memory(config, None)
         record_verified(config, prepare_data(config, _log(args)))
         local = LocalCluster(config.workers, config.ps,
                              log_dir=config.state_dir / "logs",
                              allow_exposed=args.allow_exposed)
         announce(local.exposed, local.exposed_warning, _log(args))
-        with local_data_service(config, _log(args)) as service:
-            return supervise(local, args.argv + ["--data-verified"],
-                             supervisor_config(args), config.state_dir, metrics,
-                             service)
-    if kind == "multi-worker-mirrored" and not tf_config:
+        with local_data_service(config, _log(args)) as (config, service):
+            return supervise(local, config, supervisor_config(args),
+                             config.state_dir, metrics, service,
+                             json_output=args.json)
+    if kind == "multi-worker-mirrored" and TFConfig.from_env() is None:
         from psrec.launch.job.local_workers import run_local_workers
         record_verified(config, prepare_data(config, _log(args)))
-        data = run_local_workers(config, args.argv, log=_log(args),
-                                 allow_exposed=args.allow_exposed)
+        data = run_local_workers(config, log=_log(args),
+                                 allow_exposed=args.allow_exposed,
+                                 json_output=args.json)
         print_result(args, JobSummary.from_dict(data))
         return EXIT_OK
-    summary = run_job(config, log=_log(args),
-                      data_verified=args.data_verified)
+    return train_here(args, config)
+
+
+def coordinate(args: argparse.Namespace, config, cluster, metrics=None,
+               data_verified: bool = False) -> int:
+    """Coordinates ``config``'s job on ``cluster`` (``--strategy ps``),
+    serving ``/metrics`` on the ``metrics`` socket when one is given, and
+    prints its summary (``args.json``). ``data_verified``: the launcher
+    checked the data and recorded it (a supervised coordinator)."""
+    from psrec.launch.job.run import run_job
+    plan_commands.check_ps_memory(config, cluster)
+    with metrics_flags.serving(metrics, config.state_dir,
+                               config.stall_timeout, _log(args)):
+        print_result(args, run_job(config, cluster, log=_log(args),
+                                   data_verified=data_verified))
+    return EXIT_OK
+
+
+def train_here(args: argparse.Namespace, config,
+               data_verified: bool = False) -> int:
+    """Trains ``config``'s replicated job in this process (one worker of a
+    multi-worker-mirrored cluster, named by ``TF_CONFIG``) and prints its
+    summary where this process is the chief (``args.json``)."""
+    from psrec.launch.job.run import run_job
+    summary = run_job(config, log=_log(args), data_verified=data_verified)
     if summary is not None:
         print_result(args, summary)
-    if kind == "multi-worker-mirrored":
+    if config.strategy.kind == "multi-worker-mirrored":
         # MultiWorkerMirroredStrategy's server cannot be shut down.
         sys.stdout.flush()
         sys.stderr.flush()
@@ -262,8 +280,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="skip up to N corrupted records (counted, "
                       "reported); 0 refuses corrupted data")
     add_input_flags(data)
-    data.add_argument("--data-verified", action="store_true",
-                      help=argparse.SUPPRESS)  # set by the supervisor
 
     model = p.add_argument_group("model")
     add_model_flag(model)

@@ -163,6 +163,11 @@ class JobConfig:
         when the last save took longer than what is left).
       retrieval: ``psrec train --task retrieval``: the two-tower model
         (``model`` is then unused); None: the ranking task.
+      data_service: the tf.data service dispatcher (``grpc://host:port`` or
+        ``host:port``) the workers read through under ``input.mode``
+        ``data-service``: ``--data-service``, or the service the local
+        launcher started (it hands the coordinator this job with the
+        address set); None: none given.
     """
 
     workdir: Path = Path("runs/default")
@@ -191,6 +196,7 @@ class JobConfig:
     connect_timeout: float = 300.0
     grace_period: float = 30.0
     retrieval: RetrievalConfig | None = None
+    data_service: str | None = None
 
     def __post_init__(self) -> None:
         check_model_spec(self.spec, self.model, self.model_name)
@@ -324,4 +330,5 @@ _DECODERS = {
     "connect_timeout": float, "grace_period": float,
     "retrieval": lambda value: (None if value is None else _nested(
         "retrieval", RetrievalConfig)(value)),
+    "data_service": _same,
 }

@@ -126,7 +126,8 @@ def load_verified(config: JobConfig) -> Manifest:
     path = as_path(config.workdir) / VERIFIED_FILE
     if not path.is_file():
         raise ManifestError(f"{path} is missing: the data was not checked by "
-                            "a supervisor; run without --data-verified.")
+                            "its launcher; rerun `psrec train`, which "
+                            "checks it first.")
     record = json.loads(path.read_text())
     root = as_path(record["manifest"])
     wanted = (as_path(config.data) if config.data is not None
@@ -136,7 +137,8 @@ def load_verified(config: JobConfig) -> Manifest:
     if (record["spec_hash"] != config.spec.fingerprint()
             or wanted.resolve() != root):
         raise ManifestError(f"{path} records other data or another spec than "
-                            "this job; run without --data-verified.")
+                            "this job; rerun `psrec train`, which checks it "
+                            "first.")
     return Manifest.load(root).with_files(record["replaced"])
 
 

@@ -2,25 +2,25 @@
 local workers on loopback.
 
 The launcher checks the data once (and records it), then starts
-``--workers`` processes that each run the very same ``psrec train`` command
-line with ``--data-verified`` and their own ``TF_CONFIG`` -- the one child
-protocol psrec has (the PS supervisor reruns the command line the same
-way). It waits for them with a timeout, stops every one by pid whatever
-happens, and returns the chief's summary.
+``--workers`` job processes (:func:`psrec.launch.job.run.job_process_command`,
+role ``worker``) that each run the job it hands them in a ``job.json``, with
+their own ``TF_CONFIG`` -- the one child protocol psrec has (the PS
+supervisor starts its coordinator the same way). It waits for them with a
+timeout, stops every one by pid whatever happens, and returns the chief's
+summary.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Sequence
 
 from psrec.errors import DataError
 from psrec.launch.job.config import JobConfig
-from psrec.launch.local.cluster import die_with_parent
+from psrec.launch.job.run import job_process_command
+from psrec.launch.local.cluster import spawn
 from psrec.launch.local.cluster import stop_processes
 from psrec.launch.local.cluster import tail_log
 from psrec.launch.local.netns import announce
@@ -38,11 +38,12 @@ class WorkerFailedError(DataError):
     """A local multi-worker-mirrored worker exited with an error or hung."""
 
 
-def run_local_workers(config: JobConfig, argv: Sequence[str], log=print,
-                      timeout: float = 1800.0,
-                      allow_exposed: bool = False) -> dict:
-    """Runs ``config.workers`` workers of ``psrec *argv`` (the train command
-    line) and returns the chief's ``summary.json`` data.
+def run_local_workers(config: JobConfig, log=print, timeout: float = 1800.0,
+                      allow_exposed: bool = False,
+                      json_output: bool = False) -> dict:
+    """Runs ``config.workers`` workers of the job (``json_output``: they log
+    as ``psrec train --json`` does) and returns the chief's
+    ``summary.json`` data.
 
     Outside a private network namespace the workers are refused (an
     ``ExposedError``) unless ``allow_exposed``; a warning then names every
@@ -64,18 +65,17 @@ def run_local_workers(config: JobConfig, argv: Sequence[str], log=print,
         {f"worker-{i}": int(a.rsplit(":", 1)[1])
          for i, a in enumerate(cluster.workers)}, exposed or ""), log)
     processes: dict[int, subprocess.Popen] = {}
+    command = job_process_command(
+        config, "worker", config.state_dir / "workers",
+        *(["--json"] if json_output else []))
     try:
         for index in range(config.workers):
             env = role_environment()
             env["TF_CONFIG"] = TFConfig(cluster,
                                         TaskInfo("worker", index)).to_json()
             env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-            with open(logs / f"worker-{index}.log", "ab") as out:
-                processes[index] = subprocess.Popen(
-                    [sys.executable, "-P", "-m", "psrec", *argv,
-                     "--data-verified"], stdout=out,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, preexec_fn=die_with_parent)
+            processes[index] = spawn(command, logs / f"worker-{index}.log",
+                                     env)
         log(f"local multi-worker-mirrored: {config.workers} workers on "
             f"{', '.join(cluster.workers)} (pids "
             f"{', '.join(str(p.pid) for p in processes.values())}); logs in "

@@ -86,10 +86,9 @@ def write_restore_report(workdir: str | Path, trainer, path: str) -> None:
 def input_options(config, trainer, manifest) -> dict:
     """``make_train_dataset_fn`` options of the job's ``--input-mode``
     (the tf.data service address, its job name, the first epoch)."""
-    from psrec.ps_cluster.training.data_service import dispatcher_address
     from psrec.ps_cluster.training.data_service import service_options
     return service_options(
-        config.input.mode, dispatcher_address(),
+        config.input.mode, config.data_service,
         int(trainer.progress.resumes.numpy()),
         int(trainer.progress.step.numpy()),
         config.input.batch_size * trainer.micro_batches,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 from typing import Iterator
 
@@ -29,6 +30,7 @@ from psrec.launch.job.reporting import coverage_lines
 from psrec.launch.job.reporting import input_options
 from psrec.launch.job.reporting import write_restore_report
 from psrec.launch.local.cluster import LocalCluster
+from psrec.launch.local.cluster import psrec_command
 from psrec.launch.monitor.heartbeat import run_state_dir
 from psrec.ps_cluster.checkpoint.best import BestRecord
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
@@ -273,6 +275,29 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
     return summary
 
 
+# The job processes psrec's launchers start: the coordinator of a supervised
+# local cluster, the workers of a local multi-worker-mirrored run. Each is
+# handed its job as a job.json file (the one codec of a JobConfig) and runs
+# it with the data already checked by its launcher; the module's command
+# line is all it reads (no flags of `psrec train`, no environment variable).
+JOB_PROCESS = "psrec.launch.cli.job_process"
+JOB_ROLES = ("coordinator", "worker")
+
+
+def job_process_command(config: JobConfig, role: str, folder: Path,
+                        *options: str) -> list[str]:
+    """Writes ``config`` to ``folder/job.json`` and returns the command of
+    a process that runs it as ``role`` (:data:`JOB_ROLES`): ``python -P -m
+    psrec.launch.cli.job_process ROLE FOLDER/job.json OPTIONS`` (options:
+    ``--json``; the supervisor appends ``--cluster FILE``). Only for a job
+    whose data the caller checked and recorded
+    (:func:`psrec.launch.job.data.record_verified`)."""
+    if role not in JOB_ROLES:
+        raise ValueError(f"job process role {role!r}: one of {JOB_ROLES}")
+    return psrec_command(JOB_PROCESS, role, str(config.write(folder)),
+                         *options)
+
+
 def epoch_steps(config: JobConfig, manifest: Manifest) -> int:
     """Steps of one epoch: the train split's rows over the rows of one
     step, ``batch_size * grad_accum_steps`` -- under ``ps`` a step is one
@@ -297,22 +322,29 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
     """Builds the trainer, resumes, trains with progress, eval, checkpoints
     (the best one kept), the heartbeat, the stall watchdog and a graceful
     SIGTERM. Returns ``(result, trainer)``."""
+    from psrec.data.convert.catalogue import Catalogue
     from psrec.launch.job import runtime as job_runtime
     from psrec.launch.job.reporting import make_reporter
     from psrec.ps_cluster.cluster.strategy import precision_policy
-    from psrec.ps_cluster.retrieval.trainer import trainer_class
+    from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
     from psrec.ps_cluster.training.step import NonFiniteLossError
+    from psrec.ps_cluster.training.trainer import Trainer
     from psrec.ps_cluster.training.watchdog import Watchdog
-    trainer = trainer_class(config.retrieval, config.spec, manifest)(
-        strategy, config.spec, config.retrieval or config.model,
-        config.optimizer, config.input,
-        micro_batches=config.strategy.grad_accum_steps,
-        precision=precision_policy(config.strategy.mixed_precision),
-        checkpoint_dir=config.checkpoint_dir,
-        keep_checkpoints=config.keep_checkpoints,
-        checkpoint_writers=config.checkpoint_writers,
-        positive_rate=_base_rate(manifest),
-        neg_sample_rate=manifest.neg_sample_rate)
+    precision = precision_policy(config.strategy.mixed_precision)
+    common = dict(micro_batches=config.strategy.grad_accum_steps,
+                  precision=precision, checkpoint_dir=config.checkpoint_dir,
+                  keep_checkpoints=config.keep_checkpoints,
+                  checkpoint_writers=config.checkpoint_writers)
+    if config.retrieval is not None:
+        trainer = RetrievalTrainer(
+            strategy, config.spec, config.retrieval, config.optimizer,
+            config.input, catalogue=Catalogue.load(manifest.root,
+                                                   config.spec), **common)
+    else:
+        trainer = Trainer(
+            strategy, config.spec, config.model, config.optimizer,
+            config.input, positive_rate=_base_rate(manifest),
+            neg_sample_rate=manifest.neg_sample_rate, **common)
     config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
     if config.epochs is not None:
         log(f"--epochs {config.epochs:g}: {config.loop.steps} steps of "

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -42,7 +41,8 @@ from psrec.errors import RetryableError
 from psrec.launch.k8s.objects import METRICS_PORT_NAME
 from psrec.launch.k8s.pods import Pod
 from psrec.launch.k8s.pods import manifest_pods
-from psrec.launch.local.cluster import die_with_parent
+from psrec.launch.local.cluster import psrec_command
+from psrec.launch.local.cluster import spawn
 from psrec.launch.local.cluster import stop_processes
 from psrec.launch.local.cluster import tail_log
 from psrec.launch.local.cluster import visible_gpus
@@ -120,7 +120,7 @@ def _argv(pod: Pod, metrics: dict[int, int]) -> list[str]:
         if (arg == "--metrics-port" and args[i + 1].isdigit()
                 and int(args[i + 1]) in metrics):
             args[i + 1] = str(metrics[int(args[i + 1])])
-    return [sys.executable, "-P", "-m", "psrec", *args]
+    return psrec_command("psrec", *args)
 
 
 def _env(pod: Pod, mapping: dict[str, str], gpus: list[str],
@@ -214,11 +214,7 @@ def simulate(path: str | Path, timeout: float, log_dir: str | Path | None
     began = time.monotonic()
     try:
         for item in running:
-            with open(item.log, "ab") as out:
-                item.process = subprocess.Popen(
-                    item.argv, env=item.env, stdout=out,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    preexec_fn=die_with_parent)
+            item.process = spawn(item.argv, item.log, item.env)
             log(f"pod {item.pod.name} ({':'.join(map(str, item.pod.task))})"
                 f" as {addresses[item.pod.name]}, pid {item.process.pid}")
         chief = next(r for r in running if r.pod is chiefs[0])

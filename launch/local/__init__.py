@@ -1,4 +1,4 @@
-"""Processes on this machine: the local cluster's PS and worker roles, the
-local workers of the multi-worker mirrored strategy, the private network
-namespace, and the local tf.data service.
+"""Processes on this machine: the local cluster's PS and worker roles,
+:func:`~psrec.launch.local.cluster.spawn` (the one way psrec starts a child
+process), and the private network namespace.
 """

@@ -7,7 +7,8 @@ given, so a ``LocalCluster`` only starts in a private network namespace
 cluster spec too (``chief``) so that :meth:`LocalCluster.exposed_warning`
 can name every port.
 
-``LocalCluster`` starts each role as ``python -m psrec server ...`` bound to
+``LocalCluster`` starts each role as ``python -m psrec server ...`` (with
+:func:`spawn`, the one way psrec starts a child process) bound to
 a free port on 127.0.0.1, waits until every port accepts connections (it
 polls the port and waits on the process between attempts -- no fixed
 sleeps -- and fails with the role's log tail if a role dies), and stops
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 from typing import Iterable
+from typing import Mapping
 
 from psrec.errors import ConfigError
 from psrec.errors import RetryableError
@@ -87,6 +89,31 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
             _PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass  # not Linux: the launcher's own cleanup still applies
+
+
+def psrec_command(module: str = "psrec", *args: str) -> list[str]:
+    """The command line of a psrec child process: ``python -P -m MODULE
+    ARGS`` (``-P``: the working directory is not put on ``sys.path``, so no
+    file of the user's -- a ``models.py``, a ``data.py`` -- can shadow a
+    module psrec or a library it uses imports)."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
+def spawn(command: list[str], log: Path | None = None,
+          env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """Starts one child process of a psrec launcher: bound to the
+    launcher's life (``PR_SET_PDEATHSIG``), in ``env`` (default:
+    :func:`psrec.runtime.role_environment`). With ``log`` its output is
+    appended to that file and it gets no stdin; without, it shares this
+    process's standard streams (the coordinator: its lines and its result
+    are the run's)."""
+    env = dict(role_environment() if env is None else env)
+    if log is None:
+        return subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env,
+                                preexec_fn=die_with_parent)
 
 
 def wait_listening(name: str, process: subprocess.Popen, address: str,

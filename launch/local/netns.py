@@ -39,6 +39,7 @@ from typing import Mapping
 from typing import Sequence
 
 from psrec.errors import ConfigError
+from psrec.ps_cluster.cluster.tf_config import TFConfig
 
 #: Set to 1: behave as if network namespaces were unavailable.
 NO_NETNS_ENV = "PSREC_NO_NETNS"
@@ -131,9 +132,9 @@ def isolate_train(args: argparse.Namespace) -> None:
     ``TF_CONFIG``) goes into a private network namespace before anything
     else (:func:`isolate_command`); where none can be made it is refused
     here, before its data is prepared, unless ``--allow-exposed``."""
-    if os.environ.get("TF_CONFIG", "").strip() or not (
-            args.strategy == "multi-worker-mirrored"
-            or (args.strategy == "ps" and not args.cluster)):
+    if not (args.strategy == "multi-worker-mirrored"
+            or (args.strategy == "ps" and not args.cluster)) or (
+                TFConfig.from_env() is not None):
         return
     isolate_command(args.argv)
     if namespace_failed():

@@ -15,11 +15,14 @@ cluster, building the strategy, creating variables), ``restoring``,
 ``training``, ``eval``, ``checkpoint``, ``done``, ``terminating``,
 ``terminated``.
 
-A watcher (the supervisor, or a later ``/healthz`` endpoint) reads it with
-:func:`read_heartbeat` and decides staleness with :class:`HeartbeatMonitor`:
-the clock is the watcher's own, started when it last saw ``seq`` change, so
-it works even when the coordinator is frozen (SIGSTOP) or blocked in a call
-that holds the GIL -- the failure an in-process watchdog thread cannot see.
+A watcher (the supervisor, and ``/healthz`` with ``/metrics``'
+``psrec_heartbeat_age_seconds``) reads it with :func:`read_heartbeat` and
+judges staleness with :class:`HeartbeatMonitor`, the one judge: the clock
+is the watcher's own monotonic one, started when it last saw ``seq`` (or
+the writer's pid) change -- never the file's wall-clock ``time``, which a
+clock step would move -- so it works even when the coordinator is frozen
+(SIGSTOP) or blocked in a call that holds the GIL -- the failure an
+in-process watchdog thread cannot see.
 """
 
 from __future__ import annotations
@@ -120,7 +123,8 @@ def read_heartbeat(path: str | Path) -> dict[str, Any] | None:
 
 
 class HeartbeatMonitor:
-    """Decides when a heartbeat is stale, on the watcher's own clock.
+    """Decides when a heartbeat is stale, on the watcher's own clock (see
+    the module): the one staleness judge of psrec.
 
     Args:
       path: the heartbeat file.
@@ -141,7 +145,12 @@ class HeartbeatMonitor:
 
     def poll(self) -> float:
         """Reads the file; returns the seconds since it last changed."""
-        data = read_heartbeat(self.path)
+        return self.observe(read_heartbeat(self.path))
+
+    def observe(self, data: dict[str, Any] | None) -> float:
+        """Takes ``data`` as the heartbeat read now (None: none); returns
+        the seconds since a new one (another ``seq`` or ``pid``) was last
+        seen, on this watcher's monotonic clock."""
         now = time.monotonic()
         key = None if data is None else (data.get("pid"), data.get("seq"))
         if data is not None and key != self._key:
@@ -204,7 +213,7 @@ class TrainerFields:
             self._checkpoint, self._written = latest, _written_at(latest)
         if self._written is not None:
             data["checkpoint_time"] = self._written
-        seconds = getattr(trainer, "last_save_seconds", None)
+        seconds = trainer.last_save_seconds
         if seconds is not None:
             data["checkpoint_seconds"] = float(seconds)
         return data

@@ -16,7 +16,10 @@ the file:
 
 ``/healthz``: 200 while the heartbeat is fresher than the stall timeout (or
 the run finished), else 503 with a one-line reason; heartbeats older than
-the server (a previous run's file) count as missing.
+the server (a previous run's file) count as missing. Fresh or stale is
+judged as the supervisor judges it (:class:`~psrec.launch.monitor.
+heartbeat.HeartbeatMonitor`: the time since this server saw the heartbeat
+change, on its own monotonic clock).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from psrec._version import __version__
 from psrec.launch.monitor.heartbeat import PHASES
 from psrec.launch.monitor.heartbeat import ROLES
+from psrec.launch.monitor.heartbeat import HeartbeatMonitor
 from psrec.launch.monitor.heartbeat import read_heartbeat
 
 #: Phases after which no more heartbeats come, and that is fine.
@@ -74,17 +78,21 @@ class HeartbeatCollector:
         self.path = Path(path)
         self.restarts = restarts
         self.since = since
+        self.monitor = HeartbeatMonitor(self.path, timeout=0.0)
         self._tf_version = _tensorflow_version()
 
-    def heartbeat(self) -> dict[str, Any] | None:
-        """This run's last heartbeat, or None."""
+    def read(self) -> tuple[dict[str, Any] | None, float | None]:
+        """This run's last heartbeat and its age in seconds (the
+        monitor's), or (None, None)."""
         beat = read_heartbeat(self.path)
-        if beat is None or not isinstance(beat.get("time"), (int, float)):
-            return None
-        return beat if beat["time"] >= self.since else None
+        if beat is None or not isinstance(beat.get("time"), (int, float)) or (
+                beat["time"] < self.since):
+            return None, None
+        return beat, self.monitor.observe(beat)
 
     def collect(self) -> Iterator[Any]:
-        beat = self.heartbeat() or {}
+        beat, age = self.read()
+        beat = beat or {}
         info = GaugeMetricFamily(
             "psrec_build_info", "psrec build: version and TensorFlow "
             "version (always 1)", labels=["version", "tensorflow"])
@@ -107,7 +115,7 @@ class HeartbeatCollector:
         yield phase
         yield from _gauges(beat, [
             ("psrec_heartbeat_age_seconds", "seconds since the coordinator's "
-             "last heartbeat", time.time() - beat["time"] if beat else None),
+             "last heartbeat", age),
             ("psrec_train_loss", "mean training loss of the last finished "
              "closure", beat.get("loss")),
             ("psrec_eval_auc", "AUC of the last evaluation",
@@ -164,11 +172,10 @@ def health(collector: HeartbeatCollector,
            stall_timeout: float | None) -> tuple[bool, str]:
     """(healthy, one-line reason): a heartbeat fresher than
     ``stall_timeout`` (any age when None), or a finished run."""
-    beat = collector.heartbeat()
+    beat, age = collector.read()
     if beat is None:
         return False, (f"no heartbeat in {collector.path} from this run yet "
                        "(the coordinator has not started or cannot write)")
-    age = time.time() - beat["time"]
     what = (f"phase {beat.get('phase')}, step {beat.get('step')}, last "
             f"heartbeat {age:.1f} s ago")
     if beat.get("phase") in FINISHED:

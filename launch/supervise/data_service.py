@@ -27,19 +27,18 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 from psrec.errors import RetryableError
-from psrec.launch.local.cluster import die_with_parent
+from psrec.launch.local.cluster import psrec_command
+from psrec.launch.local.cluster import spawn
 from psrec.launch.local.cluster import stop_processes
 from psrec.launch.local.cluster import wait_listening
 from psrec.launch.supervise.failure import is_frozen
 from psrec.launch.supervise.restart_policy import BUDGET_FLAGS
 from psrec.ps_cluster.cluster.addresses import free_loopback_ports
-from psrec.runtime import role_environment
 
 START_TIMEOUT = 120.0  # seconds for the tf.data roles to listen
 JOURNAL = "data-service-journal"
@@ -142,14 +141,9 @@ class LocalDataService:
     def _spawn(self) -> None:
         path = self._log_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "psrec", "data-server", "--role",
-                 "dispatcher", "--port", str(self.port), "--local-workers",
-                 str(self.workers), "--work-dir", str(self.journal),
-                 "--run-dir", self.run_dir],
-                stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=role_environment(),
-                preexec_fn=die_with_parent)
+        self.process = spawn(psrec_command(
+            "psrec", "data-server", "--role", "dispatcher", "--port",
+            str(self.port), "--local-workers", str(self.workers),
+            "--work-dir", str(self.journal), "--run-dir", self.run_dir), path)
         wait_listening("data-dispatcher", self.process, self.address, path,
                        time.monotonic() + START_TIMEOUT, START_TIMEOUT)

@@ -52,8 +52,10 @@ from psrec.errors import EXIT_INTERRUPTED
 from psrec.errors import EXIT_RETRYABLE
 from psrec.errors import EXIT_TERMINATED
 from psrec.errors import is_retryable
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.run import job_process_command
 from psrec.launch.local.cluster import LocalCluster
-from psrec.launch.local.cluster import die_with_parent
+from psrec.launch.local.cluster import spawn
 from psrec.launch.local.cluster import stop_processes
 from psrec.launch.monitor.heartbeat import HeartbeatMonitor
 from psrec.launch.monitor.heartbeat import heartbeat_path
@@ -65,7 +67,6 @@ from psrec.launch.supervise.restart_policy import BUDGET_FLAGS
 from psrec.launch.supervise.restart_policy import RestartBudget
 from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.ps_cluster.cluster.tf_config import TaskInfo
-from psrec.runtime import role_environment
 
 # Seconds a new coordinator may take to publish its first heartbeat
 # (importing TensorFlow on a loaded machine), when above the stall limit.
@@ -77,18 +78,19 @@ class Supervisor:
 
     Args:
       cluster: the (not yet started) local cluster.
-      coordinator_argv: ``psrec`` arguments of the coordinator; the
-        supervisor appends ``--cluster FILE``.
+      coordinator_command: the coordinator's command line (see
+        :func:`supervise`); the supervisor appends ``--cluster FILE``.
       config: the restart policy.
       workdir: where ``cluster.json`` and role logs go.
     """
 
-    def __init__(self, cluster: LocalCluster, coordinator_argv: Sequence[str],
+    def __init__(self, cluster: LocalCluster,
+                 coordinator_command: Sequence[str],
                  config: SupervisorConfig, workdir: str | Path,
                  log=None, data_service=None) -> None:
         self.cluster = cluster
         self.data_service = data_service  # kept alive: see .keep()
-        self.argv = list(coordinator_argv)
+        self.command = list(coordinator_command)
         self.config = config
         self.workdir = Path(workdir)
         # Status lines go to stderr: stdout is the run's result (--json).
@@ -144,10 +146,8 @@ class Supervisor:
             # The workers given up are left out (see LocalCluster.live_spec).
             cluster_file.write_text(json.dumps(
                 live.to_tf_cluster_dict()) + "\n")
-            self.coordinator = subprocess.Popen(
-                [sys.executable, "-P", "-m", "psrec", *self.argv,
-                 "--cluster", str(cluster_file)],
-                env=role_environment(), preexec_fn=die_with_parent)
+            self.coordinator = spawn(
+                [*self.command, "--cluster", str(cluster_file)])
             self.log(f"psrec supervisor: coordinator pid "
                      f"{self.coordinator.pid}")
             self.monitor.reset()
@@ -391,15 +391,26 @@ class Supervisor:
         stop_processes([self.coordinator], grace)
 
 
-def supervise(cluster: LocalCluster, coordinator_argv: Sequence[str],
+def supervise(cluster: LocalCluster, job: JobConfig,
               config: SupervisorConfig, workdir: str | Path,
-              metrics=None, data_service=None) -> int:
-    """Runs the job under a :class:`Supervisor`; returns its exit code.
-    With a ``metrics`` socket the supervisor serves ``/metrics`` (restarts
-    per role included) and ``/healthz``, and the coordinator does not."""
+              metrics=None, data_service=None,
+              json_output: bool = False) -> int:
+    """Runs ``job`` under a :class:`Supervisor`; returns its exit code.
+
+    The coordinator is a job process (``python -P -m
+    psrec.launch.cli.job_process coordinator WORKDIR/coordinator/job.json
+    --cluster WORKDIR/cluster.json``) handed ``job`` as it is -- its input
+    mode resolved, the local tf.data service's address in its
+    ``data_service`` -- and the data this supervisor's caller checked
+    (``record_verified``). ``json_output``: it prints its result as ``psrec
+    train --json`` does. With a ``metrics`` socket the supervisor serves
+    ``/metrics`` (restarts per role included) and ``/healthz``; the
+    coordinator never serves them."""
     from psrec.launch.monitor.metrics_http import serving
-    argv = [*coordinator_argv, *(["--metrics-port", "0"] if metrics else [])]
-    supervisor = Supervisor(cluster, argv, config, workdir,
+    command = job_process_command(job, "coordinator",
+                                  Path(workdir) / "coordinator",
+                                  *(["--json"] if json_output else []))
+    supervisor = Supervisor(cluster, command, config, workdir,
                             data_service=data_service)
     with serving(metrics, workdir, config.stall_timeout, supervisor.log,
                  restarts=lambda: supervisor.budget.total):

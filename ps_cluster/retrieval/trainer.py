@@ -12,38 +12,23 @@ rebuilds them.
 
 from __future__ import annotations
 
-import functools
-
 import tensorflow as tf
 
 from psrec.data.convert.catalogue import Catalogue
-from psrec.data.format.manifest import Manifest
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.loss import CandidateTables
 from psrec.models.retrieval.loss import RetrievalLoss
 from psrec.models.retrieval.loss import refresh_embeddings
 from psrec.ps_cluster.retrieval.eval import make_retrieval_eval_function
-from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
 from psrec.ps_cluster.retrieval.metrics import merge_retrieval
-from psrec.ps_cluster.training.loop import evaluate_files
-from psrec.ps_cluster.training.step import ids_per_example
-from psrec.ps_cluster.training.step import pad_slices
 from psrec.ps_cluster.training.trainer import Trainer
-
-
-def trainer_class(retrieval: RetrievalConfig | None, spec,
-                  manifest: Manifest):
-    """``Trainer`` for ranking; for retrieval, ``RetrievalTrainer`` with
-    the catalogue of ``manifest`` bound."""
-    if retrieval is None:
-        return Trainer
-    return functools.partial(RetrievalTrainer, catalogue=Catalogue.load(
-        manifest.root, spec))
 
 
 class RetrievalTrainer(Trainer):
     """Trains a two-tower model (see :class:`Trainer` for the arguments;
-    ``model_config`` is a :class:`RetrievalConfig`).
+    ``model_config`` is a :class:`RetrievalConfig`; ``positive_rate`` and
+    ``neg_sample_rate`` do not apply: there is no output bias, and the
+    logits are scores, not probabilities).
 
     Args:
       catalogue: the candidates of the data (``Catalogue.load``).
@@ -51,10 +36,12 @@ class RetrievalTrainer(Trainer):
 
     def __init__(self, strategy: tf.distribute.Strategy, spec,
                  model_config: RetrievalConfig, *args, catalogue: Catalogue,
-                 **kwargs) -> None:
-        kwargs.pop("positive_rate", None)  # no output bias to set
-        kwargs.pop("neg_sample_rate", None)  # logits are not probabilities
-        super().__init__(strategy, spec, model_config, *args, **kwargs)
+                 **options) -> None:
+        given = sorted({"positive_rate", "neg_sample_rate"} & set(options))
+        if given:
+            raise TypeError(f"RetrievalTrainer takes no {', '.join(given)} "
+                            "(a ranking model's calibration)")
+        super().__init__(strategy, spec, model_config, *args, **options)
         with strategy.scope():
             self.tables = CandidateTables(catalogue, spec,
                                           model_config.output_dim)
@@ -63,20 +50,13 @@ class RetrievalTrainer(Trainer):
         self._refresh = tf.function(
             lambda: refresh_embeddings(self.model, self.tables))
 
-    def _padding(self):
-        """As for ranking, plus the rows of the uniform negatives' lookups
-        (replicated strategies pad table gradients to a static bound)."""
-        if self.is_ps or self.replicas == 1:
-            return None
-        per_replica = self.input_config.batch_size // self.replicas
-        extra = self.model.config.uniform_negatives
+    def _extra_lookups(self, table: str) -> int:
+        """The uniform negatives' lookups of the candidate features of
+        ``table``."""
         candidate = self.spec.towers.candidate
-        rows = [self.micro_batches * (
-            per_replica * ids_per_example(self.spec, name)
-            + extra * sum(f.max_length for f in self.spec.categorical
-                          if f.table == name and f.name in candidate))
-            for name in self.model.sparse_arch.tables]
-        return lambda grads: [pad_slices(g, r) for g, r in zip(grads, rows)]
+        return self.model.config.uniform_negatives * sum(
+            f.max_length for f in self.spec.categorical
+            if f.table == table and f.name in candidate)
 
     def best_tracker(self, loop):
         """None: the ranking metrics of ``--keep-best`` do not apply (the
@@ -92,16 +72,10 @@ class RetrievalTrainer(Trainer):
         self.coordinator.join()
         return int(value.fetch())
 
-    def evaluate(self, manifest: Manifest, batch_size: int | None = None,
-                 split: str = "eval") -> RetrievalEvalResult:
-        """Exact recall@k and MRR of every pair of ``split`` against the
-        whole catalogue (one call or closure per shard, after a refresh of
-        the catalogue embeddings)."""
+    def _eval_function(self, batch_size: int, block_rows: int):
+        """Exact recall@k and MRR of each pair against the whole catalogue,
+        after a refresh of the catalogue embeddings."""
         self.refresh_catalogue()
-        function = make_retrieval_eval_function(
-            self.model, self.tables, self.spec,
-            batch_size or self.input_config.batch_size, manifest.block_rows)
-        return evaluate_files(function, manifest.files(split),
-                              self.coordinator,
-                              combine=merge_retrieval(self.tables.size),
-                              on_part=self.eval_beat)
+        return (make_retrieval_eval_function(
+            self.model, self.tables, self.spec, batch_size, block_rows),
+            merge_retrieval(self.tables.size))

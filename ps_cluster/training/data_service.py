@@ -12,24 +12,22 @@ worker that dies loses what it (and the tf.data buffers feeding it) held;
 the files not yet handed out go to whoever asks next, so later epochs are
 read whole (measured: see tests/test_data_service.py).
 
-The dispatcher's address reaches the coordinator in the environment
-(:data:`ADDRESS_ENV`), set by the local launcher or by ``psrec train
---data-service``.
+The dispatcher's address is a parameter (the job's ``data_service``:
+``psrec train --data-service``, or the service the local launcher started),
+passed to :func:`service_options`.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from psrec.errors import ConfigError
 
-ADDRESS_ENV = "PSREC_DATA_SERVICE"
 
-
-def dispatcher_address() -> str | None:
-    """The dispatcher to read through (``grpc://host:port``), or None."""
-    value = os.environ.get(ADDRESS_ENV, "").strip()
+def dispatcher_address(value: str | None) -> str | None:
+    """``value`` (``host:port`` or ``grpc://host:port``) as the dispatcher
+    to read through (``grpc://host:port``), or None when blank."""
+    value = (value or "").strip()
     if not value:
         return None
     return value if "://" in value else f"grpc://{value}"
@@ -37,7 +35,8 @@ def dispatcher_address() -> str | None:
 
 def service_options(mode: str, address: str | None, resumes: int,
                     step: int, rows_per_step: int, train_rows: int) -> dict:
-    """Keyword arguments of ``make_train_dataset_fn`` for ``mode``.
+    """Keyword arguments of ``make_train_dataset_fn`` for ``mode``, reading
+    through the dispatcher at ``address`` (see :func:`dispatcher_address`).
 
     A job name per coordinator session (``resumes``): a restarted
     coordinator starts a new job (its seed differs) rather than joining the
@@ -49,14 +48,15 @@ def service_options(mode: str, address: str | None, resumes: int,
     first_epoch = step * rows_per_step // max(1, train_rows)
     if mode != "data-service":
         return {"first_epoch": first_epoch}
-    if address is None:
+    if dispatcher_address(address) is None:
         raise ConfigError(
             "`--input-mode` = data-service needs a tf.data service "
             "dispatcher: the local launcher starts one; with an existing "
             "cluster run `psrec data-server --role dispatcher` and one "
             "`psrec data-server --role worker` per worker host, and give "
             "`--data-service HOST:PORT`.")
-    return {"data_service": address, "first_epoch": first_epoch,
+    return {"data_service": dispatcher_address(address),
+            "first_epoch": first_epoch,
             "job_name": f"psrec-train-{resumes}"}
 
 

@@ -40,6 +40,8 @@ from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import batch_statistics
 from psrec.ps_cluster.evaluation.metrics import merge
 from psrec.ps_cluster.evaluation.metrics import zero_statistics
+from psrec.ps_cluster.training.coverage import CoverageTally
+from psrec.ps_cluster.training.maintenance import Maintainer
 from psrec.ps_cluster.training.step import NonFiniteLossError
 
 OnResult = Callable[[int, float, int], None]
@@ -126,11 +128,32 @@ def steps_for_epochs(epochs: float, per_epoch: int) -> int:
     return max(1, math.ceil(epochs * per_epoch - 1e-9))
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopHooks:
+    """What a trainer adds to an executor's loop.
+
+    Attributes:
+      should_stop: checked before each call: True stops scheduling
+        (SIGTERM); ``run()`` then returns the step reached, short of
+        ``end``.
+      tally: a :class:`~psrec.ps_cluster.training.coverage.CoverageTally`
+        fed with the ids and epochs a counting train function returns
+        (None: not counted).
+      maintainer: a :class:`~psrec.ps_cluster.training.maintenance.
+        Maintainer`: calls end at its steps, which it runs at once with no
+        call in flight (None: no dynamic tables).
+    """
+
+    should_stop: Callable[[], bool] = lambda: False
+    tally: CoverageTally | None = None
+    maintainer: Maintainer | None = None
+
+
 class _Executor:
     """Runs ``build(steps)`` functions from ``start`` to ``end`` step."""
 
-    def __init__(self, build: Callable[[int], Callable], config: LoopConfig
-                 ) -> None:
+    def __init__(self, build: Callable[[int], Callable], config: LoopConfig,
+                 hooks: LoopHooks) -> None:
         self.config = config
         self._build = build
         self._functions: dict[int, Callable] = {}
@@ -143,15 +166,9 @@ class _Executor:
             collections.Counter())  # per-worker throughput (TensorBoard)
         self.last_result_at: dict[int, float] = {}  # pipeline -> monotonic
         self.in_flight = 0
-        # Checked before each call: True stops scheduling (SIGTERM); run()
-        # then returns the step reached, short of ``end``.
-        self.should_stop: Callable[[], bool] = lambda: False
-        # A psrec.ps_cluster.training.coverage.CoverageTally fed with the ids and
-        # epochs a counting train function returns (None: not counted).
-        self.tally = None
-        # A psrec.ps_cluster.training.maintenance.Maintainer: calls end at
-        # its steps, which it runs at once with no call in flight.
-        self.maintainer = None
+        self.should_stop = hooks.should_stop
+        self.tally = hooks.tally
+        self.maintainer = hooks.maintainer
 
     def _function(self, steps: int) -> Callable:
         if steps not in self._functions:  # K, and maybe a shorter tail
@@ -193,12 +210,13 @@ class ClosureExecutor(_Executor):
       dataset_fn: the per-worker ``dataset_fn``.
       num_workers: worker count (sets how many closures stay in flight).
       config: the loop configuration.
+      hooks: the trainer's stop check, coverage tally and maintainer.
     """
 
     def __init__(self, coordinator, build: Callable[[int], Callable],
                  dataset_fn: DatasetFn, num_workers: int,
-                 config: LoopConfig) -> None:
-        super().__init__(build, config)
+                 config: LoopConfig, hooks: LoopHooks = LoopHooks()) -> None:
+        super().__init__(build, config, hooks)
         self.coordinator = coordinator
         self._iterator = iter(coordinator.create_per_worker_dataset(
             dataset_fn))
@@ -305,8 +323,8 @@ class DirectExecutor(_Executor):
 
     def __init__(self, strategy: tf.distribute.Strategy,
                  build: Callable[[int], Callable], dataset_fn: DatasetFn,
-                 config: LoopConfig) -> None:
-        super().__init__(build, config)
+                 config: LoopConfig, hooks: LoopHooks = LoopHooks()) -> None:
+        super().__init__(build, config, hooks)
         self._iterator = iter(strategy.distribute_datasets_from_function(
             dataset_fn))
 

@@ -40,10 +40,12 @@ from psrec.ps_cluster.cluster.strategy import StrategyError
 from psrec.ps_cluster.cluster.strategy import cluster_resolver
 from psrec.ps_cluster.cluster.strategy import is_chief
 from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.evaluation.metrics import merge
 from psrec.ps_cluster.training.coverage import new_tally
 from psrec.ps_cluster.training.loop import ClosureExecutor
 from psrec.ps_cluster.training.loop import DirectExecutor
 from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.loop import LoopHooks
 from psrec.ps_cluster.training.loop import evaluate_files
 from psrec.ps_cluster.training.loop import make_eval_function
 from psrec.ps_cluster.training.maintenance import dynamic_maintainer
@@ -185,16 +187,27 @@ class Trainer:
         self.executor = self.eval_beat = None  # set by train()
         self.coverage_rows: int | None = None  # set by dataset_fn
         self.scratch_saves = 0
+        # Seconds the last checkpoint save took (None: none yet); an
+        # interrupted run's estimate of whether a save fits its grace period.
+        self.last_save_seconds: float | None = None
 
     def _padding(self) -> Callable[[list], list] | None:
         """Replicated strategies all-gather table gradients inside a
-        ``tf.while`` loop, which needs one static size on every replica."""
+        ``tf.while`` loop, which needs one static size on every replica:
+        the rows one update looks up in each table."""
         if self.is_ps or self.replicas == 1:
             return None
         per_replica = self.input_config.batch_size // self.replicas
-        rows = [per_replica * self.micro_batches * ids_per_example(
-            self.spec, name) for name in self.model.sparse_arch.tables]
+        rows = [self.micro_batches * (
+            per_replica * ids_per_example(self.spec, name)
+            + self._extra_lookups(name))
+            for name in self.model.sparse_arch.tables]
         return lambda grads: [pad_slices(g, r) for g, r in zip(grads, rows)]
+
+    def _extra_lookups(self, table: str) -> int:
+        """Rows of ``table`` one replica's micro-batch looks up besides its
+        examples' own ids (none for ranking)."""
+        return 0
 
     @property
     def num_workers(self) -> int:
@@ -257,32 +270,41 @@ class Trainer:
             manifest, self.spec, config,
             ps_workers=self.num_workers if self.is_ps else None, **options)
 
-    def evaluate(self, manifest: Manifest, batch_size: int | None = None
-                 ) -> EvalResult:
-        """Every eval example once (one call or closure per shard), on
-        logits corrected for the negative sampling of the train data."""
+    def evaluate(self, manifest: Manifest, batch_size: int | None = None,
+                 split: str = "eval") -> EvalResult:
+        """Every example of ``split`` once (one call or closure per
+        shard), with the task's metrics (:meth:`_eval_function`)."""
+        function, combine = self._eval_function(
+            batch_size or self.input_config.batch_size, manifest.block_rows)
+        return evaluate_files(function, manifest.files(split),
+                              self.coordinator, combine=combine,
+                              on_part=self.eval_beat)
+
+    def _eval_function(self, batch_size: int, block_rows: int
+                       ) -> tuple[Callable, Callable]:
+        """The per-shard eval function and the merge of its statistics:
+        ranking metrics on logits corrected for the negative sampling of
+        the train data."""
         model, shift = self.model, self.logit_shift
-        function = make_eval_function(
+        return make_eval_function(
             (lambda batch: tf.cast(model(batch), tf.float32) + shift)
-            if shift else model,
-            self.spec, batch_size or self.input_config.batch_size,
-            manifest.block_rows)
-        return evaluate_files(function, manifest.files("eval"),
-                              self.coordinator, on_part=self.eval_beat)
+            if shift else model, self.spec, batch_size, block_rows), merge
 
     # -- training -------------------------------------------------------------
 
-    def _executor(self, dataset_fn: DatasetFn, loop: LoopConfig):
+    def _executor(self, dataset_fn: DatasetFn, loop: LoopConfig,
+                  should_stop: Callable[[], bool] | None):
         rows = self.coverage_rows is not None  # count rows: psrec's data
         build = functools.partial(
             make_train_function, self.strategy, self.step,
             micro_batches=self.micro_batches, with_rows=rows)
-        executor = (ClosureExecutor(self.coordinator, build, dataset_fn,
-                                    self.num_workers, loop) if self.is_ps
-                    else DirectExecutor(self.strategy, build, dataset_fn, loop))
-        executor.tally = new_tally(self.coverage_rows)
-        executor.maintainer = dynamic_maintainer(self)  # dynamic tables
-        return executor
+        hooks = LoopHooks(should_stop=should_stop or (lambda: False),
+                          tally=new_tally(self.coverage_rows),
+                          maintainer=dynamic_maintainer(self))
+        if self.is_ps:
+            return ClosureExecutor(self.coordinator, build, dataset_fn,
+                                   self.num_workers, loop, hooks)
+        return DirectExecutor(self.strategy, build, dataset_fn, loop, hooks)
 
     def best_tracker(self, loop: LoopConfig) -> BestTracker | None:
         """The chief's keeper of the best checkpoint (None: no checkpoints,
@@ -333,8 +355,8 @@ class Trainer:
               loop.early_stop_patience, "is not supported with several "
               "workers of a replicated strategy (only the chief evaluates)",
               StrategyError)
-        self.executor = executor = self._executor(dataset_fn, loop)
-        executor.should_stop = should_stop or (lambda: False)
+        self.executor = executor = self._executor(dataset_fn, loop,
+                                                  should_stop)
         interrupted = None
         start = int(self.progress.step.numpy())
         step, examples, last_loss = start, 0, float("nan")
@@ -366,7 +388,7 @@ class Trainer:
             step = executor.run(step, boundary, on_result)
             if step < boundary:  # should_stop: drained; save and end here
                 interrupted = step
-                if save_at_stop(self, save_on_stop, beat):
+                if self._save_at_stop(save_on_stop, beat):
                     path = self.keeper.latest
                 break
             eval_result = None
@@ -379,7 +401,7 @@ class Trainer:
             if step >= loop.steps or eval_due or (
                     loop.checkpoint_every and
                     step % loop.checkpoint_every == 0):
-                saved = timed_save(self, beat)
+                saved = self._timed_save(beat)
                 path = saved or path
             if on_boundary is not None:
                 on_boundary(step, eval_result, saved)
@@ -404,66 +426,57 @@ class Trainer:
             stopped_early_at=stopped, interrupted_at=interrupted,
             coverage=tuple(executor.tally.epochs()) if executor.tally else ())
 
+    # -- around the loop: timed saves, the checkpoint of an interrupted
+    # run (SIGTERM), the pending work the stall watchdog prints ---------------
+
+    def _timed_save(self, beat: Callable[[str], None]) -> str | None:
+        """:meth:`save` in the ``checkpoint`` heartbeat phase; records its
+        duration in :attr:`last_save_seconds`."""
+        beat("checkpoint")
+        began = time.perf_counter()
+        saved = self.save()
+        self.last_save_seconds = time.perf_counter() - began
+        beat("training")
+        return saved
+
+    def _save_at_stop(self, allowed: Callable[[float | None], bool] | None,
+                      beat: Callable[[str], None]) -> bool:
+        """The checkpoint of an interrupted run, at the step reached. True
+        when one exists at that step afterwards (saved now, or already
+        there); False when there are no checkpoints or ``allowed(last save
+        seconds)`` refuses (no time left for a save)."""
+        if self.keeper is None:
+            return False
+        step = int(self.progress.step.numpy())
+        latest = self.keeper.latest
+        if latest is not None and latest.endswith(f"-{step}"):
+            return True
+        if allowed is not None and not allowed(self.last_save_seconds):
+            return False
+        return self._timed_save(beat) is not None or not self.chief
+
     def describe_pending(self) -> str:
         """Work in flight and per-worker progress (for the watchdog)."""
-        return describe_pending(self)
+        executor = self.executor
+        if executor is None:
+            return "training loop not started"
+        now = time.monotonic()
+        done, last = executor.closures_per_pipeline, executor.last_result_at
+        workers = "; ".join(
+            f"worker {w}: {done[w]} closures finished, " + (
+                f"last {now - last[w]:.0f} s ago" if w in last
+                else "none yet")
+            for w in (range(self.num_workers) if self.is_ps
+                      else sorted(done)))
+        unit = ("closure(s) scheduled and not collected" if self.is_ps
+                else "call(s) in flight")
+        return (f"{executor.in_flight} {unit} (the oldest is awaited); step "
+                f"{int(self.progress.step.numpy())}; "
+                f"{workers or 'no results yet'}. A worker whose last result "
+                "is oldest holds the stalled closure.")
 
 
 def table_checkpoint_keys(model: RankingModel) -> dict[str, object]:
     """Checkpoint key prefix of every table variable -> the variable."""
     return {f"model/sparse_arch/{name}": variable
             for name, variable in model.sparse_arch.tables.items()}
-
-
-# What the trainer does around its loop that is not training: timed
-# checkpoint saves, the checkpoint of an interrupted run (SIGTERM), and the
-# description of pending work the stall watchdog prints.
-
-def timed_save(trainer, beat: Callable[[str], None]) -> str | None:
-    """``trainer.save()`` in the ``checkpoint`` heartbeat phase; records its
-    duration in ``trainer.last_save_seconds`` (the next interrupted run's
-    estimate of whether a save fits its grace period)."""
-    beat("checkpoint")
-    began = time.perf_counter()
-    saved = trainer.save()
-    trainer.last_save_seconds = time.perf_counter() - began
-    beat("training")
-    return saved
-
-
-def save_at_stop(trainer, allowed: Callable[[float | None], bool] | None,
-                 beat: Callable[[str], None]) -> bool:
-    """The checkpoint of an interrupted run, at the step reached. True when
-    one exists at that step afterwards (saved now, or already there);
-    False when there are no checkpoints or ``allowed(last save seconds)``
-    refuses (no time left for a save)."""
-    if trainer.keeper is None:
-        return False
-    step = int(trainer.progress.step.numpy())
-    latest = trainer.keeper.latest
-    if latest is not None and latest.endswith(f"-{step}"):
-        return True
-    if allowed is not None and not allowed(
-            getattr(trainer, "last_save_seconds", None)):
-        return False
-    return timed_save(trainer, beat) is not None or not trainer.chief
-
-
-def describe_pending(trainer) -> str:
-    """Work in flight and per-worker progress (for the watchdog)."""
-    executor = trainer.executor
-    if executor is None:
-        return "training loop not started"
-    now = time.monotonic()
-    done, last = executor.closures_per_pipeline, executor.last_result_at
-    workers = "; ".join(
-        f"worker {w}: {done[w]} closures finished, " + (
-            f"last {now - last[w]:.0f} s ago" if w in last else "none yet")
-        for w in (range(trainer.num_workers) if trainer.is_ps
-                  else sorted(done)))
-    unit = ("closure(s) scheduled and not collected" if trainer.is_ps
-            else "call(s) in flight")
-    return (f"{executor.in_flight} {unit} (the oldest is awaited); step "
-            f"{int(trainer.progress.step.numpy())}; "
-            f"{workers or 'no results yet'}. A worker whose last result "
-            "is oldest holds the stalled closure.")
