@@ -73,17 +73,9 @@ def retrieval_config(args: argparse.Namespace, spec
     ranking).
 
     Raises:
-      ConfigError: retrieval on a spec without ``towers``, or the ranking
-        metrics in ``--keep-best`` (also for a regression label, ``loss:
-        mse``, whose runs export the latest checkpoint too).
+      ConfigError: retrieval on a spec without ``towers`` (``--keep-best``
+        is judged with the job: ``launch.job.config.check_keep_best``).
     """
-    if spec.label.loss == "mse" and (args.keep_best == "logloss"
-                                     or args.early_stop_patience):
-        raise ConfigError(
-            f"`--keep-best` = {args.keep_best!r} / --early-stop-patience "
-            f"watch AUC/logloss; the label {spec.label.name!r} of spec "
-            f"{spec.name!r} is a regression target (loss: mse, reported as "
-            "RMSE) and the export is the latest checkpoint: drop them.")
     if args.task != "retrieval":
         return None
     if spec.towers is None:
@@ -91,12 +83,6 @@ def retrieval_config(args: argparse.Namespace, spec
             f"`--task retrieval` needs a spec with `towers` (query and "
             f"candidate features, candidate_id); spec {spec.name!r} has "
             "none: add them (see --spec movielens-retrieval).")
-    if args.keep_best not in ("auc", "none") or (
-            args.early_stop_patience):
-        raise ConfigError(
-            f"`--keep-best` = {args.keep_best!r} / --early-stop-patience "
-            "watch the ranking metrics; with --task retrieval the export is "
-            "the latest checkpoint: drop them.")
     return RetrievalConfig(
         tower_mlp=args.tower_mlp, output_dim=args.output_dim,
         temperature=args.temperature, normalize=not args.no_normalize,

@@ -35,9 +35,9 @@ from psrec.errors import ConfigError
 from psrec.errors import check_choice
 from psrec.errors import one_line
 from psrec.ps_cluster.checkpoint.save import tasks_share_folder
+from psrec.ps_cluster.checkpoint.writer_kinds import WRITERS
 from psrec.ps_cluster.cluster.strategy import cluster_resolver
 
-WRITERS = ("auto", "tasks", "coordinator")
 PROBE_PREFIX = ".psrec-probe-"
 # Errors of an unreachable task, not of its storage: raised as they are
 # (retryable), never reported as a folder the task does not see.
