@@ -261,11 +261,11 @@ def test_replicated_options_name_the_argument_and_value():
         build_replicated_strategy("mirrored", "ring")
     with pytest.raises(StrategyError, match=r"`--strategy` = 'ps'"):
         build_replicated_strategy("ps")
-    with pytest.raises(ValueError, match=r"`--strategy` = 'tpu'"):
+    with pytest.raises(ValueError, match=r"`StrategyConfig.kind` = 'tpu'"):
         StrategyConfig(kind="tpu")
-    with pytest.raises(ValueError, match=r"`--grad-accum-steps` = 0"):
+    with pytest.raises(ValueError, match=r"`StrategyConfig.grad_accum_steps` = 0"):
         StrategyConfig(grad_accum_steps=0)
-    with pytest.raises(ValueError, match=r"`--memory-fraction` = 1.5"):
+    with pytest.raises(ValueError, match=r"`StrategyConfig.memory_fraction` = 1.5"):
         StrategyConfig(kind="mirrored", memory_fraction=1.5)
     assert main(["train", "--strategy", "mirrored", "--cluster",
                  "c.json"]) == 2

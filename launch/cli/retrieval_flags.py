@@ -8,6 +8,7 @@ from psrec.errors import ConfigError
 from psrec.launch.cli.argtypes import non_negative
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_float
+from psrec.launch.cli.options import add_option
 from psrec.models.retrieval.config import TASKS
 from psrec.models.retrieval.config import RetrievalConfig
 
@@ -42,29 +43,15 @@ def add_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--task", choices=TASKS, default="ranking",
                        help="ranking (default): --model scores rows; "
                        "retrieval: query and candidate towers")
-    group.add_argument("--tower-mlp", type=_widths,
-                       default=_DEFAULTS.tower_mlp,
-                       help="hidden widths of each tower, e.g. 64,32 "
-                       f"(default: {','.join(map(str, _DEFAULTS.tower_mlp))})")
-    group.add_argument("--output-dim", type=positive,
-                       default=_DEFAULTS.output_dim,
-                       help="query and candidate embedding width")
-    group.add_argument("--temperature", type=positive_float,
-                       default=_DEFAULTS.temperature,
-                       help="softmax temperature (scores are cosines unless "
-                       "--no-normalize)")
-    group.add_argument("--no-normalize", action="store_true",
-                       help="raw dot products instead of cosines")
-    group.add_argument("--no-logq", action="store_true",
-                       help="no sampling-probability (logQ) correction of "
-                       "the in-batch logits")
-    group.add_argument("--uniform-negatives", type=non_negative,
-                       default=_DEFAULTS.uniform_negatives,
-                       help="extra negatives per batch drawn uniformly "
-                       "from the catalogue")
-    group.add_argument("--keep-accidental-hits", action="store_true",
-                       help="keep negatives that are the positive's own "
-                       "candidate (default: removed)")
+    add_option(group, RetrievalConfig, "tower_mlp", type=_widths,
+               default=",".join(map(str, _DEFAULTS.tower_mlp)))
+    add_option(group, RetrievalConfig, "output_dim", type=positive)
+    add_option(group, RetrievalConfig, "temperature", type=positive_float)
+    add_option(group, RetrievalConfig, "normalize")
+    add_option(group, RetrievalConfig, "logq")
+    add_option(group, RetrievalConfig, "uniform_negatives",
+               type=non_negative)
+    add_option(group, RetrievalConfig, "remove_accidental_hits")
 
 
 def retrieval_config(args: argparse.Namespace, spec

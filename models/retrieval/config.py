@@ -10,6 +10,7 @@ from typing import Any
 from psrec.errors import check
 from psrec.models.ranking.config import ModelConfigError
 from psrec.options import from_dict
+from psrec.options import option
 from psrec.options import to_dict
 
 TASKS = ("ranking", "retrieval")
@@ -40,13 +41,28 @@ class RetrievalConfig:
         row's softmax.
     """
 
-    tower_mlp: tuple[int, ...] = (64,)
-    output_dim: int = 32
-    temperature: float = 0.05
-    normalize: bool = True
-    logq: bool = True
-    uniform_negatives: int = 0
-    remove_accidental_hits: bool = True
+    tower_mlp: tuple[int, ...] = option(
+        (64,), flag="--tower-mlp",
+        help="hidden widths of each tower, e.g. 64,32")
+    output_dim: int = option(32, flag="--output-dim",
+                             help="query and candidate embedding width")
+    temperature: float = option(
+        0.05, flag="--temperature",
+        help="softmax temperature (scores are cosines unless "
+        "--no-normalize)")
+    normalize: bool = option(True, flag="--no-normalize",
+                             help="raw dot products instead of cosines")
+    logq: bool = option(
+        True, flag="--no-logq",
+        help="no sampling-probability (logQ) correction of the in-batch "
+        "logits")
+    uniform_negatives: int = option(
+        0, flag="--uniform-negatives",
+        help="extra negatives per batch drawn uniformly from the catalogue")
+    remove_accidental_hits: bool = option(
+        True, flag="--keep-accidental-hits",
+        help="keep negatives that are the positive's own candidate "
+        "(default: removed)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tower_mlp", tuple(self.tower_mlp))
