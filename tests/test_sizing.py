@@ -65,7 +65,7 @@ def test_guard_fires_for_an_oversized_table_with_size_and_ps_advice():
         check_fits(size, SIXTEEN_GIB, memory_fraction=0.5)
     message = str(error.value)
     assert f"{size.total_bytes / GIB:.3f} GiB" in message
-    assert "`--memory-fraction` = 0.5" in message and "16.0 GiB of one GPU" \
+    assert "`StrategyConfig.memory_fraction` = 0.5" in message and "16.0 GiB of one GPU" \
         in message
     assert "Use --strategy ps" in message
     # The default spec fits easily.

@@ -165,7 +165,7 @@ def make_train_dataset_fn(manifest: Manifest, spec: FeatureSpec,
     shuffle = max(1, min(config.shuffle_records, -(-manifest.rows(split)
                                                   // block_rows)
                          // readers // 4))
-    check(not serviced or data_service is not None, "--input-mode",
+    check(not serviced or data_service is not None, "InputConfig.mode",
           config.mode, "needs a tf.data service dispatcher address")
     if ps_workers is not None and not serviced:
         shard_files(files, ps_workers, 0)  # fail early, on the coordinator

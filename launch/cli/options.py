@@ -132,13 +132,3 @@ def translate(message: str) -> str:
         message = message.replace(f"`{name}`", f"`{flag}`")
     return message
 
-
-def translated(error: ConfigError) -> ConfigError:
-    """``error`` (same class) with its field names turned into flags."""
-    text = translate(str(error))
-    if text == str(error):
-        return error
-    try:
-        return type(error)(text)
-    except TypeError:
-        return ConfigError(text)

@@ -11,7 +11,6 @@ import sys
 
 from psrec.data.input.config import InputConfig
 from psrec.errors import EXIT_OK
-from psrec.errors import ConfigError
 from psrec.launch.cli import metrics_flags
 from psrec.launch.cli import plan as plan_commands
 from psrec.launch.cli import retrieval_flags
@@ -29,7 +28,6 @@ from psrec.launch.cli.data_service import use_dispatcher_flag
 from psrec.launch.cli.options import add_option
 from psrec.launch.cli.options import given
 from psrec.launch.cli.options import refuse_given_out_of_scope
-from psrec.launch.cli.options import translated
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_cluster_flags
 from psrec.launch.cli.support import add_json_flag
@@ -82,15 +80,9 @@ def _field_scope(cls, name: str):
 
 def _job_config(args: argparse.Namespace) -> JobConfig:
     """The :class:`JobConfig` of ``psrec train``'s arguments; a flag given
-    under a ``--strategy`` it does not apply to is refused (exit 2), and a
-    library refusal names the flag instead of the field."""
-    try:
-        return _build_job_config(args)
-    except ConfigError as error:
-        raise translated(error) from None
-
-
-def _build_job_config(args: argparse.Namespace) -> JobConfig:
+    under a ``--strategy`` it does not apply to is refused (exit 2). A
+    library refusal names fields; the error line names the flags
+    (``launch.cli.main.error_line``)."""
     from psrec.data.format.manifest import Manifest
     from psrec.data.format.manifest import spec_for
     if args.strategy != "ps":

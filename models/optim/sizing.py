@@ -235,8 +235,9 @@ def check_fits(estimate: SizeEstimate, memory: DeviceMemory,
         raise ModelTooLargeError(
             f"replicated tables and optimizer slots need "
             f"{estimate.text()}{copies} = {need / GIB:.3f} GiB, over "
-            f"`--memory-fraction` = {memory_fraction:g} of the "
+            f"`StrategyConfig.memory_fraction` = {memory_fraction:g} of the "
             f"{memory.bytes / GIB:.1f} GiB of one {memory.kind} "
             f"({budget / GIB:.3f} GiB); every replica of a mirrored strategy "
             "holds every table whole. Use --strategy ps to shard the tables "
-            "across parameter servers (or raise --memory-fraction).")
+            "across parameter servers (or raise "
+            "`StrategyConfig.memory_fraction`).")

@@ -59,7 +59,7 @@ def tasks_write(writers: str, strategy, directory) -> bool:
     of checkpoints in ``directory`` under ``--checkpoint-writers
     writers`` (never without a ``ParameterServerStrategy``: then this
     process holds every variable)."""
-    check_choice("--checkpoint-writers", writers, WRITERS)
+    check_choice("JobConfig.checkpoint_writers", writers, WRITERS)
     if writers == "auto":
         return tasks_share_folder(strategy, directory)
     return writers == "tasks" and strategy is not None and _is_ps(strategy)

@@ -306,8 +306,8 @@ def plan_partition(spec: FeatureSpec, model_config: ModelConfig, ps: int,
                    dense_parameters: int | None = None) -> ShardingPlan:
     """:func:`plan` with the full optimizer and partition configurations
     (what ``psrec train`` has)."""
-    check(ps >= 1, "--ps", ps, "must be >= 1")
-    check(ps_memory is None or ps_memory >= 1, "--ps-memory", ps_memory,
+    check(ps >= 1, "ps", ps, "must be >= 1")
+    check(ps_memory is None or ps_memory >= 1, "ps_memory", ps_memory,
           "must be >= 1 byte")
     if dense_parameters is None:
         dense_parameters = dense_parameter_count(spec, model_config)
