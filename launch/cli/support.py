@@ -100,6 +100,8 @@ def add_model_flag(group: argparse._ActionsContainer) -> None:
 def add_count_flags(group: argparse._ActionsContainer) -> None:
     """--workers/--ps: task COUNTS in every command that has them (host
     lists are `psrec tf-config --worker-hosts/--ps-hosts`)."""
+    # The option fields load the job's modules (pyarrow): only for the
+    # commands that have these flags, not for every user of this module.
     from psrec.launch.cli.options import add_option
     from psrec.launch.job.config import JobConfig
     add_option(group, JobConfig, "workers", type=positive)
