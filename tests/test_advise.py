@@ -188,7 +188,7 @@ def test_gradient_traffic_counts_dense_floats_and_touched_rows():
 
 
 def test_recommend_rejects_bad_arguments():
-    with pytest.raises(ValueError, match=r"`--memory-fraction` = 0"):
+    with pytest.raises(ValueError, match=r"`memory_fraction` = 0"):
         recommend(SMALL, MEMORY, _measured(1, 1, 1), memory_fraction=0)
     with pytest.raises(ValueError, match=r"`threshold` = -1"):
         recommend(SMALL, MEMORY, _measured(1, 1, 1), threshold=-1)

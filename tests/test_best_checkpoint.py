@@ -354,8 +354,8 @@ def test_summary_says_epochs_best_export_and_early_stop():
 
 def test_early_stopping_needs_a_metric():
     from psrec.errors import ConfigError
-    with pytest.raises(ConfigError, match=r"`--early-stop-patience` = 2 "
+    with pytest.raises(ConfigError, match=r"`LoopConfig.early_stop_patience` = 2 "
                        "needs a metric to watch"):
         LoopConfig(keep_best="none", early_stop_patience=2)
-    with pytest.raises(ConfigError, match=r"`--keep-best` = 'mse'"):
+    with pytest.raises(ConfigError, match=r"`LoopConfig.keep_best` = 'mse'"):
         LoopConfig(keep_best="mse")

@@ -249,6 +249,9 @@ def test_size_guard_stops_the_cli_with_the_size_and_ps_advice(tmp_path):
     assert "psrec train: error: replicated tables and optimizer slots" in (
         done.stderr)
     assert "GiB" in done.stderr and "Use --strategy ps" in done.stderr
+    # The library names the field; the CLI's error line, the flag.
+    assert "`--memory-fraction` = 1e-06" in done.stderr, done.stderr
+    assert "StrategyConfig" not in done.stderr
     assert not (tmp_path / "data").exists()  # stopped before any data work
 
 
@@ -257,15 +260,15 @@ def test_replicated_options_name_the_argument_and_value():
     from psrec.launch.job.config import StrategyConfig
     from psrec.ps_cluster.cluster.strategy import StrategyError
     from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
-    with pytest.raises(StrategyError, match=r"`--collective` = 'ring'"):
+    with pytest.raises(StrategyError, match=r"`StrategyConfig.collective` = 'ring'"):
         build_replicated_strategy("mirrored", "ring")
-    with pytest.raises(StrategyError, match=r"`--strategy` = 'ps'"):
+    with pytest.raises(StrategyError, match=r"`StrategyConfig.kind` = 'ps'"):
         build_replicated_strategy("ps")
-    with pytest.raises(ValueError, match=r"`--strategy` = 'tpu'"):
+    with pytest.raises(ValueError, match=r"`StrategyConfig.kind` = 'tpu'"):
         StrategyConfig(kind="tpu")
-    with pytest.raises(ValueError, match=r"`--grad-accum-steps` = 0"):
+    with pytest.raises(ValueError, match=r"`StrategyConfig.grad_accum_steps` = 0"):
         StrategyConfig(grad_accum_steps=0)
-    with pytest.raises(ValueError, match=r"`--memory-fraction` = 1.5"):
+    with pytest.raises(ValueError, match=r"`StrategyConfig.memory_fraction` = 1.5"):
         StrategyConfig(kind="mirrored", memory_fraction=1.5)
     assert main(["train", "--strategy", "mirrored", "--cluster",
                  "c.json"]) == 2

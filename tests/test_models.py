@@ -129,5 +129,5 @@ def test_learning_rate_scales_with_batch_and_warms_up_linearly():
 
 
 def test_optimizer_config_rejects_unknown_optimizers():
-    with pytest.raises(ValueError, match=r"`sparse_optimizer` = 'lamb'"):
+    with pytest.raises(ValueError, match=r"`OptimizerConfig.sparse` = 'lamb'"):
         OptimizerConfig(sparse="lamb")

@@ -130,7 +130,7 @@ def test_bad_arguments_are_config_errors():
                    {"shards": 0}):
         with pytest.raises(ConfigError):
             plan(spec, model_config("dlrm"), 2, dense_parameters=0, **kwargs)
-    with pytest.raises(ConfigError, match="--ps"):
+    with pytest.raises(ConfigError, match="`ps` = 0"):
         plan(spec, model_config("dlrm"), 0, dense_parameters=0)
 
 

@@ -65,7 +65,7 @@ def test_guard_fires_for_an_oversized_table_with_size_and_ps_advice():
         check_fits(size, SIXTEEN_GIB, memory_fraction=0.5)
     message = str(error.value)
     assert f"{size.total_bytes / GIB:.3f} GiB" in message
-    assert "`--memory-fraction` = 0.5" in message and "16.0 GiB of one GPU" \
+    assert "`StrategyConfig.memory_fraction` = 0.5" in message and "16.0 GiB of one GPU" \
         in message
     assert "Use --strategy ps" in message
     # The default spec fits easily.
@@ -82,9 +82,9 @@ def test_replicas_sharing_one_memory_count_once_each():
 
 def test_bad_arguments_name_the_argument_and_value():
     size = SizeEstimate(1, 1, 1, 1)
-    with pytest.raises(ValueError, match=r"`--memory-fraction` = 0.0"):
+    with pytest.raises(ValueError, match=r"`memory_fraction` = 0.0"):
         check_fits(size, SIXTEEN_GIB, 0.0)
-    with pytest.raises(ValueError, match=r"`--memory-fraction` = 1.5"):
+    with pytest.raises(ValueError, match=r"`memory_fraction` = 1.5"):
         check_fits(size, SIXTEEN_GIB, 1.5)
     with pytest.raises(ValueError, match=r"`replicas_sharing_memory` = 0"):
         check_fits(size, SIXTEEN_GIB, 0.5, replicas_sharing_memory=0)

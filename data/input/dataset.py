@@ -31,7 +31,6 @@ Two input modes (``InputConfig.mode``):
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 from typing import Sequence
 
@@ -40,10 +39,9 @@ import tensorflow as tf
 from psrec.data.format.manifest import Manifest
 from psrec.data.format.records import ROWS_KEY
 from psrec.data.format.records import decode_blocks
+from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
 from psrec.errors import check
-from psrec.errors import check_at_least
-from psrec.errors import check_choice
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 
@@ -52,40 +50,11 @@ Batch = dict[str, tf.Tensor]
 PIPELINE_COLUMN = "psrec__pipeline"
 # A vector in every training batch: the epoch (0-based) of each row.
 EPOCH_COLUMN = "psrec__epoch"
-INPUT_MODES = ("static", "data-service")
 DatasetFn = Callable[[tf.distribute.InputContext | None], tf.data.Dataset]
 
 
 class NotEnoughShardsError(ConfigError):
     """There are fewer shard files than input pipelines."""
-
-
-@dataclasses.dataclass(frozen=True)
-class InputConfig:
-    """How training data is read.
-
-    Attributes:
-      batch_size: global batch size (rows per step across all replicas in
-        sync; under parameter servers every worker step uses the full batch
-        since each replica group is one worker).
-      shuffle_records: shuffle buffer, in block records (x block_rows rows).
-      cycle_length: files read in parallel by one pipeline.
-      seed: shuffle seed; resumed runs pass a different seed offset so the
-        same order is not replayed.
-      mode: ``static`` (files split by worker index) or ``data-service``
-        (files handed out one at a time by the tf.data service).
-    """
-
-    batch_size: int = 1024
-    shuffle_records: int = 64
-    cycle_length: int = 4
-    seed: int = 0
-    mode: str = "static"
-
-    def __post_init__(self) -> None:
-        check_at_least(self, 1, "batch_size", "shuffle_records",
-                       "cycle_length")
-        check_choice("--input-mode", self.mode, INPUT_MODES)
 
 
 def shard_files(files: Sequence[str], num_pipelines: int,
@@ -196,7 +165,7 @@ def make_train_dataset_fn(manifest: Manifest, spec: FeatureSpec,
     shuffle = max(1, min(config.shuffle_records, -(-manifest.rows(split)
                                                   // block_rows)
                          // readers // 4))
-    check(not serviced or data_service is not None, "--input-mode",
+    check(not serviced or data_service is not None, "InputConfig.mode",
           config.mode, "needs a tf.data service dispatcher address")
     if ps_workers is not None and not serviced:
         shard_files(files, ps_workers, 0)  # fail early, on the coordinator

@@ -136,9 +136,12 @@ def _caused_by_config(error: BaseException) -> bool:
 
 
 def error_line(error: BaseException) -> str:
-    """The message of ``error`` on one line (its lines joined)."""
+    """The message of ``error`` on one line (its lines joined), the
+    configuration fields it names turned into their flags."""
+    # Only on the error path: the option table loads the job's modules.
+    from psrec.launch.cli.options import translate
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return " ".join(lines) or type(error).__name__
+    return translate(" ".join(lines)) or type(error).__name__
 
 
 def start_process() -> None:

@@ -12,25 +12,29 @@ from psrec.errors import EXIT_OK
 from psrec.launch.cli.argtypes import SIZE_HELP
 from psrec.launch.cli.argtypes import byte_size
 from psrec.launch.cli.argtypes import positive
+from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
 from psrec.launch.cli.support import add_spec_and_data_flags
 from psrec.launch.cli.support import print_result
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import StrategyConfig
+from psrec.models.optim.config import SPARSE_OPTIMIZERS
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import slots
+from psrec.options import default_of
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 
-if TYPE_CHECKING:  # the job's modules import TensorFlow
-    from psrec.launch.job.config import JobConfig
+if TYPE_CHECKING:
     from psrec.ps_cluster.cluster.tf_config import ClusterSpec
-
-PARTITIONERS = ("min-size", "fixed", "max-size")
-
 
 def add_ps_memory_flag(group: argparse._ActionsContainer) -> None:
     """``--ps-memory SIZE``: the budget of one PS task's variables."""
-    group.add_argument("--ps-memory", type=byte_size, default=None,
-                       help="refuse (exit 2, naming the smallest PS count "
-                       "that fits) when one PS task would hold more than "
-                       "this of table shards, their optimizer slots and the "
-                       "dense weights; see `psrec plan`. " + SIZE_HELP)
+    add_option(group, StrategyConfig, "ps_memory", type=byte_size,
+               help="refuse (exit 2, naming the smallest PS count that fits) "
+               "when one PS task would hold more than this of table shards, "
+               "their optimizer slots and the dense weights; see `psrec "
+               "plan`. " + SIZE_HELP)
 
 
 def check_ps_memory(config: JobConfig, cluster: ClusterSpec | None = None
@@ -89,19 +93,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     model = p.add_argument_group("model")
     add_spec_and_data_flags(model, spec_beside_data="", data="its spec")
     add_model_flag(model)
-    model.add_argument("--optimizer", choices=("adagrad", "ftrl", "sgd"),
-                       default="adagrad",
-                       help="the tables' optimizer: its slots (adagrad 1, "
-                       "ftrl 2, sgd 0 per table value)")
+    model.add_argument("--optimizer", choices=SPARSE_OPTIMIZERS,
+                       default=default_of(OptimizerConfig, "sparse"),
+                       help="the tables' optimizer: its slots (" + ", ".join(
+                           f"{name} {slots(name)}"
+                           for name in SPARSE_OPTIMIZERS) + " per table "
+                       "value)")
     cluster = p.add_argument_group("cluster")
     cluster.add_argument("--ps", type=positive, required=True,
                          help="number of parameter-server tasks")
-    cluster.add_argument("--partitioner", choices=PARTITIONERS,
-                         default="min-size",
-                         help="how embedding tables are split across PS "
-                         "tasks (as `psrec train --partitioner`)")
-    cluster.add_argument("--table-shards", type=positive, default=None,
-                         help="shards per table (default: one per PS task)")
+    add_option(cluster, PartitionConfig, "kind",
+               help="how embedding tables are split across PS tasks (as "
+               "`psrec train --partitioner`)")
+    add_option(cluster, PartitionConfig, "shards", type=positive)
     add_ps_memory_flag(cluster)
     add_json_flag(p.add_argument_group("output"))
     p.set_defaults(run=_cmd_plan)

@@ -8,6 +8,7 @@ from psrec.errors import ConfigError
 from psrec.launch.cli.argtypes import non_negative
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_float
+from psrec.launch.cli.options import add_option
 from psrec.models.retrieval.config import TASKS
 from psrec.models.retrieval.config import RetrievalConfig
 
@@ -42,29 +43,15 @@ def add_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--task", choices=TASKS, default="ranking",
                        help="ranking (default): --model scores rows; "
                        "retrieval: query and candidate towers")
-    group.add_argument("--tower-mlp", type=_widths,
-                       default=_DEFAULTS.tower_mlp,
-                       help="hidden widths of each tower, e.g. 64,32 "
-                       f"(default: {','.join(map(str, _DEFAULTS.tower_mlp))})")
-    group.add_argument("--output-dim", type=positive,
-                       default=_DEFAULTS.output_dim,
-                       help="query and candidate embedding width")
-    group.add_argument("--temperature", type=positive_float,
-                       default=_DEFAULTS.temperature,
-                       help="softmax temperature (scores are cosines unless "
-                       "--no-normalize)")
-    group.add_argument("--no-normalize", action="store_true",
-                       help="raw dot products instead of cosines")
-    group.add_argument("--no-logq", action="store_true",
-                       help="no sampling-probability (logQ) correction of "
-                       "the in-batch logits")
-    group.add_argument("--uniform-negatives", type=non_negative,
-                       default=_DEFAULTS.uniform_negatives,
-                       help="extra negatives per batch drawn uniformly "
-                       "from the catalogue")
-    group.add_argument("--keep-accidental-hits", action="store_true",
-                       help="keep negatives that are the positive's own "
-                       "candidate (default: removed)")
+    add_option(group, RetrievalConfig, "tower_mlp", type=_widths,
+               default=",".join(map(str, _DEFAULTS.tower_mlp)))
+    add_option(group, RetrievalConfig, "output_dim", type=positive)
+    add_option(group, RetrievalConfig, "temperature", type=positive_float)
+    add_option(group, RetrievalConfig, "normalize")
+    add_option(group, RetrievalConfig, "logq")
+    add_option(group, RetrievalConfig, "uniform_negatives",
+               type=non_negative)
+    add_option(group, RetrievalConfig, "remove_accidental_hits")
 
 
 def retrieval_config(args: argparse.Namespace, spec
@@ -73,17 +60,9 @@ def retrieval_config(args: argparse.Namespace, spec
     ranking).
 
     Raises:
-      ConfigError: retrieval on a spec without ``towers``, or the ranking
-        metrics in ``--keep-best`` (also for a regression label, ``loss:
-        mse``, whose runs export the latest checkpoint too).
+      ConfigError: retrieval on a spec without ``towers`` (``--keep-best``
+        is judged with the job: ``launch.job.config.check_keep_best``).
     """
-    if spec.label.loss == "mse" and (args.keep_best == "logloss"
-                                     or args.early_stop_patience):
-        raise ConfigError(
-            f"`--keep-best` = {args.keep_best!r} / --early-stop-patience "
-            f"watch AUC/logloss; the label {spec.label.name!r} of spec "
-            f"{spec.name!r} is a regression target (loss: mse, reported as "
-            "RMSE) and the export is the latest checkpoint: drop them.")
     if args.task != "retrieval":
         return None
     if spec.towers is None:
@@ -91,12 +70,6 @@ def retrieval_config(args: argparse.Namespace, spec
             f"`--task retrieval` needs a spec with `towers` (query and "
             f"candidate features, candidate_id); spec {spec.name!r} has "
             "none: add them (see --spec movielens-retrieval).")
-    if args.keep_best not in ("auc", "none") or (
-            args.early_stop_patience):
-        raise ConfigError(
-            f"`--keep-best` = {args.keep_best!r} / --early-stop-patience "
-            "watch the ranking metrics; with --task retrieval the export is "
-            "the latest checkpoint: drop them.")
     return RetrievalConfig(
         tower_mlp=args.tower_mlp, output_dim=args.output_dim,
         temperature=args.temperature, normalize=not args.no_normalize,

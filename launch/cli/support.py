@@ -100,22 +100,26 @@ def add_model_flag(group: argparse._ActionsContainer) -> None:
 def add_count_flags(group: argparse._ActionsContainer) -> None:
     """--workers/--ps: task COUNTS in every command that has them (host
     lists are `psrec tf-config --worker-hosts/--ps-hosts`)."""
-    group.add_argument("--workers", type=positive, default=2,
-                       help="number of worker tasks")
-    group.add_argument("--ps", type=positive, default=1,
-                       help="number of parameter-server tasks")
+    # The option fields load the job's modules (pyarrow): only for the
+    # commands that have these flags, not for every user of this module.
+    from psrec.launch.cli.options import add_option
+    from psrec.launch.job.config import JobConfig
+    add_option(group, JobConfig, "workers", type=positive)
+    add_option(group, JobConfig, "ps", type=positive)
 
 
 def add_step_flags(group: argparse._ActionsContainer, steps: int) -> None:
     group.add_argument("--steps", type=positive, default=steps,
                        help="training steps (the run ends at this global step)")
-    group.add_argument("--steps-per-closure", type=positive, default=10,
-                       help="training steps per scheduled closure (K)")
+    from psrec.launch.cli.options import add_option
+    from psrec.ps_cluster.training.config import LoopConfig
+    add_option(group, LoopConfig, "steps_per_closure", type=positive)
 
 
 def add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
-    group.add_argument("--batch-size", type=positive, default=1024,
-                       help=what)
+    from psrec.data.input.config import InputConfig
+    from psrec.launch.cli.options import add_option
+    add_option(group, InputConfig, "batch_size", type=positive, help=what)
 
 
 def add_cluster_flags(p: argparse._ActionsContainer) -> None:

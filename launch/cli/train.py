@@ -5,9 +5,11 @@ cluster), ``server`` runs one of its PS or worker tasks."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
+from psrec.data.input.config import InputConfig
 from psrec.errors import EXIT_OK
 from psrec.launch.cli import metrics_flags
 from psrec.launch.cli import plan as plan_commands
@@ -22,18 +24,29 @@ from psrec.launch.cli.data_service import add_data_server_command
 from psrec.launch.cli.data_service import add_input_flags
 from psrec.launch.cli.data_service import local_data_service
 from psrec.launch.cli.data_service import resolve_input_mode
+from psrec.launch.cli.options import add_option
+from psrec.launch.cli.options import given
+from psrec.launch.cli.options import refuse_given_out_of_scope
 from psrec.launch.cli.support import UsageError
-from psrec.launch.cli.support import add_batch_flag
 from psrec.launch.cli.support import add_cluster_flags
-from psrec.launch.cli.support import add_count_flags
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
 from psrec.launch.cli.support import add_spec_and_data_flags
 from psrec.launch.cli.support import print_result
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import StrategyConfig
+from psrec.launch.job.config import SyntheticData
+from psrec.launch.job.config import has_ranking_metrics
+from psrec.launch.job.config import keep_best_error
 from psrec.launch.local.netns import add_allow_exposed_flag
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.ranking.config import model_config
+from psrec.options import option_of
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import as_path
 
-DEFAULT_STEPS = 400
+_JOB = JobConfig()  # the defaults of the flags of nested configurations
 
 
 def _existing_cluster(args: argparse.Namespace):
@@ -58,29 +71,31 @@ def _existing_cluster(args: argparse.Namespace):
     return config.cluster
 
 
-def _job_config(args: argparse.Namespace):
-    """The :class:`JobConfig` of ``psrec train``'s arguments; options that
-    mean nothing under ``--strategy`` are refused (exit 2)."""
+def _field_scope(cls, name: str):
+    """The strategies field ``name`` of ``cls`` applies to."""
+    return {f.name: option_of(f) for f in dataclasses.fields(cls)}[
+        name].strategies
+
+
+def _job_config(args: argparse.Namespace) -> JobConfig:
+    """The :class:`JobConfig` of ``psrec train``'s arguments; a flag given
+    under a ``--strategy`` it does not apply to is refused (exit 2). A
+    library refusal names fields; the error line names the flags
+    (``launch.cli.main.error_line``)."""
     from psrec.data.format.manifest import Manifest
     from psrec.data.format.manifest import spec_for
-    from psrec.data.input.dataset import InputConfig
-    from psrec.launch.job.config import JobConfig
-    from psrec.launch.job.config import StrategyConfig
-    from psrec.launch.job.config import SyntheticData
-    from psrec.models.optim.optimizers import OptimizerConfig
-    from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
-    from psrec.ps_cluster.training.loop import LoopConfig
     if args.strategy != "ps":
-        for flag, given in (("--cluster", args.cluster),
-                            ("--no-restart-workers", args.no_restart_workers)):
-            if given:
+        for flag, flag_given in (
+                ("--cluster", args.cluster),
+                ("--no-restart-workers", args.no_restart_workers)):
+            if flag_given:
                 raise UsageError(
                     f"`{flag}` applies to --strategy ps only; with "
                     f"--strategy {args.strategy} each worker reads its own "
                     "TF_CONFIG (see `psrec tf-config`), and without it psrec "
                     "starts --workers local workers.")
-    if args.steps is not None and args.epochs is not None:
+    refuse_given_out_of_scope(args, args.strategy)
+    if given(args, "steps") and args.epochs is not None:
         raise UsageError(
             f"give --steps ({args.steps}) or --epochs ({args.epochs:g}), not "
             "both: --epochs N trains N passes over the train split.")
@@ -91,16 +106,23 @@ def _job_config(args: argparse.Namespace):
         overrides["batch_norm"] = "sync"
     spec = spec_for(Manifest.load(args.data) if args.data else None,
                     args.spec)
+    retrieval = retrieval_flags.retrieval_config(args, spec)
+    if not has_ranking_metrics(spec, retrieval) and (
+            (given(args, "keep_best") and args.keep_best != "none")
+            or args.early_stop_patience):
+        raise keep_best_error(args.keep_best, args.early_stop_patience,
+                              spec, retrieval)
     return JobConfig(
         workdir=as_path(args.workdir), spec=spec,
         model_name=args.model, model=model_config(args.model, **overrides),
         optimizer=OptimizerConfig(
+            sparse=args.sparse_optimizer, dense=args.dense_optimizer,
             sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
             base_batch_size=args.base_batch_size,
             warmup_steps=args.warmup_steps),
         input=InputConfig(batch_size=args.batch_size, seed=args.seed,
                           mode=resolve_input_mode(args)),
-        loop=LoopConfig(steps=args.steps or DEFAULT_STEPS,
+        loop=LoopConfig(steps=args.steps,
                         steps_per_closure=args.steps_per_closure,
                         log_every=args.log_every, eval_every=args.eval_every,
                         checkpoint_every=args.checkpoint_every,
@@ -125,8 +147,7 @@ def _job_config(args: argparse.Namespace):
         checkpoint_writers=args.checkpoint_writers,
         stall_timeout=args.stall_timeout or None,
         connect_timeout=args.connect_timeout, grace_period=args.grace_period,
-        retrieval=retrieval_flags.retrieval_config(args, spec),
-        data_service=args.data_service)
+        retrieval=retrieval, data_service=args.data_service)
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -267,18 +288,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_spec_and_data_flags(
         data, spec_beside_data=", which --spec may only repeat",
         data="default: generate the embedded synthetic data")
-    data.add_argument("--synthetic-rows", type=positive, default=250_000,
-                      help="rows of synthetic data when --data is not given")
-    add_batch_flag(data, "rows of one step: of one worker's step under "
-                    "--strategy ps, of the global step (split over the "
-                    "replicas) otherwise")
-    data.add_argument("--seed", type=integer, default=0,
-                      help="shuffle and synthetic-data seed")
-    data.add_argument("--no-verify-checksums", action="store_true",
-                      help="check shard presence and size but not sha256")
-    data.add_argument("--max-corrupt-records", type=non_negative, default=0,
-                      help="skip up to N corrupted records (counted, "
-                      "reported); 0 refuses corrupted data")
+    add_option(data, SyntheticData, "rows", type=positive)
+    add_option(data, InputConfig, "batch_size", type=positive)
+    add_option(data, InputConfig, "seed", type=integer)
+    add_option(data, JobConfig, "verify_checksums")
+    add_option(data, JobConfig, "max_corrupt_records", type=non_negative)
     add_input_flags(data)
 
     model = p.add_argument_group("model")
@@ -290,78 +304,40 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        help="batch norm in the MLP towers with statistics "
                        "all-reduced across the replicas in sync (under ps: "
                        "a worker's local replicas)")
-    model.add_argument("--mixed-precision", action="store_true",
-                       help="mixed_float16 on GPU (dynamic loss scale; an "
-                       "overflowing update is skipped whole), mixed_bfloat16 "
-                       "on CPU; float32 variables, logits and loss. Under ps "
-                       "it runs the workers' dense towers in 16 bits")
+    add_option(model, StrategyConfig, "mixed_precision")
 
     optimizer = p.add_argument_group(
         "optimizer", "learning rates and the step schedule")
-    optimizer.add_argument("--sparse-lr", type=positive_float, default=0.05,
-                           help="embedding-table learning rate at "
-                           "--base-batch-size")
-    optimizer.add_argument("--dense-lr", type=positive_float, default=0.001,
-                           help="dense-tower learning rate at "
-                           "--base-batch-size")
-    optimizer.add_argument("--base-batch-size", type=positive, default=1024,
-                           help="the update size (rows) the learning rates "
-                           "are given for. They are scaled to --batch-size x "
-                           "--grad-accum-steps: linearly for sgd, by the "
-                           "square root for adagrad/adam/ftrl (the scaling "
-                           "rule valid for adaptive optimizers)")
-    optimizer.add_argument("--warmup-steps", type=non_negative, default=100,
-                           help="linear learning-rate warmup from 0 over N "
-                           "steps")
-    optimizer.add_argument("--steps", type=positive, default=None,
-                           help="training steps: the run ends at this "
-                           f"global step (default: {DEFAULT_STEPS}, unless "
-                           "--epochs is given)")
-    optimizer.add_argument("--steps-per-closure", type=positive, default=10,
-                           help="training steps per scheduled closure (K)")
-    optimizer.add_argument("--epochs", type=positive_float, default=None,
-                           help="train N passes over the train split "
-                           "(manifest rows / (--batch-size x "
-                           "--grad-accum-steps) steps each) instead of "
-                           "--steps")
-    optimizer.add_argument("--grad-accum-steps", type=positive, default=1,
-                           help="micro-batches of --batch-size whose "
-                           "gradients are summed into one update (every "
-                           "strategy)")
+    add_option(optimizer, OptimizerConfig, "sparse")
+    add_option(optimizer, OptimizerConfig, "dense")
+    add_option(optimizer, OptimizerConfig, "sparse_lr", type=positive_float)
+    add_option(optimizer, OptimizerConfig, "dense_lr", type=positive_float)
+    add_option(optimizer, OptimizerConfig, "base_batch_size", type=positive)
+    add_option(optimizer, OptimizerConfig, "warmup_steps",
+               type=non_negative)
+    add_option(optimizer, LoopConfig, "steps", type=positive,
+               default=_JOB.loop.steps)
+    add_option(optimizer, LoopConfig, "steps_per_closure", type=positive,
+               default=_JOB.loop.steps_per_closure)
+    add_option(optimizer, JobConfig, "epochs", type=positive_float)
+    add_option(optimizer, StrategyConfig, "grad_accum_steps", type=positive)
 
     cluster = p.add_argument_group("cluster")
-    cluster.add_argument("--strategy",
-                         choices=("ps", "mirrored", "multi-worker-mirrored",
-                                  "one-device"),
-                         default="ps",
-                         help="ps: parameter servers (tables sharded); "
-                         "mirrored: all local GPUs/CPU replicas, all-reduce; "
-                         "multi-worker-mirrored: workers from TF_CONFIG (or "
-                         "--workers local ones); one-device: one GPU or the "
-                         "CPU; see `psrec advise`")
-    add_count_flags(cluster)
+    add_option(cluster, StrategyConfig, "kind")
+    add_option(cluster, JobConfig, "workers", type=positive)
+    add_option(cluster, JobConfig, "ps", type=positive)
     cluster.add_argument("--cluster", default=None,
                          help="coordinate an existing cluster (JSON cluster "
                          "spec or TF_CONFIG file); TF_CONFIG naming this task "
                          "chief also does (default: start a local cluster)")
-    cluster.add_argument("--partitioner",
-                         choices=("min-size", "fixed", "max-size"),
-                         default="min-size",
-                         help="how embedding tables are split across PS tasks")
-    cluster.add_argument("--table-shards", type=positive, default=None,
-                         help="shards per table (default: one per PS task)")
-    cluster.add_argument("--collective", choices=("auto", "ring", "nccl"),
-                         default="auto",
-                         help="all-reduce implementation (mirrored "
-                         "strategies)")
-    cluster.add_argument("--memory-fraction", type=positive_fraction,
-                         default=0.5,
-                         help="size guard: replicated tables + optimizer "
-                         "slots may use this share of one device's memory, "
-                         "in (0, 1] (mirrored strategies)")
-    cluster.add_argument("--cpu-replicas", type=positive, default=None,
-                         help="--strategy mirrored without GPUs: split the "
-                         "CPU into N logical devices (default: no split)")
+    partition = _field_scope(JobConfig, "partition")
+    add_option(cluster, PartitionConfig, "kind", strategies=partition)
+    add_option(cluster, PartitionConfig, "shards", type=positive,
+               strategies=partition)
+    add_option(cluster, StrategyConfig, "collective")
+    add_option(cluster, StrategyConfig, "memory_fraction",
+               type=positive_fraction)
+    add_option(cluster, StrategyConfig, "cpu_replicas", type=positive)
     plan_commands.add_ps_memory_flag(cluster)
     add_cluster_flags(cluster)
     add_allow_exposed_flag(cluster)
@@ -373,17 +349,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     metrics_flags.add_metrics_flags(p.add_argument_group("monitoring"))
     output = p.add_argument_group("output")
     add_json_flag(output)
-    output.add_argument("--workdir", default="runs/default",
-                        help="holds data/, checkpoints/, export/, "
-                        "tensorboard/ and logs/; a path or gs:// URI")
-    output.add_argument("--log-every", type=positive, default=50,
-                        help="steps between progress lines")
-    output.add_argument("--eval-every", type=non_negative, default=None,
-                        help="steps between evaluations, each also a "
-                        "checkpoint (default: about 5 per run, a multiple of "
-                        "--steps-per-closure); 0: only at the end")
-    output.add_argument("--no-export", action="store_true",
-                        help="do not export a SavedModel at the end")
+    add_option(output, JobConfig, "workdir", default="runs/default")
+    add_option(output, LoopConfig, "log_every", type=positive,
+               default=_JOB.loop.log_every)
+    add_option(output, LoopConfig, "eval_every", type=non_negative,
+               default=_JOB.loop.eval_every)
+    add_option(output, JobConfig, "export")
     p.set_defaults(run=_cmd_train)
 
     p = sub.add_parser("advise",
@@ -393,12 +364,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--spec", default="criteo",
                        help="preset (criteo, movielens) or spec file")
     add_model_flag(model)
-    add_batch_flag(model, "rows of one replica's (worker's) step")
+    add_option(model, InputConfig, "batch_size", type=positive,
+               help="rows of one replica's (worker's) step")
     measure = p.add_argument_group("measurement")
-    measure.add_argument("--memory-fraction", type=positive_fraction,
-                         default=0.5,
-                         help="size guard: share of one device's memory the "
-                         "replicated tables + slots may use, in (0, 1]")
+    add_option(measure, StrategyConfig, "memory_fraction",
+               type=positive_fraction,
+               help="size guard: share of one device's memory the "
+               "replicated tables + slots may use, in (0, 1]")
     measure.add_argument("--repeats", type=positive, default=5,
                          help="timed repetitions per measurement (median)")
     add_json_flag(p.add_argument_group("output"))
@@ -421,43 +393,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 # ``psrec train``'s checkpoint options: how often, how many are kept, the
 # best one, early stopping, and who writes the files.
 
-# psrec.ps_cluster.checkpoint.writers.WRITERS (not imported: it loads
-# TensorFlow, and the CLI's parser must not).
-WRITERS = ("auto", "tasks", "coordinator")
-
-
 def add_checkpoint_flags(group) -> None:
     """Registers the checkpoint options on ``group``."""
-    group.add_argument("--checkpoint-every", type=non_negative, default=200,
-                       help="steps between checkpoints; 0: only at the end")
-    group.add_argument("--keep-checkpoints", type=positive, default=3,
-                       help="recent checkpoints kept (the best one is kept "
-                       "besides them)")
-    group.add_argument("--keep-best", choices=("auc", "logloss", "none"),
-                       default="auc",
-                       help="keep the checkpoint with the best eval metric "
-                       "in checkpoints/best/ (recorded in "
-                       "checkpoints/best.json); the final export is that "
-                       "checkpoint")
-    group.add_argument("--early-stop-patience", type=non_negative,
-                       default=0,
-                       help="stop after N evaluations in a row without "
-                       "improvement of --keep-best's metric; 0: never")
-    group.add_argument("--checkpoint-writers", choices=WRITERS,
-                       default="auto",
-                       help="--strategy ps: who writes checkpoint files "
-                       "(and on restore reads and checks them). tasks: "
-                       "every PS writes and reads its own shards, no table "
-                       "passes through the coordinator; the checkpoint "
-                       "folder must be on storage every task sees (NFS, GCS "
-                       "fuse, a gs:// bucket every task can write): each PS "
-                       "is proven to read and write it before training, "
-                       "exit 2 naming the PS otherwise. coordinator: the "
-                       "coordinator writes and reads every tensor (a folder "
-                       "only it sees; about the whole training state in its "
-                       "memory during a save). auto: tasks for a "
-                       "local path when every task is on this host (the "
-                       "local cluster), else coordinator")
+    add_option(group, LoopConfig, "checkpoint_every", type=non_negative,
+               default=_JOB.loop.checkpoint_every)
+    add_option(group, JobConfig, "keep_checkpoints", type=positive)
+    add_option(group, LoopConfig, "keep_best")
+    add_option(group, LoopConfig, "early_stop_patience", type=non_negative)
+    add_option(group, JobConfig, "checkpoint_writers")
 
 
 # ``psrec train``'s reliability options and the supervisor's policy built
@@ -489,27 +432,9 @@ def add_reliability_flags(group) -> None:
     group.add_argument("--no-restart-workers", action="store_true",
                        help="keep training on the remaining workers "
                        "instead of restarting a lost one")
-    group.add_argument("--stall-timeout", type=non_negative_float,
-                       default=900.0,
-                       help="seconds without progress (in any phase: "
-                       "connecting, training, eval, checkpoint) before the "
-                       "watchdog acts: the supervisor reads the coordinator's "
-                       "heartbeat file, prints its phase, step and per-worker "
-                       "progress, kills it and restarts what failed; the "
-                       "coordinator's own watchdog dumps stacks and exits "
-                       "138. 0 disables")
-    group.add_argument("--connect-timeout", type=positive_float,
-                       default=300.0,
-                       help="seconds to wait for every PS and worker port "
-                       "before failing (retryable, 138) with the unreachable "
-                       "tasks named")
-    group.add_argument("--grace-period", type=non_negative_float,
-                       default=30.0,
-                       help="after SIGTERM/SIGINT: seconds to drain the "
-                       "closures in flight and save a checkpoint at the step "
-                       "reached (skipped when the last save took longer than "
-                       "what is left), then exit 143 (SIGTERM) or 130 "
-                       "(SIGINT) with one line")
+    add_option(group, JobConfig, "stall_timeout", type=non_negative_float)
+    add_option(group, JobConfig, "connect_timeout", type=positive_float)
+    add_option(group, JobConfig, "grace_period", type=non_negative_float)
 
 
 def supervisor_config(args: argparse.Namespace):

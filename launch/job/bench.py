@@ -17,31 +17,37 @@ import time
 
 import tensorflow as tf
 
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import PIPELINE_COLUMN
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.launch.job.config import JobConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
+from psrec.options import default_of
 from psrec.ps_cluster.cluster.in_process import in_process_cluster
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.training.config import LoopConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    """Arguments of ``psrec bench`` (see the CLI help)."""
+    """Arguments of ``psrec bench`` (see the CLI help). The model, task
+    counts, batch size and steps per closure default to the training job's
+    (their one source: the fields of ``JobConfig``, ``InputConfig`` and
+    ``LoopConfig``)."""
 
-    model: str = "dcn"
-    workers: int = 2
-    ps: int = 1
-    batch_size: int = 1024
+    model: str = default_of(JobConfig, "model_name")
+    workers: int = default_of(JobConfig, "workers")
+    ps: int = default_of(JobConfig, "ps")
+    batch_size: int = default_of(InputConfig, "batch_size")
     buckets: int = 100_000
     dim: int = 16
     steps: int = 300
-    steps_per_closure: int = 10
+    steps_per_closure: int = default_of(LoopConfig, "steps_per_closure")
     single_process: bool = False
 
 
@@ -124,7 +130,6 @@ def _result(config: BenchConfig, seconds: float, closure_seconds: list[float],
 
 def _measure(config: BenchConfig, strategy, on_ps_workers: bool) -> dict:
     """Warm-up, then the timed run, of psrec's own trainer and step."""
-    from psrec.data.input.dataset import InputConfig
     from psrec.ps_cluster.training.trainer import Trainer
     spec, model_cfg, optimizer_cfg = _workload(config)
     trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,

@@ -1,10 +1,15 @@
-"""The configuration of a ``psrec train`` job, and its one codec.
+"""The configuration of a ``psrec train`` job, and its codec.
 
 :class:`JobConfig` is what the CLI builds and :func:`psrec.launch.job.run.
 run_job` runs, for every strategy. ``job.json`` beside the checkpoints is
 :meth:`JobConfig.to_dict`; ``psrec export`` and ``psrec eval`` rebuild the
-model from it with :meth:`JobConfig.from_dict`. Options that mean nothing
-under the chosen strategy are refused here, naming the flag.
+model from it with :meth:`JobConfig.from_dict`. Every field is an option
+(``psrec.options``): its default, help, choices and the strategies it
+applies to live on the field; options set under a strategy they do not
+apply to are refused here, naming the field (the CLI names the flag).
+
+Plain Python: the CLI builds its flags from these fields without
+TensorFlow.
 """
 
 from __future__ import annotations
@@ -15,28 +20,38 @@ from pathlib import Path
 from typing import Any
 
 from psrec.data.format.files import write_json_atomic
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
 from psrec.errors import check
-from psrec.errors import check_choice
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.monitor.heartbeat import run_state_dir
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.sizing import DEFAULT_MEMORY_FRACTION
+from psrec.models.ranking.config import MODEL_PRESETS
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import check_model_spec
 from psrec.models.ranking.config import model_config
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.config import check_no_dynamic_tables
-from psrec.ps_cluster.checkpoint.writers import WRITERS
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.options import check_choices
+from psrec.options import default_of
+from psrec.options import from_dict
+from psrec.options import option
+from psrec.options import qualified
+from psrec.options import refuse_out_of_scope
+from psrec.options import to_dict
+from psrec.ps_cluster.checkpoint.writer_kinds import WRITERS
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
 
 JOB_FILE = "job.json"
 STRATEGIES = ("ps", "mirrored", "multi-worker-mirrored", "one-device")
 COLLECTIVES = ("auto", "ring", "nccl")
+MIRRORED = ("mirrored", "multi-worker-mirrored")
+REPLICATED = ("mirrored", "multi-worker-mirrored", "one-device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +66,22 @@ class SyntheticData:
       seed: generator seed.
     """
 
-    rows: int = 250_000
-    eval_fraction: float = 0.2
-    files: int = 4
-    shards: int = 8
-    seed: int = 0
+    rows: int = option(
+        250_000, flag="--synthetic-rows",
+        help="rows of synthetic data when --data is not given")
+    eval_fraction: float = option(
+        0.2, help="the last share of rows used for evaluation")
+    files: int = option(4, help="Parquet files generated")
+    shards: int = option(8, help="TFRecord train shards (>= workers)")
+    seed: int = option(0, help="generator seed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "synthetic"
+                  ) -> SyntheticData:
+        return from_dict(cls, data, where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,157 +104,246 @@ class StrategyConfig:
       allow_remote: accept non-loopback hosts (TF_CONFIG / --cluster).
     """
 
-    kind: str = "ps"
-    collective: str = "auto"
-    mixed_precision: bool = False
-    grad_accum_steps: int = 1
-    memory_fraction: float = 0.5
-    cpu_replicas: int | None = None
-    allow_remote: bool = False
-    ps_memory: int | None = None
+    kind: str = option(
+        "ps", flag="--strategy", choices=STRATEGIES,
+        help="ps: parameter servers (tables sharded); mirrored: all local "
+        "GPUs/CPU replicas, all-reduce; multi-worker-mirrored: workers from "
+        "TF_CONFIG (or --workers local ones); one-device: one GPU or the "
+        "CPU; see `psrec advise`")
+    collective: str = option(
+        "auto", flag="--collective", choices=COLLECTIVES,
+        strategies=MIRRORED,
+        help="all-reduce implementation (mirrored strategies)")
+    mixed_precision: bool = option(
+        False, flag="--mixed-precision",
+        help="mixed_float16 on GPU (dynamic loss scale; an overflowing "
+        "update is skipped whole), mixed_bfloat16 on CPU; float32 variables, "
+        "logits and loss. Under ps it runs the workers' dense towers in 16 "
+        "bits")
+    grad_accum_steps: int = option(
+        1, flag="--grad-accum-steps",
+        help="micro-batches of --batch-size whose gradients are summed into "
+        "one update (every strategy)")
+    memory_fraction: float = option(
+        DEFAULT_MEMORY_FRACTION, flag="--memory-fraction",
+        strategies=REPLICATED,
+        help="size guard: replicated tables + optimizer slots may use this "
+        "share of one device's memory, in (0, 1] (mirrored strategies)")
+    cpu_replicas: int | None = option(
+        None, flag="--cpu-replicas", strategies=("mirrored",),
+        help="--strategy mirrored without GPUs: split the CPU into N logical "
+        "devices (default: no split)")
+    allow_remote: bool = option(
+        False, flag="--allow-remote",
+        help="accept non-loopback hosts (TF_CONFIG / --cluster)")
+    ps_memory: int | None = option(
+        None, flag="--ps-memory", strategies=("ps",),
+        help="bytes one PS task may hold (table shards, their optimizer "
+        "slots, the dense weights); None: unchecked")
 
     def __post_init__(self) -> None:
-        check_choice("--strategy", self.kind, STRATEGIES)
-        check_choice("--collective", self.collective, COLLECTIVES)
-        check(self.grad_accum_steps >= 1, "--grad-accum-steps",
+        check_choices(self)
+        check(self.grad_accum_steps >= 1, qualified(self, "grad_accum_steps"),
               self.grad_accum_steps, "must be >= 1")
-        check(0.0 < self.memory_fraction <= 1.0, "--memory-fraction",
-              self.memory_fraction, "must be in (0, 1]")
+        check(0.0 < self.memory_fraction <= 1.0,
+              qualified(self, "memory_fraction"), self.memory_fraction,
+              "must be in (0, 1]")
         check(self.cpu_replicas is None or self.cpu_replicas >= 1,
-              "--cpu-replicas", self.cpu_replicas, "must be >= 1")
-        _refuse(self.kind, "--collective", self.collective != "auto",
-                ("mirrored", "multi-worker-mirrored"))
-        _refuse(self.kind, "--cpu-replicas", self.cpu_replicas is not None,
-                ("mirrored",))
-        _refuse(self.kind, "--memory-fraction", self.memory_fraction != 0.5,
-                ("mirrored", "multi-worker-mirrored", "one-device"))
-        _refuse(self.kind, "--ps-memory", self.ps_memory is not None,
-                ("ps",))
+              qualified(self, "cpu_replicas"), self.cpu_replicas,
+              "must be >= 1")
+        refuse_out_of_scope(self, self.kind)
 
     @property
     def replicated(self) -> bool:
         return self.kind != "ps"
 
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
 
-def _refuse(kind: str, flag: str, given: bool, kinds: tuple[str, ...]
-            ) -> None:
-    if given and kind not in kinds:
-        raise ConfigError(
-            f"`{flag}` has no effect with --strategy {kind}; it applies to "
-            f"--strategy {' / '.join(kinds)} only: drop it or change the "
-            "strategy.")
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "strategy"
+                  ) -> StrategyConfig:
+        return from_dict(cls, data, where)
+
+
+def _path(value: str | None) -> Path | UriPath | None:
+    return None if value is None else as_path(value)
+
+
+def _retrieval(value: dict[str, Any] | None) -> RetrievalConfig | None:
+    return None if value is None else RetrievalConfig.from_dict(
+        value, "retrieval")
+
+
+def has_ranking_metrics(spec: FeatureSpec,
+                        retrieval: RetrievalConfig | None) -> bool:
+    """AUC and logloss exist: a ranking task with a binary label (a
+    retrieval task or an MSE label exports its latest checkpoint)."""
+    return retrieval is None and spec.label.loss != "mse"
+
+
+def keep_best_error(keep_best: str, patience: int, spec: FeatureSpec,
+                    retrieval: RetrievalConfig | None) -> ConfigError:
+    """The refusal of a best-checkpoint metric a task does not have."""
+    what = ("with the retrieval task" if retrieval is not None else
+            f"for the label {spec.label.name!r} of spec {spec.name!r}, a "
+            "regression target (loss: mse, reported as RMSE)")
+    return ConfigError(
+        f"`{qualified(LoopConfig, 'keep_best')}` = {keep_best!r} / "
+        f"`{qualified(LoopConfig, 'early_stop_patience')}` = {patience} "
+        f"watch AUC/logloss, which do not exist {what}; the export is the "
+        "latest checkpoint: drop them.")
+
+
+def check_keep_best(loop: LoopConfig, spec: FeatureSpec,
+                    retrieval: RetrievalConfig | None) -> None:
+    """The one rule of the best checkpoint: without ranking metrics
+    (:func:`has_ranking_metrics`), ``LoopConfig.keep_best`` may only be
+    ``none`` or its default (which then means ``none``), and
+    ``early_stop_patience`` only 0. The CLI applies the same rule to the
+    flags the user gave (``--keep-best auc`` typed is refused).
+
+    Raises:
+      ConfigError: naming the fields and why.
+    """
+    if has_ranking_metrics(spec, retrieval):
+        return
+    if (loop.keep_best not in ("none", default_of(LoopConfig, "keep_best"))
+            or loop.early_stop_patience):
+        raise keep_best_error(loop.keep_best, loop.early_stop_patience, spec,
+                              retrieval)
 
 
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
-    """Everything ``psrec train`` needs.
+    """Everything ``psrec train`` needs; each field's option metadata says
+    what it means (``help``), which values it takes and which strategies it
+    applies to.
 
-    Attributes:
-      workdir: holds data/, checkpoints/, export/, tensorboard/, logs/.
-      spec: the feature spec.
-      model_name: dlrm, dcn, deepfm or wide_deep.
-      model: the architecture (default: the named configuration).
-      optimizer: optimizers and learning rates.
-      input: batch size and shuffling.
-      loop: steps, steps per call, eval/checkpoint intervals, the best
-        checkpoint's metric and early stopping. ``eval_every`` None (the
-        default) evaluates about 5 times per run.
-      epochs: passes over the train split to train, instead of
-        ``loop.steps``: converted to steps once the manifest is known (see
-        :func:`psrec.launch.job.run.resolve_loop`); None trains ``loop.steps``.
-      strategy: how the job is distributed.
-      partition: how tables are sharded across PS tasks (``ps`` only).
-      data: a manifest (file or folder); None generates synthetic data.
-      synthetic: the synthetic data to generate when ``data`` is None.
-      workers: local worker processes (``ps``, ``multi-worker-mirrored``).
-      ps: local PS processes (``ps``).
-      export: export a SavedModel at the end.
-      verify_checksums: recompute every shard's sha256 and check that the
-        train and eval splits share no example id before starting.
-      keep_checkpoints: recent checkpoints kept.
-      checkpoint_writers: ``ps``: who writes (and on restore reads and
-        checks) checkpoint files: ``tasks`` (each PS its own shards, on
-        storage every task shares), ``coordinator`` (every tensor through
-        it), ``auto`` (``tasks`` for a local path with every task on this
-        host, else ``coordinator``); see ``ps_cluster.checkpoint.writers``.
-      max_corrupt_records: corrupted records that may be skipped (counted
-        and reported); 0 refuses any corrupted shard.
-      stall_timeout: seconds without progress before the watchdog exits
-        with a retryable code (None: no watchdog).
-      connect_timeout: seconds the coordinator waits for every PS and
-        worker port to accept connections before failing (retryable) with
-        the unreachable tasks named.
-      grace_period: seconds after SIGTERM/SIGINT within which the
-        coordinator drains its closures and saves a checkpoint (skipped
-        when the last save took longer than what is left).
-      retrieval: ``psrec train --task retrieval``: the two-tower model
-        (``model`` is then unused); None: the ranking task.
-      data_service: the tf.data service dispatcher (``grpc://host:port`` or
-        ``host:port``) the workers read through under ``input.mode``
-        ``data-service``: ``--data-service``, or the service the local
-        launcher started (it hands the coordinator this job with the
-        address set); None: none given.
+    ``loop.keep_best`` left at its default means ``none`` for a task
+    without ranking metrics (:func:`check_keep_best`); ``epochs`` (passes
+    over the train split) is converted to steps once the manifest is known
+    (:func:`psrec.launch.job.run.resolve_loop`).
     """
 
-    workdir: Path = Path("runs/default")
-    spec: FeatureSpec = dataclasses.field(default_factory=criteo)
-    model_name: str = "dcn"
-    model: ModelConfig = dataclasses.field(
-        default_factory=lambda: model_config("dcn"))
-    optimizer: OptimizerConfig = OptimizerConfig()
-    input: InputConfig = InputConfig(batch_size=1024)
-    loop: LoopConfig = LoopConfig(steps=400, steps_per_closure=10,
-                                  log_every=50, eval_every=None,
-                                  checkpoint_every=200)
-    epochs: float | None = None
-    strategy: StrategyConfig = StrategyConfig()
-    partition: PartitionConfig = PartitionConfig()
-    data: Path | None = None
-    synthetic: SyntheticData = SyntheticData()
-    workers: int = 2
-    ps: int = 1
-    export: bool = True
-    verify_checksums: bool = True
-    max_corrupt_records: int = 0
-    keep_checkpoints: int = 3
-    checkpoint_writers: str = "auto"
-    stall_timeout: float | None = 900.0
-    connect_timeout: float = 300.0
-    grace_period: float = 30.0
-    retrieval: RetrievalConfig | None = None
-    data_service: str | None = None
+    workdir: Path = option(
+        Path("runs/default"), flag="--workdir", decode=as_path,
+        help="holds data/, checkpoints/, export/, tensorboard/ and logs/; a "
+        "path or gs:// URI")
+    spec: FeatureSpec = option(default_factory=criteo,
+                               decode=FeatureSpec.from_dict,
+                               help="the feature spec", flag="--spec")
+    model_name: str = option("dcn", flag="--model",
+                             choices=tuple(MODEL_PRESETS),
+                             help="named model configuration")
+    model: ModelConfig = option(
+        default_factory=lambda: model_config("dcn"),
+        help="the architecture (default: the named configuration)")
+    optimizer: OptimizerConfig = option(
+        OptimizerConfig(), help="optimizers and learning rates")
+    input: InputConfig = option(InputConfig(),
+                                help="batch size and shuffling")
+    loop: LoopConfig = option(
+        LoopConfig(steps=400, steps_per_closure=10, log_every=50,
+                   eval_every=None, checkpoint_every=200),
+        help="steps, steps per call, eval/checkpoint intervals, the best "
+        "checkpoint's metric and early stopping")
+    epochs: float | None = option(
+        None, flag="--epochs",
+        help="train N passes over the train split (manifest rows / "
+        "(--batch-size x --grad-accum-steps) steps each) instead of --steps")
+    strategy: StrategyConfig = option(StrategyConfig(),
+                                      help="how the job is distributed")
+    partition: PartitionConfig = option(
+        PartitionConfig(), strategies=("ps",),
+        help="how tables are sharded across PS tasks")
+    data: Path | None = option(
+        None, flag="--data", decode=_path,
+        help="a manifest (file or folder); None generates synthetic data")
+    synthetic: SyntheticData = option(
+        SyntheticData(), help="the synthetic data to generate when `data` "
+        "is None")
+    workers: int = option(2, flag="--workers",
+                          strategies=("ps", "multi-worker-mirrored"),
+                          help="number of worker tasks")
+    ps: int = option(1, flag="--ps", strategies=("ps",),
+                     help="number of parameter-server tasks")
+    export: bool = option(True, flag="--no-export",
+                          help="do not export a SavedModel at the end")
+    verify_checksums: bool = option(
+        True, flag="--no-verify-checksums",
+        help="check shard presence and size but not sha256")
+    max_corrupt_records: int = option(
+        0, flag="--max-corrupt-records",
+        help="skip up to N corrupted records (counted, reported); 0 refuses "
+        "corrupted data")
+    keep_checkpoints: int = option(
+        3, flag="--keep-checkpoints",
+        help="recent checkpoints kept (the best one is kept besides them)")
+    checkpoint_writers: str = option(
+        "auto", flag="--checkpoint-writers", choices=WRITERS,
+        strategies=("ps",),
+        help="--strategy ps: who writes checkpoint files (and on restore "
+        "reads and checks them). tasks: every PS writes and reads its own "
+        "shards, no table passes through the coordinator; the checkpoint "
+        "folder must be on storage every task sees (NFS, GCS fuse, a gs:// "
+        "bucket every task can write): each PS is proven to read and write "
+        "it before training, exit 2 naming the PS otherwise. coordinator: "
+        "the coordinator writes and reads every tensor (a folder only it "
+        "sees; about the whole training state in its memory during a save). "
+        "auto: tasks for a local path when every task is on this host (the "
+        "local cluster), else coordinator")
+    stall_timeout: float | None = option(
+        900.0, flag="--stall-timeout",
+        help="seconds without progress (in any phase: connecting, training, "
+        "eval, checkpoint) before the watchdog acts: the supervisor reads "
+        "the coordinator's heartbeat file, prints its phase, step and "
+        "per-worker progress, kills it and restarts what failed; the "
+        "coordinator's own watchdog dumps stacks and exits 138. 0 disables")
+    connect_timeout: float = option(
+        300.0, flag="--connect-timeout",
+        help="seconds to wait for every PS and worker port before failing "
+        "(retryable, 138) with the unreachable tasks named")
+    grace_period: float = option(
+        30.0, flag="--grace-period",
+        help="after SIGTERM/SIGINT: seconds to drain the closures in flight "
+        "and save a checkpoint at the step reached (skipped when the last "
+        "save took longer than what is left), then exit 143 (SIGTERM) or 130 "
+        "(SIGINT) with one line")
+    retrieval: RetrievalConfig | None = option(
+        None, decode=_retrieval,
+        help="the two-tower model of the retrieval task (`model` is then "
+        "unused); None: the ranking task")
+    data_service: str | None = option(
+        None, flag="--data-service",
+        help="the tf.data service dispatcher (grpc://host:port or host:port) "
+        "the workers read through under input mode data-service: given, or "
+        "the service the local launcher started (it hands the coordinator "
+        "this job with the address set); None: none")
 
     def __post_init__(self) -> None:
         check_model_spec(self.spec, self.model, self.model_name)
         if self.retrieval is not None:
             check_no_dynamic_tables(self.spec)
-        if self.loop.keep_best != "none" and (
-                self.retrieval is not None or self.spec.label.loss == "mse"):
-            # AUC/logloss do not apply: the export is the latest checkpoint.
+        check_keep_best(self.loop, self.spec, self.retrieval)
+        if not has_ranking_metrics(self.spec, self.retrieval):
+            # The default metric does not exist: the default is then none
+            # (a value set otherwise was refused just above).
             object.__setattr__(self, "loop", dataclasses.replace(
-                self.loop, keep_best="none", early_stop_patience=0))
+                self.loop, keep_best="none"))
+        check_choices(self)
         kind = self.strategy.kind
-        _refuse(kind, "--partitioner/--table-shards",
-                self.partition != PartitionConfig(), ("ps",))
-        _refuse(kind, "--ps", self.ps != 1, ("ps",))
-        _refuse(kind, "--workers", self.workers != 2,
-                ("ps", "multi-worker-mirrored"))
-        check_choice("--checkpoint-writers", self.checkpoint_writers,
-                     WRITERS)
-        _refuse(kind, "--checkpoint-writers",
-                self.checkpoint_writers != "auto", ("ps",))
+        refuse_out_of_scope(self, kind)
+        refuse_out_of_scope(self.loop, kind)
         check(self.stall_timeout is None or self.stall_timeout > 0,
-              "--stall-timeout", self.stall_timeout,
-              "must be > 0 (0 disables the watchdog)")
-        check(self.connect_timeout > 0, "--connect-timeout",
+              qualified(self, "stall_timeout"), self.stall_timeout,
+              "must be > 0 (None: no watchdog)")
+        check(self.connect_timeout > 0, qualified(self, "connect_timeout"),
               self.connect_timeout, "must be > 0")
-        check(self.grace_period >= 0, "--grace-period", self.grace_period,
-              "must be >= 0")
-        check(self.epochs is None or self.epochs > 0, "--epochs",
-              self.epochs, "must be > 0")
-        _refuse(kind, "--early-stop-patience",
-                self.loop.early_stop_patience > 0,
-                ("ps", "mirrored", "one-device"))
+        check(self.grace_period >= 0, qualified(self, "grace_period"),
+              self.grace_period, "must be >= 0")
+        check(self.epochs is None or self.epochs > 0,
+              qualified(self, "epochs"), self.epochs, "must be > 0")
 
     @property
     def checkpoint_dir(self) -> Path | UriPath:
@@ -245,31 +360,16 @@ class JobConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able data; :meth:`from_dict` inverts it."""
-        data: dict[str, Any] = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, FeatureSpec):
-                value = value.to_dict()
-            elif dataclasses.is_dataclass(value):
-                value = dataclasses.asdict(value)
-            elif isinstance(value, (Path, UriPath)):
-                value = str(value)
-            data[field.name] = value
-        return data
+        return to_dict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JobConfig:
+    def from_dict(cls, data: dict[str, Any], where: str = "") -> JobConfig:
         """Rebuilds a job; an unknown key is an error naming it.
 
         Raises:
           ConfigError: unknown keys.
         """
-        unknown = set(data) - set(_DECODERS)
-        if unknown:
-            raise ConfigError(f"unknown job keys {sorted(unknown)}; known: "
-                              f"{', '.join(_DECODERS)}.")
-        return cls(**{key: _DECODERS[key](value)
-                      for key, value in data.items()})
+        return from_dict(cls, data, where)
 
     def write(self, directory: str | Path) -> Path | UriPath:
         """``job.json`` in ``directory``."""
@@ -290,45 +390,3 @@ class JobConfig:
                 "directory (psrec train writes job.json beside its "
                 "checkpoints).")
         return cls.from_dict(json.loads(path.read_text()))
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _path(value: str | None) -> Path | UriPath | None:
-    return None if value is None else as_path(value)
-
-
-def _nested(key: str, cls: type) -> Any:
-    """Decodes a nested dataclass; an unknown key is a ConfigError naming it
-    (not a TypeError with a traceback in `psrec export`/`eval`)."""
-    def decode(data: dict[str, Any]) -> Any:
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            named = [f"{key}.{u}" for u in unknown]
-            raise ConfigError(f"unknown job keys {named}; known in {key!r}: "
-                              f"{', '.join(known)}.")
-        return cls(**data)
-    return decode
-
-
-_DECODERS = {
-    "workdir": as_path, "spec": FeatureSpec.from_dict, "model_name": str,
-    "model": _nested("model", ModelConfig),
-    "optimizer": _nested("optimizer", OptimizerConfig),
-    "input": _nested("input", InputConfig),
-    "loop": _nested("loop", LoopConfig), "epochs": _same,
-    "strategy": _nested("strategy", StrategyConfig),
-    "partition": _nested("partition", PartitionConfig), "data": _path,
-    "synthetic": _nested("synthetic", SyntheticData), "workers": int,
-    "ps": int,
-    "export": bool, "verify_checksums": bool, "max_corrupt_records": int,
-    "keep_checkpoints": int, "checkpoint_writers": str,
-    "stall_timeout": _same,
-    "connect_timeout": float, "grace_period": float,
-    "retrieval": lambda value: (None if value is None else _nested(
-        "retrieval", RetrievalConfig)(value)),
-    "data_service": _same,
-}

@@ -17,60 +17,12 @@ comes first.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import tensorflow as tf
 import tf_keras
 
-from psrec.errors import check
-from psrec.errors import check_at_least
-from psrec.errors import check_choice
-
-SPARSE_OPTIMIZERS = ("adagrad", "sgd", "ftrl")
-DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """Optimizers and learning-rate policy.
-
-    Attributes:
-      sparse: optimizer of the embedding tables.
-      dense: optimizer of the dense towers.
-      sparse_lr: table learning rate at ``base_batch_size``.
-      dense_lr: dense learning rate at ``base_batch_size``.
-      base_batch_size: the batch size the learning rates are given for.
-      warmup_steps: linear warmup from 0 over this many steps.
-    """
-
-    sparse: str = "adagrad"
-    dense: str = "adam"
-    sparse_lr: float = 0.05
-    dense_lr: float = 0.001
-    base_batch_size: int = 1024
-    warmup_steps: int = 100
-
-    def __post_init__(self) -> None:
-        check_choice("sparse_optimizer", self.sparse, SPARSE_OPTIMIZERS)
-        check_choice("dense_optimizer", self.dense, DENSE_OPTIMIZERS)
-        for key in ("sparse_lr", "dense_lr"):
-            value = getattr(self, key)
-            check(math.isfinite(value) and value > 0, key, value,
-                  "must be a finite number > 0")
-        check_at_least(self, 1, "base_batch_size")
-        check_at_least(self, 0, "warmup_steps")
-
-
-LINEARLY_SCALED = ("sgd",)  # the others scale by the square root
-
-
-def batch_scale(optimizer: str, batch_size: int, base_batch_size: int
-                ) -> float:
-    """The learning-rate factor of ``optimizer`` for updates of
-    ``batch_size`` rows when the rate was given for ``base_batch_size``."""
-    ratio = batch_size / base_batch_size
-    return ratio if optimizer in LINEARLY_SCALED else math.sqrt(ratio)
+from psrec.models.optim.config import OPTIMIZERS
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import batch_scale
 
 
 class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -110,14 +62,10 @@ class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
 
 
 def _make(name: str, lr) -> tf_keras.optimizers.legacy.Optimizer:
-    legacy = tf_keras.optimizers.legacy
-    if name == "adagrad":
-        return legacy.Adagrad(lr, initial_accumulator_value=0.1)
-    if name == "adam":
-        return legacy.Adam(lr)
-    if name == "ftrl":
-        return legacy.Ftrl(lr)
-    return legacy.SGD(lr)
+    """The registry entry ``name``'s optimizer (``models.optim.config``)."""
+    kind = OPTIMIZERS[name]
+    return getattr(tf_keras.optimizers.legacy, kind.keras_class)(
+        lr, **dict(kind.arguments))
 
 
 def build_optimizers(config: OptimizerConfig, batch_size: int

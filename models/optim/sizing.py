@@ -7,7 +7,7 @@ anything is built, :func:`estimate_replicated_bytes` adds up, per device:
 * tables: ``rows * dim * 4`` bytes per table (plus the ``[rows, 1]`` wide
   tables of DeepFM / Wide & Deep);
 * table slots: the sparse optimizer's slots, each table-sized (Adagrad 1,
-  FTRL 2, SGD 0);
+  FTRL 2, SGD 0: ``models.optim.config.OPTIMIZERS``);
 * dense weights and their slots (Adam 2, Adagrad 1, SGD 0).
 
 :func:`check_fits` compares the sum with ``memory_fraction`` of the memory
@@ -28,14 +28,15 @@ from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec.dynamic import DYNAMIC_DEFAULTS
 from psrec.features.spec.spec import FeatureSpec
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import slots
 from psrec.models.ranking.config import ModelConfig
 
 GIB = float(1 << 30)
+#: The size guard's share of one device's memory, unless told otherwise
+#: (``StrategyConfig.memory_fraction``, ``psrec advise``).
 DEFAULT_MEMORY_FRACTION = 0.5
 
-#: Slot variables per trained variable, each of the variable's size.
-SLOTS: dict[str, int] = {"adagrad": 1, "ftrl": 2, "sgd": 0, "adam": 2}
 
 
 class ModelTooLargeError(ConfigError):
@@ -133,9 +134,9 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
         dense_parameters = dense_parameter_count(spec, model)
     dense = 4 * dense_parameters
     return SizeEstimate(table_bytes=tables,
-                        table_slot_bytes=SLOTS[optimizer.sparse] * tables,
+                        table_slot_bytes=slots(optimizer.sparse) * tables,
                         dense_bytes=dense,
-                        dense_slot_bytes=SLOTS[optimizer.dense] * dense)
+                        dense_slot_bytes=slots(optimizer.dense) * dense)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +223,7 @@ def check_fits(estimate: SizeEstimate, memory: DeviceMemory,
       ValueError: ``memory_fraction`` outside (0, 1].
       ModelTooLargeError: with the size and ``--strategy ps``.
     """
-    check(0.0 < memory_fraction <= 1.0, "--memory-fraction", memory_fraction,
+    check(0.0 < memory_fraction <= 1.0, "memory_fraction", memory_fraction,
           "must be in (0, 1]")
     check(replicas_sharing_memory >= 1, "replicas_sharing_memory",
           replicas_sharing_memory, "must be >= 1")
@@ -234,8 +235,9 @@ def check_fits(estimate: SizeEstimate, memory: DeviceMemory,
         raise ModelTooLargeError(
             f"replicated tables and optimizer slots need "
             f"{estimate.text()}{copies} = {need / GIB:.3f} GiB, over "
-            f"`--memory-fraction` = {memory_fraction:g} of the "
+            f"`StrategyConfig.memory_fraction` = {memory_fraction:g} of the "
             f"{memory.bytes / GIB:.1f} GiB of one {memory.kind} "
             f"({budget / GIB:.3f} GiB); every replica of a mirrored strategy "
             "holds every table whole. Use --strategy ps to shard the tables "
-            "across parameter servers (or raise --memory-fraction).")
+            "across parameter servers (or raise "
+            "`StrategyConfig.memory_fraction`).")

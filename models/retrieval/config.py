@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from psrec.errors import check
 from psrec.models.ranking.config import ModelConfigError
+from psrec.options import from_dict
+from psrec.options import option
+from psrec.options import to_dict
 
 TASKS = ("ranking", "retrieval")
 #: The cut-offs of the exact evaluation (recall@k), and the largest one.
@@ -37,29 +41,54 @@ class RetrievalConfig:
         row's softmax.
     """
 
-    tower_mlp: tuple[int, ...] = (64,)
-    output_dim: int = 32
-    temperature: float = 0.05
-    normalize: bool = True
-    logq: bool = True
-    uniform_negatives: int = 0
-    remove_accidental_hits: bool = True
+    tower_mlp: tuple[int, ...] = option(
+        (64,), flag="--tower-mlp",
+        help="hidden widths of each tower, e.g. 64,32")
+    output_dim: int = option(32, flag="--output-dim",
+                             help="query and candidate embedding width")
+    temperature: float = option(
+        0.05, flag="--temperature",
+        help="softmax temperature (scores are cosines unless "
+        "--no-normalize)")
+    normalize: bool = option(True, flag="--no-normalize",
+                             help="raw dot products instead of cosines")
+    logq: bool = option(
+        True, flag="--no-logq",
+        help="no sampling-probability (logQ) correction of the in-batch "
+        "logits")
+    uniform_negatives: int = option(
+        0, flag="--uniform-negatives",
+        help="extra negatives per batch drawn uniformly from the catalogue")
+    remove_accidental_hits: bool = option(
+        True, flag="--keep-accidental-hits",
+        help="keep negatives that are the positive's own candidate "
+        "(default: removed)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tower_mlp", tuple(self.tower_mlp))
+        name = type(self).__name__
         check(all(isinstance(w, int) and w >= 1 for w in self.tower_mlp),
-              "--tower-mlp", self.tower_mlp, "must hold positive integers",
+              f"{name}.tower_mlp", self.tower_mlp, "must hold positive integers",
               ModelConfigError)
         check(isinstance(self.output_dim, int) and self.output_dim >= 1,
-              "--output-dim", self.output_dim, "must be >= 1",
+              f"{name}.output_dim", self.output_dim, "must be >= 1",
               ModelConfigError)
         check(isinstance(self.temperature, (int, float))
               and math.isfinite(self.temperature) and self.temperature > 0,
-              "--temperature", self.temperature, "must be a number > 0",
+              f"{name}.temperature", self.temperature, "must be a number > 0",
               ModelConfigError)
         check(isinstance(self.uniform_negatives, int)
-              and self.uniform_negatives >= 0, "--uniform-negatives",
+              and self.uniform_negatives >= 0, f"{name}.uniform_negatives",
               self.uniform_negatives, "must be >= 0", ModelConfigError)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``job.json``'s ``retrieval``; :meth:`from_dict` inverts it."""
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "retrieval"
+                  ) -> RetrievalConfig:
+        return from_dict(cls, data, where)
 
 
 def check_no_dynamic_tables(spec) -> None:

@@ -35,9 +35,9 @@ from psrec.errors import ConfigError
 from psrec.errors import check_choice
 from psrec.errors import one_line
 from psrec.ps_cluster.checkpoint.save import tasks_share_folder
+from psrec.ps_cluster.checkpoint.writer_kinds import WRITERS
 from psrec.ps_cluster.cluster.strategy import cluster_resolver
 
-WRITERS = ("auto", "tasks", "coordinator")
 PROBE_PREFIX = ".psrec-probe-"
 # Errors of an unreachable task, not of its storage: raised as they are
 # (retryable), never reported as a folder the task does not see.
@@ -59,7 +59,7 @@ def tasks_write(writers: str, strategy, directory) -> bool:
     of checkpoints in ``directory`` under ``--checkpoint-writers
     writers`` (never without a ``ParameterServerStrategy``: then this
     process holds every variable)."""
-    check_choice("--checkpoint-writers", writers, WRITERS)
+    check_choice("JobConfig.checkpoint_writers", writers, WRITERS)
     if writers == "auto":
         return tasks_share_folder(strategy, directory)
     return writers == "tasks" and strategy is not None and _is_ps(strategy)

@@ -10,41 +10,11 @@ and keeps every other variable in one piece.
 
 from __future__ import annotations
 
-import dataclasses
-
 import tensorflow as tf
 
 from psrec.errors import check
-from psrec.errors import check_choice
 from psrec.models.embedding.sparse_arch import creating_table
-
-PARTITIONER_KINDS = ("min-size", "fixed", "max-size")
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionConfig:
-    """How embedding tables are split across PS tasks.
-
-    Attributes:
-      kind: ``min-size`` (as many shards as PS tasks, but no shard smaller
-        than ``min_shard_bytes``), ``fixed`` (exactly ``shards`` shards,
-        default: one per PS task) or ``max-size`` (enough shards that none
-        exceeds ``max_shard_bytes``, capped at ``shards``/PS count).
-      min_shard_bytes: for ``min-size``.
-      max_shard_bytes: for ``max-size``.
-      shards: shard count for ``fixed``, and the cap for the others;
-        defaults to the number of PS tasks.
-    """
-
-    kind: str = "min-size"
-    min_shard_bytes: int = 256 << 10
-    max_shard_bytes: int = 64 << 20
-    shards: int | None = None
-
-    def __post_init__(self) -> None:
-        check_choice("partitioner", self.kind, PARTITIONER_KINDS)
-        check(self.shards is None or self.shards >= 1, "shards", self.shards,
-              "must be >= 1")
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 
 
 class TablePartitioner(tf.distribute.experimental.partitioners.Partitioner):

@@ -58,7 +58,8 @@ def split_cpu(count: int) -> list[str]:
     Raises:
       StrategyError: ``count`` < 1, or devices already initialized.
     """
-    check(count >= 1, "--cpu-replicas", count, "must be >= 1", StrategyError)
+    check(count >= 1, "StrategyConfig.cpu_replicas", count, "must be >= 1",
+          StrategyError)
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -67,7 +68,7 @@ def split_cpu(count: int) -> list[str]:
         current = len(tf.config.list_logical_devices("CPU"))
         if current != count:
             raise StrategyError(
-                f"`--cpu-replicas` = {count} cannot apply: TensorFlow already "
+                f"`StrategyConfig.cpu_replicas` = {count} cannot apply: TensorFlow already "
                 f"initialized {current} CPU device(s) in this process; split "
                 "the CPU before any other TensorFlow call (e.g. in a fresh "
                 "process).") from error
@@ -88,15 +89,16 @@ def precision_policy(mixed_precision: bool) -> str:
 
 
 def _check_collective(strategy: str, collective: str) -> None:
-    check_choice("--collective", collective, COLLECTIVES, StrategyError)
+    check_choice("StrategyConfig.collective", collective, COLLECTIVES,
+                 StrategyError)
     if collective == "nccl" and not has_gpu():
         raise StrategyError(
-            "`--collective` = 'nccl' needs GPUs and this machine has none; "
-            "use --collective auto or ring.")
+            "`StrategyConfig.collective` = 'nccl' needs GPUs and this machine "
+            "has none; use auto or ring.")
     if strategy == "mirrored" and collective == "ring":
         raise StrategyError(
-            "`--collective` = 'ring' selects the collective implementation "
-            "of --strategy multi-worker-mirrored; with --strategy mirrored "
+            "`StrategyConfig.collective` = 'ring' selects the collective "
+            "implementation of multi-worker-mirrored; with mirrored "
             "use auto (NCCL on GPUs, collective all-reduce on CPU) or nccl.")
 
 
@@ -113,7 +115,7 @@ def build_replicated_strategy(kind: str, collective: str = "auto",
       StrategyError: bad kind/collective, or no TF_CONFIG task.
       ClusterSpecError: an invalid or unsafe cluster.
     """
-    check_choice("--strategy", kind, REPLICATED, StrategyError)
+    check_choice("StrategyConfig.kind", kind, REPLICATED, StrategyError)
     _check_collective(kind, collective)
     if kind == "one-device":
         gpus = tf.config.list_logical_devices("GPU")

@@ -22,6 +22,7 @@ from typing import Callable
 from psrec.errors import check
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.sizing import DEFAULT_MEMORY_FRACTION
 from psrec.models.optim.sizing import GIB
 from psrec.models.optim.sizing import DeviceMemory
 from psrec.models.optim.sizing import SizeEstimate
@@ -119,7 +120,7 @@ class Advice:
 
 
 def recommend(size: SizeEstimate, memory: DeviceMemory,
-              measurements: Measurements, memory_fraction: float = 0.5,
+              measurements: Measurements, memory_fraction: float = DEFAULT_MEMORY_FRACTION,
               threshold: float = DEFAULT_THRESHOLD,
               local_gpus: int | None = None
               ) -> tuple[str, tuple[str, ...]]:
@@ -132,7 +133,7 @@ def recommend(size: SizeEstimate, memory: DeviceMemory,
     Raises:
       ValueError: ``memory_fraction`` outside (0, 1] or ``threshold`` <= 0.
     """
-    check(0.0 < memory_fraction <= 1.0, "--memory-fraction", memory_fraction,
+    check(0.0 < memory_fraction <= 1.0, "memory_fraction", memory_fraction,
           "must be in (0, 1]")
     check(threshold > 0, "threshold", threshold, "must be > 0")
     budget = memory_fraction * memory.bytes
@@ -178,7 +179,7 @@ def recommend(size: SizeEstimate, memory: DeviceMemory,
 def advise(spec: FeatureSpec, model_name: str = "dcn", *,
            model: ModelConfig | None = None, batch_size: int = 1024,
            optimizer: OptimizerConfig = OptimizerConfig(),
-           memory_fraction: float = 0.5, threshold: float = DEFAULT_THRESHOLD,
+           memory_fraction: float = DEFAULT_MEMORY_FRACTION, threshold: float = DEFAULT_THRESHOLD,
            repeats: int = 5, memory: DeviceMemory | None = None,
            log: Callable[[str], None] | None = None) -> Advice:
     """Measures this machine and recommends a strategy for the model.
@@ -198,8 +199,8 @@ def advise(spec: FeatureSpec, model_name: str = "dcn", *,
       ValueError: ``batch_size`` or ``repeats`` < 1.
       AdviseError: a measurement subprocess failed.
     """
-    check(batch_size >= 1, "--batch-size", batch_size, "must be >= 1")
-    check(repeats >= 1, "--repeats", repeats, "must be >= 1")
+    check(batch_size >= 1, "batch_size", batch_size, "must be >= 1")
+    check(repeats >= 1, "repeats", repeats, "must be >= 1")
     began = time.perf_counter()
     say = log or (lambda text: None)
     config = model or named_model(model_name)

@@ -11,7 +11,8 @@ table. Shard ``i`` of a table whose first shard is the strategy's variable
 number ``c`` (from 0) lands on PS ``(c + i) % ps``. A shard's rows follow
 the strategy's "div" split: ``rows // shards`` each, the first ``rows %
 shards`` shards one row more. The sparse optimizer's slots
-(``models.optim.sizing.SLOTS``: Adagrad 1, FTRL 2, SGD 0) are created beside
+(the optimizer registry's, ``models.optim.config.OPTIMIZERS``: Adagrad 1,
+FTRL 2, SGD 0) are created beside
 their shard, each of its size.
 
 The dense towers' weights and their slots are spread one variable at a
@@ -34,8 +35,8 @@ from psrec.errors import check
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.embedding.sparse_arch import table_creation_scope
-from psrec.models.optim.optimizers import OptimizerConfig
-from psrec.models.optim.sizing import SLOTS
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import slots as slots_of
 from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
 from psrec.ps_cluster.cluster.partitioning import PartitionConfig
@@ -273,7 +274,7 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
     if dense > ps_memory:
         return None
     variables = table_variables(spec, model)
-    slots = SLOTS[optimizer.sparse]
+    slots = slots_of(optimizer.sparse)
     for num_ps in range(1, MAX_PLANNED_PS + 1):
         if _max_ps_bytes(variables, num_ps, partition, slots, dense,
                          dynamic_names(spec)) <= ps_memory:
@@ -284,8 +285,8 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
 def _layout(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             optimizer: OptimizerConfig, partition: PartitionConfig,
             dense_parameters: int) -> ShardingPlan:
-    tables = _tables(spec, model, num_ps, partition, SLOTS[optimizer.sparse])
-    dense = VALUE_BYTES * dense_parameters * (1 + SLOTS[optimizer.dense])
+    tables = _tables(spec, model, num_ps, partition, slots_of(optimizer.sparse))
+    dense = VALUE_BYTES * dense_parameters * (1 + slots_of(optimizer.dense))
     ps_bytes = [dense] * num_ps
     dynamic = dynamic_names(spec)
     for table in tables:
@@ -305,8 +306,8 @@ def plan_partition(spec: FeatureSpec, model_config: ModelConfig, ps: int,
                    dense_parameters: int | None = None) -> ShardingPlan:
     """:func:`plan` with the full optimizer and partition configurations
     (what ``psrec train`` has)."""
-    check(ps >= 1, "--ps", ps, "must be >= 1")
-    check(ps_memory is None or ps_memory >= 1, "--ps-memory", ps_memory,
+    check(ps >= 1, "ps", ps, "must be >= 1")
+    check(ps_memory is None or ps_memory >= 1, "ps_memory", ps_memory,
           "must be >= 1 byte")
     if dense_parameters is None:
         dense_parameters = dense_parameter_count(spec, model_config)
@@ -320,7 +321,7 @@ def plan_partition(spec: FeatureSpec, model_config: ModelConfig, ps: int,
 
 
 def plan(spec: FeatureSpec, model_config: ModelConfig, ps: int,
-         optimizer: str = "adagrad", shards: int | None = None,
+         optimizer: str = OptimizerConfig.sparse, shards: int | None = None,
          partitioner: str = PartitionConfig.kind,
          ps_memory: int | None = None,
          dense_parameters: int | None = None) -> ShardingPlan:

@@ -50,7 +50,7 @@ def service_options(mode: str, address: str | None, resumes: int,
         return {"first_epoch": first_epoch}
     if dispatcher_address(address) is None:
         raise ConfigError(
-            "`--input-mode` = data-service needs a tf.data service "
+            "`InputConfig.mode` = data-service needs a tf.data service "
             "dispatcher: the local launcher starts one; with an existing "
             "cluster run `psrec data-server --role dispatcher` and one "
             "`psrec data-server --role worker` per worker host, and give "

@@ -31,90 +31,18 @@ import tensorflow as tf
 
 from psrec.data.input.dataset import DatasetFn
 from psrec.data.input.dataset import make_eval_dataset
-from psrec.errors import check
-from psrec.errors import check_at_least
-from psrec.errors import check_choice
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import batch_statistics
 from psrec.ps_cluster.evaluation.metrics import merge
 from psrec.ps_cluster.evaluation.metrics import zero_statistics
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.coverage import CoverageTally
 from psrec.ps_cluster.training.maintenance import Maintainer
 from psrec.ps_cluster.training.step import NonFiniteLossError
 
 OnResult = Callable[[int, float, int], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    """Scheduling of a training run.
-
-    Attributes:
-      steps: total training steps (the run ends at this global step).
-      steps_per_closure: optimizer updates per function call (K): one
-        scheduled closure under PS, one ``tf.function`` call otherwise.
-      in_flight_per_worker: closures queued ahead per worker (PS) before
-        the coordinator waits on the oldest one.
-      log_every: steps between progress lines.
-      eval_every: steps between evaluations (0: only at the end; None:
-        about :data:`AUTO_EVALS` evaluations per run, see :meth:`resolved`).
-        Every evaluation is also a checkpoint.
-      checkpoint_every: steps between checkpoints (0: only at the end).
-      keep_best: the eval metric whose best checkpoint is kept (``auc``,
-        ``logloss``) or ``none``.
-      early_stop_patience: evaluations in a row without improvement of
-        ``keep_best`` that end the run (0: never).
-    """
-
-    steps: int = 1000
-    steps_per_closure: int = 10
-    in_flight_per_worker: int = 4
-    log_every: int = 100
-    eval_every: int | None = 0
-    checkpoint_every: int = 500
-    keep_best: str = "auc"
-    early_stop_patience: int = 0
-
-    def __post_init__(self) -> None:
-        check_at_least(self, 1, "steps", "steps_per_closure",
-                       "in_flight_per_worker", "log_every")
-        check_at_least(self, 0, "checkpoint_every", "early_stop_patience")
-        if self.eval_every is not None:
-            check_at_least(self, 0, "eval_every")
-        check_choice("--keep-best", self.keep_best,
-                     ("auc", "logloss", "none"))
-        check(not (self.early_stop_patience and self.keep_best == "none"),
-              "--early-stop-patience", self.early_stop_patience,
-              "needs a metric to watch: give --keep-best auc or logloss")
-
-    def resolved(self) -> LoopConfig:
-        """This configuration with ``eval_every`` None replaced by a step
-        count: about :data:`AUTO_EVALS` evaluations per run, a multiple of
-        ``steps_per_closure`` (0 = only at the end stays 0)."""
-        if self.eval_every is not None:
-            return self
-        k = self.steps_per_closure
-        every = max(k, math.ceil(self.steps / AUTO_EVALS / k) * k)
-        return dataclasses.replace(self, eval_every=every)
-
-    def is_eval_step(self, step: int) -> bool:
-        """An evaluation (and checkpoint) falls on ``step`` (before the
-        end; the end always evaluates)."""
-        every = self.resolved().eval_every
-        return bool(every) and step % every == 0
-
-    def next_boundary(self, step: int) -> int:
-        """The next step at which to join: eval, checkpoint or the end."""
-        candidates = [self.steps]
-        for every in (self.resolved().eval_every, self.checkpoint_every):
-            if every:
-                candidates.append((step // every + 1) * every)
-        return min(c for c in candidates if c > step)
-
-
-AUTO_EVALS = 5
 
 
 def steps_per_epoch(train_rows: int, rows_per_step: int) -> int:

@@ -130,7 +130,7 @@ class Trainer:
                  keep_checkpoints: int = 3, checkpoint_writers: str = "auto",
                  positive_rate: float | None = None,
                  neg_sample_rate: float = 1.0) -> None:
-        check(micro_batches >= 1, "--grad-accum-steps", micro_batches,
+        check(micro_batches >= 1, "micro_batches", micro_batches,
               "must be >= 1", StrategyError)
         check_choice("precision", precision, PRECISIONS, StrategyError)
         self.strategy = strategy
@@ -144,7 +144,7 @@ class Trainer:
                                 tf.distribute.ParameterServerStrategy)
         if not self.is_ps and input_config.batch_size % self.replicas:
             raise StrategyError(
-                f"`--batch-size` = {input_config.batch_size} (the global "
+                f"`InputConfig.batch_size` = {input_config.batch_size} (the global "
                 f"batch) must be a multiple of the {self.replicas} replicas "
                 "in sync.")
         self.chief = is_chief(strategy)
@@ -351,7 +351,7 @@ class Trainer:
         beat = heartbeat or (lambda phase: None)
         self.eval_beat, loop = (lambda: beat("eval")), loop.resolved()
         check(not (loop.early_stop_patience and not self.is_ps
-                   and self.num_workers > 1), "--early-stop-patience",
+                   and self.num_workers > 1), "LoopConfig.early_stop_patience",
               loop.early_stop_patience, "is not supported with several "
               "workers of a replicated strategy (only the chief evaluates)",
               StrategyError)

@@ -1,0 +1,132 @@
+"""The optimizer registry and :class:`OptimizerConfig` (plain Python).
+
+One :class:`OptimizerKind` per optimizer says everything psrec knows about
+it: how it is built (a legacy ``tf_keras`` optimizer class and its
+arguments, built by :func:`psrec.models.optim.optimizers.build_optimizers`),
+how many table-sized slot variables it keeps per trained variable (read by
+the size guard, ``models.optim.sizing``, and the PS planner,
+``ps_cluster.planner.plan``) and how its learning rate scales with the
+update size (:func:`batch_scale`): **linearly** for SGD (Goyal et al.
+2017), by the **square root** for the adaptive ones -- Adagrad, Adam, FTRL
+-- whose steps are normalised by gradient statistics (Malladi et al. 2022,
+"On the SDEs and Scaling Rules for Adaptive Gradient Algorithms").
+
+The choices of ``psrec train --sparse-optimizer/--dense-optimizer`` and
+``psrec plan --optimizer`` are this registry's names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from psrec.errors import check
+from psrec.errors import check_at_least
+from psrec.options import check_choices
+from psrec.options import from_dict
+from psrec.options import option
+from psrec.options import to_dict
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerKind:
+    """One optimizer.
+
+    Attributes:
+      name: its name in configurations and flags.
+      keras_class: the ``tf_keras.optimizers.legacy`` class that builds it.
+      arguments: keyword arguments of that class beside the learning rate.
+      slots: slot variables per trained variable, each of its size.
+      scaling: ``linear`` or ``sqrt``: how the learning rate given at the
+        base batch size scales to the update size.
+      roles: ``sparse`` (embedding tables: sparse updates on the PS that
+        owns each row) and/or ``dense`` (the towers).
+    """
+
+    name: str
+    keras_class: str
+    arguments: tuple[tuple[str, Any], ...]
+    slots: int
+    scaling: str
+    roles: tuple[str, ...]
+
+
+OPTIMIZERS: dict[str, OptimizerKind] = {kind.name: kind for kind in (
+    OptimizerKind("adagrad", "Adagrad", (("initial_accumulator_value", 0.1),),
+                  slots=1, scaling="sqrt", roles=("sparse", "dense")),
+    OptimizerKind("ftrl", "Ftrl", (), slots=2, scaling="sqrt",
+                  roles=("sparse",)),
+    OptimizerKind("sgd", "SGD", (), slots=0, scaling="linear",
+                  roles=("sparse", "dense")),
+    OptimizerKind("adam", "Adam", (), slots=2, scaling="sqrt",
+                  roles=("dense",)),
+)}
+
+SPARSE_OPTIMIZERS = tuple(name for name, kind in OPTIMIZERS.items()
+                          if "sparse" in kind.roles)
+DENSE_OPTIMIZERS = tuple(sorted(
+    (name for name, kind in OPTIMIZERS.items() if "dense" in kind.roles),
+    key=lambda name: name != "adam"))
+
+
+def slots(optimizer: str) -> int:
+    """Slot variables ``optimizer`` keeps per trained variable."""
+    return OPTIMIZERS[optimizer].slots
+
+
+def batch_scale(optimizer: str, batch_size: int, base_batch_size: int
+                ) -> float:
+    """The learning-rate factor of ``optimizer`` for updates of
+    ``batch_size`` rows when the rate was given for ``base_batch_size``."""
+    ratio = batch_size / base_batch_size
+    return ratio if OPTIMIZERS[optimizer].scaling == "linear" else (
+        math.sqrt(ratio))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimizers and learning-rate policy (each field an option)."""
+
+    sparse: str = option(
+        "adagrad", flag="--sparse-optimizer", choices=SPARSE_OPTIMIZERS,
+        help="optimizer of the embedding tables (its slots per table value: "
+        + ", ".join(f"{name} {OPTIMIZERS[name].slots}"
+                    for name in SPARSE_OPTIMIZERS) + ")")
+    dense: str = option(
+        "adam", flag="--dense-optimizer", choices=DENSE_OPTIMIZERS,
+        help="optimizer of the dense towers")
+    sparse_lr: float = option(
+        0.05, flag="--sparse-lr",
+        help="embedding-table learning rate at --base-batch-size")
+    dense_lr: float = option(
+        0.001, flag="--dense-lr",
+        help="dense-tower learning rate at --base-batch-size")
+    base_batch_size: int = option(
+        1024, flag="--base-batch-size",
+        help="the update size (rows) the learning rates are given for. They "
+        "are scaled to --batch-size x --grad-accum-steps: linearly for sgd, "
+        "by the square root for adagrad/adam/ftrl (the scaling rule valid "
+        "for adaptive optimizers)")
+    warmup_steps: int = option(
+        100, flag="--warmup-steps",
+        help="linear learning-rate warmup from 0 over N steps")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        for key in ("sparse_lr", "dense_lr"):
+            value = getattr(self, key)
+            check(math.isfinite(value) and value > 0,
+                  f"OptimizerConfig.{key}", value,
+                  "must be a finite number > 0")
+        check_at_least(self, 1, "base_batch_size")
+        check_at_least(self, 0, "warmup_steps")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "optimizer"
+                  ) -> OptimizerConfig:
+        return from_dict(cls, data, where)
+

@@ -1,0 +1,341 @@
+"""One source per option (``psrec.options``): each configuration field
+carries its default, help, choices and strategies; the flags of ``psrec
+train``, their refusals and the error lines are derived from the fields.
+Also the one optimizer registry (training, planner, size guard)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from psrec.data.input.config import InputConfig
+from psrec.errors import ConfigError
+from psrec.features.spec.presets import criteo
+from psrec.features.spec.presets import movielens_rating
+from psrec.features.spec.presets import movielens_retrieval
+from psrec.launch.cli.options import field_flags
+from psrec.launch.cli.options import translate
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import StrategyConfig
+from psrec.launch.job.config import SyntheticData
+from psrec.models.optim.config import DENSE_OPTIMIZERS
+from psrec.models.optim.config import OPTIMIZERS
+from psrec.models.optim.config import SPARSE_OPTIMIZERS
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.retrieval.config import RetrievalConfig
+from psrec.options import field_default
+from psrec.options import option_of
+from psrec.options import options
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.training.config import LoopConfig
+
+CONFIGS = (JobConfig, StrategyConfig, SyntheticData, InputConfig,
+           OptimizerConfig, LoopConfig, PartitionConfig, RetrievalConfig)
+
+
+def _train_parser():
+    from psrec.launch.cli.main import build_parser
+    sub = next(a for a in build_parser()._actions  # noqa: SLF001
+               if isinstance(a.choices, dict) and "train" in a.choices)
+    return sub.choices["train"]
+
+
+def _flag_defaults(parser) -> dict[str, object]:
+    return {flag: action.default for action in parser._actions  # noqa: SLF001
+            for flag in action.option_strings}
+
+
+# -- the fields ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_every_field_is_an_option_with_help(cls):
+    for field in dataclasses.fields(cls):
+        meta = option_of(field)
+        assert meta is not None, f"{cls.__name__}.{field.name}"
+        assert meta.help.strip(), f"{cls.__name__}.{field.name}"
+
+
+def test_each_train_flag_takes_its_default_from_its_field():
+    """The flag's default is the job's value of the field (no copy): a
+    changed field default changes the flag."""
+    defaults = _flag_defaults(_train_parser())
+    job = JobConfig()
+    checked = 0
+    for owner, config in ((JobConfig, job), (StrategyConfig, job.strategy),
+                          (OptimizerConfig, job.optimizer),
+                          (InputConfig, job.input), (LoopConfig, job.loop),
+                          (PartitionConfig, job.partition),
+                          (SyntheticData, job.synthetic)):
+        for field, meta in options(owner):
+            if meta.flag in (None, "--spec") or meta.flag not in defaults:
+                continue  # --spec: the spec beside --data, else criteo
+            value = getattr(config, field.name)
+            if isinstance(field_default(field), bool):
+                assert defaults[meta.flag] is False, meta.flag  # a switch
+            elif meta.flag == "--workdir":
+                assert defaults[meta.flag] == str(value)
+            else:
+                assert defaults[meta.flag] == value, meta.flag
+            checked += 1
+    assert checked >= 30, checked
+
+
+def test_choices_come_from_the_fields():
+    by_flag = {flag: action for action in _train_parser()._actions  # noqa: SLF001
+               for flag in action.option_strings}
+    assert tuple(by_flag["--strategy"].choices) == option_of(
+        _field(StrategyConfig, "kind")).choices
+    assert tuple(by_flag["--sparse-optimizer"].choices) == SPARSE_OPTIMIZERS
+    assert tuple(by_flag["--dense-optimizer"].choices) == DENSE_OPTIMIZERS
+    assert tuple(by_flag["--partitioner"].choices) == option_of(
+        _field(PartitionConfig, "kind")).choices
+
+
+def _field(cls, name):
+    return {f.name: f for f in dataclasses.fields(cls)}[name]
+
+
+# -- scope: what the user gave ------------------------------------------------------
+
+
+class _Reached(Exception):
+    """The CLI went past its configuration checks."""
+
+
+def _capture_jobs(monkeypatch) -> list:
+    """Every job the CLI would start is recorded, and nothing starts."""
+    from psrec.launch.job import data as job_data
+    from psrec.launch.job import run as job
+    from psrec.launch.local import cluster as local
+    seen = []
+
+    def reached(config=None, *args, **kwargs):
+        seen.append(config)
+        raise _Reached("the CLI went past its configuration checks")
+
+    monkeypatch.setattr(job_data, "prepare_data", reached)
+    monkeypatch.setattr(local, "LocalCluster", reached)
+    monkeypatch.setattr(job, "run_job", reached)
+    return seen
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (("--strategy", "mirrored", "--workers", "2"), "--workers"),
+    (("--strategy", "one-device", "--ps", "1"), "--ps"),
+    (("--memory-fraction", "0.5"), "--memory-fraction"),
+    (("--collective", "auto"), "--collective"),
+    (("--strategy", "mirrored", "--checkpoint-writers", "auto"),
+     "--checkpoint-writers"),
+    (("--strategy", "mirrored", "--partitioner", "min-size"),
+     "--partitioner"),
+    (("--strategy", "multi-worker-mirrored", "--early-stop-patience", "0"),
+     "--early-stop-patience"),
+])
+def test_a_flag_typed_at_its_default_is_refused_like_any_value(
+        tmp_path, capsys, monkeypatch, extra, flag):
+    from psrec.launch.cli.main import main
+    _capture_jobs(monkeypatch)
+    code = main(["train", "--workdir", str(tmp_path / "run"), *extra])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"psrec train: error: `{flag}` has no effect "
+                             "with --strategy "), err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_python_api_refuses_a_value_that_differs_from_the_default():
+    """A Python caller cannot be told apart from the default: the field
+    set to its default is accepted, any other value refused."""
+    mirrored = StrategyConfig(kind="mirrored")
+    assert JobConfig(strategy=mirrored, workers=2).workers == 2
+    with pytest.raises(ConfigError, match=r"^`JobConfig.workers` has no "
+                       "effect with `StrategyConfig.kind` mirrored"):
+        JobConfig(strategy=mirrored, workers=3)
+
+
+# -- errors name the field; the CLI names the flag ----------------------------------
+
+
+def test_library_errors_name_fields_and_no_flag():
+    for build, field in (
+            (lambda: StrategyConfig(grad_accum_steps=0),
+             "StrategyConfig.grad_accum_steps"),
+            (lambda: StrategyConfig(kind="tpu"), "StrategyConfig.kind"),
+            (lambda: OptimizerConfig(sparse="lamb"), "OptimizerConfig.sparse"),
+            (lambda: PartitionConfig(kind="even"), "PartitionConfig.kind"),
+            (lambda: InputConfig(mode="stream"), "InputConfig.mode"),
+            (lambda: JobConfig(connect_timeout=0), "JobConfig.connect_timeout"),
+            (lambda: RetrievalConfig(output_dim=0),
+             "RetrievalConfig.output_dim")):
+        with pytest.raises(ConfigError) as error:
+            build()
+        assert f"`{field}`" in str(error.value), str(error.value)
+        assert "--" not in str(error.value), str(error.value)
+
+
+def test_the_cli_translates_fields_to_flags_by_their_metadata():
+    flags = field_flags()
+    assert flags["StrategyConfig.grad_accum_steps"] == "--grad-accum-steps"
+    assert flags["PartitionConfig.shards"] == "--table-shards"
+    assert flags["OptimizerConfig.sparse"] == "--sparse-optimizer"
+    assert flags["RetrievalConfig.output_dim"] == "--output-dim"
+    assert translate("`StrategyConfig.grad_accum_steps` = 0 must be >= 1.") == (
+        "`--grad-accum-steps` = 0 must be >= 1.")
+    assert translate("`LoopConfig.in_flight_per_worker` = 0") == (
+        "`LoopConfig.in_flight_per_worker` = 0")  # no flag: stays a field
+
+
+def test_a_library_refusal_reaches_the_cli_user_as_flags(tmp_path, capsys,
+                                                         monkeypatch):
+    from psrec.launch.cli.main import main
+    _capture_jobs(monkeypatch)
+    code = main(["train", "--workdir", str(tmp_path / "run"), "--keep-best",
+                 "none", "--early-stop-patience", "2"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (
+        "psrec train: error: `--early-stop-patience` = 2 needs a metric to "
+        "watch: set `--keep-best` to auc or logloss.")
+
+
+# -- the best checkpoint: one rule for the CLI and the Python API ------------------
+
+
+def _retrieval_job(**fields) -> JobConfig:
+    return JobConfig(spec=movielens_retrieval(), model_name="dcn",
+                     retrieval=RetrievalConfig(), **fields)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: JobConfig(spec=movielens_rating()),
+    lambda: _retrieval_job()])
+def test_the_default_metric_means_none_without_ranking_metrics(build):
+    assert build().loop.keep_best == "none"
+
+
+@pytest.mark.parametrize("build", [
+    lambda: JobConfig(spec=movielens_rating(),
+                      loop=LoopConfig(keep_best="logloss")),
+    lambda: JobConfig(spec=movielens_rating(),
+                      loop=LoopConfig(early_stop_patience=2)),
+    lambda: _retrieval_job(loop=LoopConfig(keep_best="logloss")),
+    lambda: _retrieval_job(loop=LoopConfig(early_stop_patience=1))])
+def test_the_python_api_refuses_a_metric_the_task_lacks(build):
+    with pytest.raises(ConfigError, match=r"`LoopConfig.keep_best` = .* "
+                       "watch AUC/logloss, which do not exist"):
+        build()
+
+
+def test_a_job_with_ranking_metrics_keeps_its_metric():
+    assert JobConfig(spec=criteo(buckets=10)).loop.keep_best == "auc"
+    assert JobConfig(loop=LoopConfig(keep_best="logloss")).loop.keep_best == (
+        "logloss")
+
+
+@pytest.mark.parametrize("extra", [
+    ("--spec", "movielens-rating", "--keep-best", "auc"),
+    ("--spec", "movielens-rating", "--keep-best", "logloss"),
+    ("--task", "retrieval", "--spec", "movielens-retrieval", "--keep-best",
+     "auc"),
+    ("--task", "retrieval", "--spec", "movielens-retrieval",
+     "--early-stop-patience", "2")])
+def test_the_cli_refuses_a_metric_the_task_lacks_even_the_default(
+        tmp_path, capsys, monkeypatch, extra):
+    from psrec.launch.cli.main import main
+    _capture_jobs(monkeypatch)
+    code = main(["train", "--strategy", "one-device", "--workdir",
+                 str(tmp_path / "run"), *extra])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("psrec train: error: `--keep-best` = "), err[0]
+    assert "`--early-stop-patience`" in err[0]
+    assert "watch AUC/logloss, which do not exist" in err[0]
+
+
+@pytest.mark.parametrize("extra", [
+    ("--spec", "movielens-rating"),
+    ("--spec", "movielens-rating", "--keep-best", "none"),
+    ("--task", "retrieval", "--spec", "movielens-retrieval")])
+def test_the_cli_derives_none_as_the_python_api_does(tmp_path, monkeypatch,
+                                                     extra):
+    from psrec.launch.cli.main import main
+    seen = _capture_jobs(monkeypatch)
+    with pytest.raises(_Reached):
+        main(["train", "--strategy", "one-device", "--workdir",
+              str(tmp_path / "run"), *extra])
+    [config] = seen
+    assert config.loop.keep_best == "none"
+
+
+# -- the optimizer registry ---------------------------------------------------------
+
+
+def test_psrec_train_passes_the_chosen_optimizers_to_the_job(tmp_path,
+                                                             monkeypatch):
+    from psrec.launch.cli.main import main
+    seen = _capture_jobs(monkeypatch)
+    with pytest.raises(_Reached):
+        main(["train", "--strategy", "one-device", "--workdir",
+              str(tmp_path / "run"), "--sparse-optimizer", "ftrl",
+              "--dense-optimizer", "sgd"])
+    [config] = seen
+    assert config.optimizer == OptimizerConfig(sparse="ftrl", dense="sgd")
+    assert JobConfig.from_dict(config.to_dict()).optimizer == config.optimizer
+
+
+def test_the_default_optimizers_are_unchanged(tmp_path, monkeypatch):
+    from psrec.launch.cli.main import main
+    seen = _capture_jobs(monkeypatch)
+    with pytest.raises(_Reached):
+        main(["train", "--strategy", "one-device", "--workdir",
+              str(tmp_path / "run")])
+    [config] = seen
+    assert (config.optimizer.sparse, config.optimizer.dense) == (
+        "adagrad", "adam")
+
+
+def test_plan_offers_the_registry_s_sparse_optimizers(capsys):
+    from psrec.launch.cli.main import main
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{" + ",".join(SPARSE_OPTIMIZERS) + "}" in text
+    for name in SPARSE_OPTIMIZERS:
+        assert f"{name} {OPTIMIZERS[name].slots}" in text
+
+
+@pytest.mark.parametrize("sparse", SPARSE_OPTIMIZERS)
+def test_a_train_step_makes_the_slots_the_planner_counts(sparse):
+    """One step with each sparse optimizer: its class is the registry's, it
+    keeps the registry's slot count per table variable, and the bytes of
+    those slots are the planner's (and the size guard's)."""
+    import tensorflow as tf
+
+    from psrec.launch.job.bench import synthetic_dataset_fn
+    from psrec.models.optim.sizing import estimate_replicated_bytes
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.planner.plan import plan_partition
+    from psrec.ps_cluster.training.trainer import Trainer
+    spec = criteo(buckets=10, dim=4)
+    model = ModelConfig(interaction="concat", top_mlp=(4,))
+    optimizer = OptimizerConfig(sparse=sparse)
+    trainer = Trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), spec, model,
+                      optimizer, InputConfig(batch_size=8))
+    trainer.train(synthetic_dataset_fn(spec, 8, False),
+                  LoopConfig(steps=1, steps_per_closure=1,
+                             checkpoint_every=0))
+    opt = trainer.sparse_optimizer
+    assert int(opt.iterations) == 1
+    assert type(opt).__name__ == OPTIMIZERS[sparse].keras_class
+    tables = trainer.model.sparse_arch.table_variables()
+    slot_bytes = 0
+    for variable in tables:
+        slots = [opt.get_slot(variable, name) for name in opt.get_slot_names()]
+        assert len(slots) == OPTIMIZERS[sparse].slots, variable.name
+        slot_bytes += sum(4 * s.shape.num_elements() for s in slots)
+    planned = plan_partition(spec, model, 1, optimizer, PartitionConfig())
+    assert sum(t.slot_bytes for t in planned.tables) == slot_bytes
+    assert estimate_replicated_bytes(
+        spec, model, optimizer).table_slot_bytes == slot_bytes
