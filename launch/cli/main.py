@@ -111,9 +111,10 @@ class Command:
 
 
 @dataclasses.dataclass(frozen=True)
-class Commands:
-    """Commands whose parsers set ``run`` themselves: ``add(sub)`` adds
-    them all (``psrec train``'s, in cli/train.py)."""
+class SelfRunning:
+    """Commands whose parsers set ``run`` themselves, all added by
+    ``add(sub)``: cli/train.py's, which import what they run inside the
+    function that runs them."""
 
     add: Callable[[_SubParsers], None]
 
@@ -121,7 +122,7 @@ class Commands:
 _CLI = "psrec.launch.cli"
 
 #: Every ``psrec`` command, in the order ``psrec --help`` lists them.
-COMMANDS: tuple[Command | Commands, ...] = (
+COMMANDS: tuple[Command | SelfRunning, ...] = (
     Command("ingest", data.add_ingest, f"{_CLI}.data_run:run_ingest"),
     Command("convert", data.add_convert, f"{_CLI}.convert_run:run_convert"),
     Command("audit-shards", data.add_audit_shards,
@@ -131,8 +132,8 @@ COMMANDS: tuple[Command | Commands, ...] = (
     Command("tf-config", data.add_tf_config,
             f"{_CLI}.data_run:run_tf_config"),
     # train, advise, server, data-server; then --task etc. on `psrec train`
-    Commands(train_commands.add_commands),
-    Commands(retrieval_flags.add_commands),
+    SelfRunning(train_commands.add_commands),
+    SelfRunning(retrieval_flags.add_commands),
     Command("export", model.add_export, f"{_CLI}.model_run:run_export"),
     Command("eval", model.add_eval, f"{_CLI}.model_run:run_eval"),
     Command("predict", model.add_predict, f"{_CLI}.model_run:run_predict"),
@@ -166,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 metavar="COMMAND")
     groups: dict[str, _SubParsers] = {}
     for command in COMMANDS:
-        if isinstance(command, Commands):
+        if isinstance(command, SelfRunning):
             command.add(sub)
             continue
         *group, name = command.words.split()
