@@ -16,7 +16,9 @@ from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
 from psrec.launch.cli import argtypes
-from psrec.launch.cli import data as data_commands
+from psrec.launch.cli import data_run
+from psrec.launch.cli.main import COMMANDS
+from psrec.launch.cli.main import Command
 from psrec.launch.cli.main import build_parser
 from psrec.launch.cli.main import exit_code_for
 from psrec.launch.cli.main import main
@@ -250,6 +252,73 @@ def test_a_real_process_prints_one_line_and_exits_2():
     assert "--sparse-lr" in line and "'nan'" in line
 
 
+# -- the command registry: parsers without TensorFlow, run modules late ------
+
+
+def _command_words(parser: argparse.ArgumentParser, words=()):
+    """``words`` and those of every command below ``parser``."""
+    yield words
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _command_words(child, (*words, name))
+
+
+def test_every_help_is_printed_without_importing_tensorflow():
+    """``psrec --help`` and ``psrec COMMAND --help`` for every command the
+    registry builds, in a fresh process: TensorFlow is never imported (nor
+    by the module ``k8s simulate`` runs from, which re-executes itself into
+    its network namespace first)."""
+    every = [list(words) for words in _command_words(build_parser())]
+    registered = [c.words.split() for c in COMMANDS if isinstance(c, Command)]
+    assert [] in every and all(w in every for w in registered), every
+    assert {"train", "advise", "server", "data-server"} <= {
+        w[0] for w in every if w}  # the commands cli/train.py adds
+    code = f"""
+import contextlib, io, json, sys
+from psrec.launch.cli.main import main
+helps = {{}}
+for words in {every!r}:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main([*words, "--help"])
+        except SystemExit as done:
+            helps[" ".join(words)] = (done.code, out.getvalue())
+import psrec.launch.cli.simulate_run
+print(json.dumps({{"helps": helps, "tf": sorted(
+    m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras",
+                                                 "tf_keras"))}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["tf"] == []
+    assert sorted(result["helps"]) == sorted(" ".join(w) for w in every)
+    for words, (status, text) in result["helps"].items():
+        assert status == 0 and text.startswith(
+            f"usage: {' '.join(['psrec', *words.split()])} "), words
+
+
+def test_every_registered_command_runs_a_function_of_its_module():
+    import importlib
+    for command in COMMANDS:
+        if isinstance(command, Command):
+            module, function = command.runs.split(":")
+            assert callable(getattr(importlib.import_module(module),
+                                    function)), command.words
+
+
+def test_the_run_function_is_looked_up_when_the_command_runs(monkeypatch,
+                                                             capsys):
+    seen = []
+    monkeypatch.setattr(data_run, "run_synth", lambda args: seen.append(
+        (args.command, args.rows)) or 0)
+    assert main(["synth", "--out", "unused", "--rows", "7"]) == 0
+    assert seen == [("synth", 7)]
+
+
 # -- library errors: one line and their exit code ----------------------------
 
 
@@ -281,7 +350,8 @@ def test_library_error_is_one_line_with_its_exit_code(monkeypatch, capsys,
                                                       error, code):
     def failing(args):
         raise error
-    monkeypatch.setattr(data_commands, "_cmd_spec", failing)
+    # The registry looks `run_spec` up in its module when `spec` runs.
+    monkeypatch.setattr(data_run, "run_spec", failing)
     assert main(["spec", "criteo"]) == code
     captured = capsys.readouterr()
     line = _one_line_error(captured.err, "spec")

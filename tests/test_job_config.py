@@ -201,7 +201,13 @@ class _Reached(Exception):
 
 def _forbid_any_work(monkeypatch) -> None:
     """Data preparation, local servers and jobs raise if the CLI gets that
-    far (nothing may start before the configuration is accepted)."""
+    far (nothing may start before the configuration is accepted).
+
+    Each is replaced where ``psrec train`` looks it up when it runs: in
+    cli/train.py's own namespace when it imports the name at the top, else
+    (an import inside the command, at call time) in the defining module.
+    """
+    from psrec.launch.cli import train as train_command
     from psrec.launch.job import data as job_data
     from psrec.launch.job import run as job
     from psrec.launch.local import cluster as local
@@ -209,9 +215,11 @@ def _forbid_any_work(monkeypatch) -> None:
     def reached(*args, **kwargs):
         raise _Reached("the CLI went past its configuration checks")
 
-    monkeypatch.setattr(job_data, "prepare_data", reached)
-    monkeypatch.setattr(local, "LocalCluster", reached)
-    monkeypatch.setattr(job, "run_job", reached)
+    for home, name in ((job_data, "prepare_data"), (local, "LocalCluster"),
+                       (job, "run_job")):
+        looked_up_in = (train_command if hasattr(train_command, name)
+                        else home)
+        monkeypatch.setattr(looked_up_in, name, reached)
 
 
 @pytest.mark.parametrize("extra, flag", [

@@ -26,6 +26,8 @@ from psrec.launch.cli.argtypes import non_negative
 from psrec.launch.cli.support import UsageError
 from psrec.launch.supervise.data_service import LocalDataService
 from psrec.ps_cluster.cluster.tf_config import TFConfig
+from psrec.ps_cluster.training.data_service import start_dispatcher
+from psrec.ps_cluster.training.data_service import start_worker
 
 INPUT_CHOICES = ("auto", "static", "data-service")
 
@@ -84,8 +86,6 @@ def local_data_service(config, log=print
 
 
 def _cmd_data_server(args: argparse.Namespace) -> int:
-    from psrec.ps_cluster.training.data_service import start_dispatcher
-    from psrec.ps_cluster.training.data_service import start_worker
     if args.role == "worker" and not args.dispatcher:
         raise UsageError("give --dispatcher HOST:PORT with --role worker.")
     local = []  # a local service's tf.data workers, kept while it serves

@@ -1,55 +1,25 @@
-"""``psrec k8s render`` and ``psrec k8s simulate``: a training job as
-Kubernetes objects, and those objects run locally as a check."""
+"""The parsers of ``psrec k8s render`` and ``psrec k8s simulate``: a
+training job as Kubernetes objects, and those objects run locally as a
+check. They import no TensorFlow; what runs them is
+:mod:`psrec.launch.cli.render_run` and :mod:`psrec.launch.cli.simulate_run`,
+imported only when one runs."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from psrec.errors import EXIT_OK
 from psrec.launch.cli.argtypes import non_negative
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_float
 from psrec.launch.cli.support import add_json_flag
-from psrec.launch.cli.support import print_result
 from psrec.launch.local.netns import add_allow_exposed_flag
 
 
-def _cmd_render(args: argparse.Namespace) -> int:
-    from psrec.launch.cli import train
-    from psrec.launch.k8s.render import job_from_args
-    from psrec.launch.k8s.render import render
-    from psrec.launch.k8s.render import storage_warnings
-    from psrec.launch.k8s.render import to_yaml
-    from psrec.launch.k8s.render import write_outputs
-    job = job_from_args(args, train.add_commands)
-    for warning in storage_warnings(job):
-        print(warning, file=sys.stderr)
-    written = write_outputs(job, to_yaml(render(job, args.backend)),
-                            args.out)
-    if written:
-        print(f"psrec k8s render: wrote {', '.join(written)} ({args.backend}"
-              f": {job.workers} workers + {job.ps} PS, PS memory "
-              f"{job.ps_memory})", file=sys.stderr)
-    return EXIT_OK
-
-
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from psrec.launch.local.netns import exposure
-    from psrec.launch.local.netns import isolate_command
-    isolate_command(args.argv)  # a private network, before any server
-    exposure(args.allow_exposed, "the simulated job")
-    from psrec.launch.k8s.simulate import simulate
-    result = simulate(args.file, args.timeout, args.log_dir,
-                      log=lambda text: print(f"psrec k8s simulate: {text}",
-                                             file=sys.stderr, flush=True))
-    print_result(args, result)
-    return result.exit_code
-
-
-def _add_render(sub: argparse._SubParsersAction) -> None:
+def add_render(sub: argparse._SubParsersAction, name: str
+               ) -> argparse.ArgumentParser:
+    """``psrec k8s render``."""
     p = sub.add_parser(
-        "render", help="write the Kubernetes objects of a training job",
+        name, help="write the Kubernetes objects of a training job",
         description="Write a training job as Kubernetes objects (multi-"
         "document YAML): a Kubeflow TFJob (--backend tfjob) or "
         "StatefulSets, a headless Service and a Job (--backend plain); "
@@ -102,12 +72,14 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
                    "written beside it")
     p.add_argument("train_args", nargs="*", metavar="-- TRAIN_ARGS",
                    help="extra `psrec train` arguments for the coordinator")
-    p.set_defaults(run=_cmd_render)
+    return p
 
 
-def _add_simulate(sub: argparse._SubParsersAction) -> None:
+def add_simulate(sub: argparse._SubParsersAction, name: str
+                 ) -> argparse.ArgumentParser:
+    """``psrec k8s simulate``."""
     p = sub.add_parser(
-        "simulate", help="run a rendered job's pods as local processes",
+        name, help="run a rendered job's pods as local processes",
         description="Run every pod of a rendered job (psrec k8s render) as "
         "a local process with the environment Kubernetes would give it "
         "(TF_CONFIG as the training operator or the StatefulSet ordinals "
@@ -121,17 +93,16 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
                    "temporary folder)")
     add_allow_exposed_flag(p)
     add_json_flag(p)
-    p.set_defaults(run=_cmd_simulate)
+    return p
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Registers ``k8s`` with its ``render`` and ``simulate``
-    sub-commands."""
-    p = sub.add_parser("k8s", help="run psrec on Kubernetes: render "
+def add_k8s(sub: argparse._SubParsersAction, name: str
+            ) -> argparse._SubParsersAction:
+    """``psrec k8s``: the parser of the group; returns where its
+    sub-commands (``render``, ``simulate``) are added."""
+    p = sub.add_parser(name, help="run psrec on Kubernetes: render "
                        "manifests, simulate them locally")
-    k8s = p.add_subparsers(dest="k8s_command", required=True,
-                           metavar="COMMAND",
-                           help="render: write the objects; simulate: run "
-                           "them locally")
-    _add_render(k8s)
-    _add_simulate(k8s)
+    return p.add_subparsers(dest="k8s_command", required=True,
+                            metavar="COMMAND",
+                            help="render: write the objects; simulate: run "
+                            "them locally")

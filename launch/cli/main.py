@@ -1,9 +1,13 @@
 """The ``psrec`` command line: a thin, typed shell over library functions.
 
 Each sub-command validates its arguments, calls one library function and
-maps known failures to exit codes (see ``EXIT_*``). TensorFlow is imported
-lazily, after :func:`psrec.runtime.configure_environment`, so ``psrec
---help`` is instant and the Keras setting always applies.
+maps known failures to exit codes (see ``EXIT_*``). Every command is one
+entry of :data:`COMMANDS`: the function that builds its parser (in a module
+that imports no TensorFlow) and the function that runs it, in a module
+imported only when the command runs -- after
+:func:`psrec.runtime.configure_environment` -- so ``psrec --help`` and
+``psrec COMMAND --help`` are instant, the Keras setting always applies, and
+the command modules import at the top.
 
 Every user mistake ends in one line on stderr, ``psrec <command>: error:
 <message>``, and a permanent exit code (2 for arguments and configuration,
@@ -15,6 +19,8 @@ object on stdout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import os
 import sys
@@ -29,11 +35,11 @@ from psrec.errors import EXIT_RETRYABLE
 from psrec.errors import EXIT_USAGE
 from psrec.errors import ConfigError
 from psrec.errors import PsrecError
-from psrec.launch.cli import data as data_commands
-from psrec.launch.cli import embeddings as embeddings_commands
-from psrec.launch.cli import k8s as k8s_commands
-from psrec.launch.cli import model as model_commands
-from psrec.launch.cli import plan as plan_commands
+from psrec.launch.cli import data
+from psrec.launch.cli import embeddings
+from psrec.launch.cli import k8s
+from psrec.launch.cli import model
+from psrec.launch.cli import plan
 from psrec.launch.cli import retrieval_flags
 from psrec.launch.cli import train as train_commands
 from psrec.launch.monitor.progress_bar import progress_for
@@ -78,7 +84,78 @@ class Parser(argparse.ArgumentParser):
                   f"`{self.prog} --help`)\n")
 
 
+# -- the commands: parsers without TensorFlow, run by modules imported late --
+
+
+_SubParsers = argparse._SubParsersAction
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One ``psrec`` command.
+
+    ``words``: as typed after ``psrec`` (``"k8s render"``; a first word
+    with sub-commands is a :data:`GROUPS` entry). ``add_parser(sub, name)``
+    adds its parser to ``sub`` and returns it; it lives in a module that
+    imports no TensorFlow. ``runs``: ``"module:function"``, the function
+    that runs it, looked up only when it runs.
+    """
+
+    words: str
+    add_parser: Callable[[_SubParsers, str], argparse.ArgumentParser]
+    runs: str
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        module, function = self.runs.split(":")
+        return getattr(importlib.import_module(module), function)(args)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfRunning:
+    """Commands whose parsers set ``run`` themselves, all added by
+    ``add(sub)``: cli/train.py's, which import what they run inside the
+    function that runs them."""
+
+    add: Callable[[_SubParsers], None]
+
+
+_CLI = "psrec.launch.cli"
+
+#: Every ``psrec`` command, in the order ``psrec --help`` lists them.
+COMMANDS: tuple[Command | SelfRunning, ...] = (
+    Command("ingest", data.add_ingest, f"{_CLI}.data_run:run_ingest"),
+    Command("convert", data.add_convert, f"{_CLI}.convert_run:run_convert"),
+    Command("audit-shards", data.add_audit_shards,
+            f"{_CLI}.convert_run:run_audit_shards"),
+    Command("spec", data.add_spec, f"{_CLI}.data_run:run_spec"),
+    Command("synth", data.add_synth, f"{_CLI}.data_run:run_synth"),
+    Command("tf-config", data.add_tf_config,
+            f"{_CLI}.data_run:run_tf_config"),
+    # train, advise, server, data-server; then --task etc. on `psrec train`
+    SelfRunning(train_commands.add_commands),
+    SelfRunning(retrieval_flags.add_commands),
+    Command("export", model.add_export, f"{_CLI}.model_run:run_export"),
+    Command("eval", model.add_eval, f"{_CLI}.model_run:run_eval"),
+    Command("predict", model.add_predict, f"{_CLI}.model_run:run_predict"),
+    Command("score", model.add_score, f"{_CLI}.model_run:run_predict"),
+    Command("bench", model.add_bench, f"{_CLI}.model_run:run_bench"),
+    Command("k8s render", k8s.add_render,
+            f"{_CLI}.render_run:run_k8s_render"),
+    Command("k8s simulate", k8s.add_simulate,
+            f"{_CLI}.simulate_run:run_k8s_simulate"),
+    Command("plan", plan.add_plan, f"{_CLI}.plan_run:run_plan"),
+    Command("embeddings stats", embeddings.add_stats,
+            f"{_CLI}.embeddings_run:run_embeddings_stats"),
+)
+
+#: The first words of two-word commands: ``add(sub, name)`` adds the
+#: group's parser and returns where its commands are added.
+GROUPS: dict[str, Callable[[_SubParsers, str], _SubParsers]] = {
+    "k8s": k8s.add_k8s, "embeddings": embeddings.add_embeddings}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command in :data:`COMMANDS` (no TensorFlow)."""
     parser = Parser(
         prog="psrec",
         description="Parameter-server recommender (CTR) training on "
@@ -88,13 +165,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="COMMAND")
-    data_commands.add_commands(sub)
-    train_commands.add_commands(sub)
-    retrieval_flags.add_commands(sub)  # --task etc. on `psrec train`
-    model_commands.add_commands(sub)
-    k8s_commands.add_commands(sub)
-    plan_commands.add_commands(sub)
-    embeddings_commands.add_commands(sub)
+    groups: dict[str, _SubParsers] = {}
+    for command in COMMANDS:
+        if isinstance(command, SelfRunning):
+            command.add(sub)
+            continue
+        *group, name = command.words.split()
+        into = sub
+        if group:
+            [first] = group
+            if first not in groups:
+                groups[first] = GROUPS[first](sub, first)
+            into = groups[first]
+        command.add_parser(into, name).set_defaults(run=command)
     return parser
 
 
@@ -157,6 +240,8 @@ def start_process() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``psrec`` console script."""
+    # Before anything imports TensorFlow: the command modules do (at the top),
+    # and they are imported only when their command runs (Command.__call__).
     start_process()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -1,104 +1,20 @@
-"""The ``psrec`` commands that use or time a model outside a training job:
-``export`` and ``eval`` read a trained checkpoint, ``predict`` (alias
-``score``) scores raw rows with an export, ``bench`` measures training
-throughput."""
+"""The parsers of the ``psrec`` commands that use or time a model outside
+a training job: ``export`` and ``eval`` read a trained checkpoint,
+``predict`` (alias ``score``) scores raw rows with an export, ``bench``
+measures training throughput. They import no TensorFlow; what runs them
+is :mod:`psrec.launch.cli.model_run`, imported only when one runs."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-from psrec.errors import EXIT_OK
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.support import add_batch_flag
 from psrec.launch.cli.support import add_count_flags
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
 from psrec.launch.cli.support import add_step_flags
-from psrec.launch.cli.support import print_result
 from psrec.launch.monitor.progress_bar import add_progress_flag
-from psrec.launch.monitor.progress_bar import progress_for
-
-
-def _cmd_export(args: argparse.Namespace) -> int:
-    from psrec.launch.job.config import JobConfig
-    from psrec.launch.job.data import training_neg_sample_rate
-    from psrec.launch.job.export import export_checkpoint
-    from psrec.launch.job.export import sampling_note
-    from psrec.ps_cluster.checkpoint.best import choose_checkpoint
-    JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
-    chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
-    report = export_checkpoint(args.checkpoint_dir, args.out,
-                               args.checkpoint, version=args.version)
-    rate = training_neg_sample_rate(args.checkpoint_dir)
-    print_result(args, {"saved_model": report.path, **_chosen_dict(chosen),
-                        "version": report.version, "root": report.root,
-                        "neg_sample_rate": rate, "warmup": report.warmup},
-                 f"{report.path} (version {report.version}): "
-                 f"{chosen.describe()}{sampling_note(rate)}\n"
-                 f"warmup requests: {report.warmup}")
-    return EXIT_OK
-
-
-def _chosen_dict(chosen) -> dict:
-    best = chosen.best
-    return {"checkpoint": chosen.name, "step": chosen.step,
-            "eval_auc": best.auc if best else None,
-            "eval_logloss": best.logloss if best else None}
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from psrec.data.format.manifest import Manifest
-    from psrec.launch.job.config import JobConfig
-    from psrec.launch.job.data import training_neg_sample_rate
-    from psrec.launch.job.export import evaluate_checkpoint
-    from psrec.launch.job.export import sampling_note
-    from psrec.ps_cluster.checkpoint.best import choose_checkpoint
-    manifest = Manifest.load(args.data)
-    JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
-    chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
-    result = evaluate_checkpoint(args.checkpoint_dir, manifest,
-                                 split=args.split,
-                                 checkpoint=args.checkpoint,
-                                 progress=progress_for(args))
-    rate = training_neg_sample_rate(args.checkpoint_dir)
-    print_result(args, {"split": args.split, "checkpoint": chosen.name,
-                        "step": chosen.step, **result.to_dict(),
-                        "neg_sample_rate": rate},
-                 f"{chosen.name} (step {chosen.step}) {result.summary()}"
-                 f"{sampling_note(rate)}")
-    return EXIT_OK
-
-
-def _cmd_predict(args: argparse.Namespace) -> int:
-    """``psrec predict`` and its older spelling ``psrec score``."""
-    from psrec.launch.cli.support import UsageError
-    from psrec.models.serving.scoring import score_files
-    keep = [c.strip() for c in args.keep.split(",")] if args.keep else []
-    if not all(keep):
-        raise UsageError(f"--keep {args.keep!r}: give comma-separated column "
-                         "names, none empty (e.g. user_id,item_id)")
-    report = score_files(args.model, args.data, args.out,
-                         batch_rows=args.batch_rows, label=args.label,
-                         keep=keep, progress=progress_for(args))
-    print_result(args, report)
-    return EXIT_OK
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from psrec.launch.job.bench import BenchConfig
-    from psrec.launch.job.bench import run_bench
-    result = run_bench(BenchConfig(
-        model=args.model, workers=args.workers, ps=args.ps,
-        batch_size=args.batch_size, buckets=args.buckets, dim=args.dim,
-        steps=args.steps, steps_per_closure=args.steps_per_closure,
-        single_process=args.single_process))
-    print_result(args, result,
-                 "\n".join(f"{k}: {v}" for k, v in result.items()))
-    # In-process gRPC servers cannot be shut down; leave without waiting.
-    sys.stdout.flush()
-    os._exit(EXIT_OK)
 
 
 def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -130,15 +46,13 @@ def _add_predict_flags(p: argparse.ArgumentParser) -> None:
                    help="more input columns to copy, e.g. ids")
     add_progress_flag(p)
     add_json_flag(p)
-    p.set_defaults(run=_cmd_predict)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Registers ``export``, ``eval``, ``predict``, ``score`` and
-    ``bench``."""
-
+def add_export(sub: argparse._SubParsersAction, name: str
+               ) -> argparse.ArgumentParser:
+    """``psrec export``: a checkpoint as a serving SavedModel version."""
     p = sub.add_parser(
-        "export", help="checkpoint dir -> serving SavedModel version",
+        name, help="checkpoint dir -> serving SavedModel version",
         description="Writes OUT/<version>/ (a SavedModel with "
         "assets.extra/tf_serving_warmup_requests built from the run's eval "
         "rows), published atomically, as TF Serving expects; an existing "
@@ -153,9 +67,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "largest in OUT, 1 for none); refused if it exists")
     _add_checkpoint_flag(p)
     add_json_flag(p)
-    p.set_defaults(run=_cmd_export)
+    return p
 
-    p = sub.add_parser("eval", help="AUC/logloss of a checkpoint")
+
+def add_eval(sub: argparse._SubParsersAction, name: str
+             ) -> argparse.ArgumentParser:
+    """``psrec eval``: AUC and logloss of a checkpoint."""
+    p = sub.add_parser(name, help="AUC/logloss of a checkpoint")
     p.add_argument("checkpoint_dir",
                    help="checkpoint folder of a run (with its job.json)")
     p.add_argument("--data", required=True,
@@ -165,27 +83,41 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_checkpoint_flag(p)
     add_progress_flag(p)
     add_json_flag(p)
-    p.set_defaults(run=_cmd_eval)
+    return p
 
+
+def add_predict(sub: argparse._SubParsersAction, name: str
+                ) -> argparse.ArgumentParser:
+    """``psrec predict``: an export's scores of raw Parquet rows."""
     p = sub.add_parser(
-        "predict", help="exported model + raw Parquet rows -> probabilities",
+        name, help="exported model + raw Parquet rows -> probabilities",
         description=_PREDICT_DESCRIPTION)
     p.add_argument("--model", required=True, metavar="EXPORT_DIR",
                    help=_MODEL_HELP)
     p.add_argument("--data", required=True, nargs="+", metavar="PARQUET",
                    help="Parquet files, or folders of them, read in order")
     _add_predict_flags(p)
+    return p
 
+
+def add_score(sub: argparse._SubParsersAction, name: str
+              ) -> argparse.ArgumentParser:
+    """``psrec score``: ``predict`` with positional arguments."""
     p = sub.add_parser(
-        "score", help="the same as predict, with positional arguments",
+        name, help="the same as predict, with positional arguments",
         description=_PREDICT_DESCRIPTION + " `psrec score EXPORT_DIR INPUT "
         "...` is `psrec predict --model EXPORT_DIR --data INPUT ...`.")
     p.add_argument("model", metavar="export_dir", help=_MODEL_HELP)
     p.add_argument("data", nargs="+", metavar="INPUT",
                    help="Parquet files, or folders of them, read in order")
     _add_predict_flags(p)
+    return p
 
-    p = sub.add_parser("bench", help="training throughput (examples/s)")
+
+def add_bench(sub: argparse._SubParsersAction, name: str
+              ) -> argparse.ArgumentParser:
+    """``psrec bench``: training throughput."""
+    p = sub.add_parser(name, help="training throughput (examples/s)")
     workload = p.add_argument_group("model")
     add_model_flag(workload)
     add_batch_flag(workload, "global batch size (rows per step)")
@@ -199,4 +131,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          help="no cluster: train in this process (baseline)")
     add_step_flags(p.add_argument_group("schedule"), steps=300)
     add_json_flag(p.add_argument_group("output"))
-    p.set_defaults(run=_cmd_bench)
+    return p

@@ -1,6 +1,8 @@
-"""``psrec plan``: the bytes each PS task will hold (every table shard and
-its optimizer slots), the partitioning and the largest shard; and the same
-check that ``psrec train --ps-memory`` runs before any server starts."""
+"""The parser of ``psrec plan`` (the bytes each PS task will hold: every
+table shard and its optimizer slots, the partitioning and the largest
+shard), ``--ps-memory``, and the same check that ``psrec train
+--ps-memory`` runs before any server starts. What runs ``psrec plan`` is
+:mod:`psrec.launch.cli.plan_run`, imported only when it runs."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from psrec.errors import EXIT_OK
 from psrec.launch.cli.argtypes import SIZE_HELP
 from psrec.launch.cli.argtypes import byte_size
 from psrec.launch.cli.argtypes import positive
@@ -16,7 +17,6 @@ from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
 from psrec.launch.cli.support import add_spec_and_data_flags
-from psrec.launch.cli.support import print_result
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import StrategyConfig
 from psrec.models.optim.config import SPARSE_OPTIMIZERS
@@ -48,41 +48,26 @@ def check_ps_memory(config: JobConfig, cluster: ClusterSpec | None = None
     """
     if config.strategy.ps_memory is None:
         return
-    from psrec.ps_cluster.planner.plan import check_plan
-    from psrec.ps_cluster.planner.plan import format_bytes
-    from psrec.ps_cluster.planner.plan import plan_partition
+    # Imported here, not at the top: cli/train.py builds ``psrec train``'s
+    # parser from this module, so it must not import TensorFlow (the
+    # planner does); this check belongs with what runs ``psrec train``.
+    from psrec.ps_cluster.planner import plan as planner
     num_ps = config.ps if cluster is None else cluster.num_ps
     model = config.retrieval or config.model  # the task's model
-    result = check_plan(plan_partition(
+    result = planner.check_plan(planner.plan_partition(
         config.spec, model, num_ps, config.optimizer, config.partition,
         config.strategy.ps_memory))
     print(f"psrec train: PS memory plan: at most "
-          f"{format_bytes(result.max_ps_bytes)} on one of {num_ps} PS "
-          f"(--ps-memory {format_bytes(result.ps_memory)})",
+          f"{planner.format_bytes(result.max_ps_bytes)} on one of {num_ps} PS "
+          f"(--ps-memory {planner.format_bytes(result.ps_memory)})",
           file=sys.stderr, flush=True)
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from psrec.data.format.manifest import Manifest
-    from psrec.data.format.manifest import spec_for
-    from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.planner.plan import check_plan
-    from psrec.ps_cluster.planner.plan import plan
-    from psrec.ps_cluster.planner.plan import plan_text
-    spec = spec_for(Manifest.load(args.data) if args.data else None,
-                    args.spec)
-    result = plan(spec, model_config(args.model), args.ps,
-                  optimizer=args.optimizer, shards=args.table_shards,
-                  partitioner=args.partitioner, ps_memory=args.ps_memory)
-    print_result(args, result, text=plan_text(result))
-    check_plan(result)
-    return EXIT_OK
-
-
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Registers ``plan``."""
+def add_plan(sub: argparse._SubParsersAction, name: str
+             ) -> argparse.ArgumentParser:
+    """``psrec plan``: bytes per PS task, refused over ``--ps-memory``."""
     p = sub.add_parser(
-        "plan", help="bytes per PS task of every table shard and its "
+        name, help="bytes per PS task of every table shard and its "
         "optimizer slots; refuse a plan over --ps-memory",
         description="Plan how --strategy ps shards the embedding tables: "
         "the shards and rows of each table as the partitioner cuts them, "
@@ -108,4 +93,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_option(cluster, PartitionConfig, "shards", type=positive)
     add_ps_memory_flag(cluster)
     add_json_flag(p.add_argument_group("output"))
-    p.set_defaults(run=_cmd_plan)
+    return p

@@ -15,6 +15,7 @@ from psrec.errors import ConfigError
 from psrec.launch.cli.argtypes import positive
 from psrec.models.ranking.config import MODEL_PRESETS
 from psrec.uri_path import UriPath
+from psrec.uri_path import as_path
 
 MODEL_NAMES = tuple(MODEL_PRESETS)
 
@@ -38,6 +39,15 @@ class RenamedFlag(argparse.Action):
         parser.error(f"argument {option_string}: {option_string} {values} "
                      f"is not allowed here: {self.why}; use {self.new} "
                      f"{values}")
+
+
+def existing_files(paths: Sequence[str], what: str) -> list[str]:
+    """``paths`` (local paths or URIs), each of which exists; else a usage
+    error naming the missing ones (``what``: the kind of input)."""
+    missing = [p for p in paths if not as_path(p).exists()]
+    if missing:
+        raise UsageError(f"{what} not found: {', '.join(missing)}")
+    return list(paths)
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

@@ -7,13 +7,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.convert.sampling import logit_shift
 from psrec.data.format.files import write_json_atomic
 from psrec.data.format.manifest import Manifest
 from psrec.data.format.manifest import ManifestError
+from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.data.input.dataset import NotEnoughShardsError
+from psrec.data.input.integrity import check_disjoint_splits
+from psrec.data.input.integrity import repair_corrupted_shards
 from psrec.launch.job.config import JobConfig
 from psrec.launch.monitor.progress_bar import ProgressBar
+from psrec.models.optim.sizing import estimate_replicated_bytes
+from psrec.models.serving.versions import check_root
 from psrec.progress import Progress
+from psrec.ps_cluster.checkpoint.keeper import check_output_folder
 from psrec.uri import require_tf_filesystem
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
@@ -44,8 +53,6 @@ def prepare_data(config: JobConfig, log=print, *,
     """
     check_output_folders(config)
     progress = ProgressBar() if progress is None else progress
-    from psrec.data.input.integrity import check_disjoint_splits
-    from psrec.data.input.integrity import repair_corrupted_shards
     if config.data is not None:
         manifest = Manifest.load(config.data)
     else:
@@ -78,8 +85,6 @@ def check_output_folders(config: JobConfig) -> None:
     ``export`` the export folder) is writable with room for one checkpoint
     -- tables, optimizer slots and dense weights (``models.optim.sizing``) -- or
     one export (tables and dense weights)."""
-    from psrec.models.optim.sizing import estimate_replicated_bytes
-    from psrec.ps_cluster.checkpoint.keeper import check_output_folder
     if config.data is not None:  # TFRecords are read by TensorFlow
         require_tf_filesystem(config.data, "--data")
     size = estimate_replicated_bytes(config.spec, config.model,
@@ -87,7 +92,6 @@ def check_output_folders(config: JobConfig) -> None:
     check_output_folder(config.checkpoint_dir, size.total_bytes,
                         "checkpoint")
     if config.export:
-        from psrec.models.serving.versions import check_root
         export = as_path(config.workdir) / "export"
         check_output_folder(export, size.table_bytes + size.dense_bytes,
                             "export")
@@ -144,9 +148,6 @@ def load_verified(config: JobConfig) -> Manifest:
 
 def _generate(config: JobConfig, root: Path | UriPath, log, progress: Progress
               ) -> Manifest:
-    from psrec.data.convert.convert import ConversionOptions
-    from psrec.data.convert.convert import convert
-    from psrec.data.ingest.synthetic import write_synthetic_parquet
     synthetic = config.synthetic
     log(f"generating {synthetic.rows:,} synthetic rows for spec "
         f"{config.spec.name!r} (embedded default data) ...")
@@ -168,7 +169,6 @@ def record_sampling(checkpoint_dir: str | Path, manifest: Manifest,
     """Notes beside the checkpoints the negative sampling of the training
     data (``sampling.json``), which evaluation and the export correct for
     with ``log(neg_sample_rate)`` even when the data is gone."""
-    from psrec.data.convert.sampling import logit_shift
     rate = manifest.neg_sample_rate
     if rate < 1.0:
         log(f"train negatives were kept at rate {rate:g} (--neg-sample-rate):"

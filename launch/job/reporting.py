@@ -4,12 +4,18 @@ heartbeat fields the metrics server reads (loss, last eval)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 from typing import Callable
 
+import numpy as np
+
 from psrec.data.format.files import write_json_atomic
+from psrec.launch.job import runtime as job_runtime
+from psrec.launch.monitor.progress import ProgressReporter
 from psrec.ps_cluster.training.coverage import coverage_warning
+from psrec.ps_cluster.training.data_service import service_options
 from psrec.uri_path import as_path
 
 
@@ -41,8 +47,6 @@ def make_reporter(config, trainer, heartbeat=None,
                   extra: Callable[[], str] | None = None):
     """The chief's :class:`ProgressReporter` (None elsewhere), its loss
     and evals also published in ``heartbeat``."""
-    from psrec.launch.job import runtime as job_runtime
-    from psrec.launch.monitor.progress import ProgressReporter
     if not trainer.chief:
         return None
     reporter = ProgressReporter(
@@ -70,9 +74,6 @@ def _examples_per_worker(trainer) -> dict[int, int]:
 def write_restore_report(workdir: str | Path, trainer, path: str) -> None:
     """``restore.json``: sha256 of every restored table, so a restore can be
     audited against the checkpoint file independently."""
-    import hashlib
-
-    import numpy as np
     tables = {}
     for name, variable in trainer.model.sparse_arch.tables.items():
         shards = getattr(variable, "variables", [variable])
@@ -86,7 +87,6 @@ def write_restore_report(workdir: str | Path, trainer, path: str) -> None:
 def input_options(config, trainer, manifest) -> dict:
     """``make_train_dataset_fn`` options of the job's ``--input-mode``
     (the tf.data service address, its job name, the first epoch)."""
-    from psrec.ps_cluster.training.data_service import service_options
     return service_options(
         config.input.mode, config.data_service,
         int(trainer.progress.resumes.numpy()),

@@ -15,7 +15,6 @@ in the cluster.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
@@ -26,11 +25,16 @@ from typing import Sequence
 
 import yaml
 
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import spec_for
 from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.launch.k8s.objects import K8sJob
 from psrec.launch.k8s.plain import render_plain
 from psrec.launch.k8s.tfjob import render_tfjob
+from psrec.launch.monitor.dashboard import grafana_dashboard
+from psrec.models.ranking.config import model_config
+from psrec.ps_cluster.planner.plan import plan
 from psrec.uri import is_uri
 
 BACKENDS = {"tfjob": render_tfjob, "plain": render_plain}
@@ -95,11 +99,6 @@ def planned_ps_memory(args: argparse.Namespace,
                       train: argparse.Namespace) -> str:
     """The PS memory quantity from the sharding planner (see module
     docstring)."""
-    if importlib.util.find_spec("psrec.ps_cluster.planner.plan") is None:
-        raise ConfigError(
-            "`--ps-memory` is required: this psrec has no sharding planner "
-            "(psrec.ps_cluster.planner.plan) to size the PS tasks; give e.g. "
-            "--ps-memory 8Gi.")
     spec_source = args.spec or train.spec
     if spec_source is None and args.data is not None and not is_local(
             args.data):
@@ -107,10 +106,6 @@ def planned_ps_memory(args: argparse.Namespace,
             f"`--ps-memory` is required with a remote --data ({args.data}) "
             "and no --spec: the spec to plan from is not readable here; "
             "give --spec FILE or --ps-memory e.g. 8Gi.")
-    from psrec.data.format.manifest import Manifest
-    from psrec.data.format.manifest import spec_for
-    from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.planner.plan import plan
     manifest = Manifest.load(args.data) if is_local(args.data) else None
     spec = spec_for(manifest, spec_source)
     sharding = plan(spec, model_config(train.model), args.ps,
@@ -187,22 +182,14 @@ def storage_warnings(job: K8sJob) -> list[str]:
 
 def write_outputs(job: K8sJob, text: str, out: str | None) -> list[str]:
     """Writes the YAML to ``out`` (stdout when None) and, beside a file,
-    ``dashboard.json`` when psrec has its Grafana dashboard; returns the
-    paths written."""
+    the Grafana dashboard ``dashboard.json``; returns the paths written."""
     if out is None:
         sys.stdout.write(text)
         return []
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
-    written = [str(path)]
-    if importlib.util.find_spec("psrec.launch.monitor.dashboard") is None:
-        print("psrec k8s render: note: no Grafana dashboard in this psrec "
-              "(psrec.launch.monitor.dashboard); dashboard.json not written",
-              file=sys.stderr)
-        return written
-    from psrec.launch.monitor.dashboard import grafana_dashboard
     board = path.parent / "dashboard.json"
     board.write_text(json.dumps(grafana_dashboard(job.name), indent=2) + "\n",
                      encoding="utf-8")
-    return written + [str(board)]
+    return [str(path), str(board)]

@@ -1,0 +1,89 @@
+"""What runs the ``psrec`` commands that use or time a model outside a
+training job: ``export``, ``eval``, ``predict`` (and ``score``) and
+``bench`` -- all TensorFlow (their parsers: :mod:`psrec.launch.cli.model`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from psrec.data.format.manifest import Manifest
+from psrec.errors import EXIT_OK
+from psrec.launch.cli.support import UsageError
+from psrec.launch.cli.support import print_result
+from psrec.launch.job import bench
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.data import training_neg_sample_rate
+from psrec.launch.job.export import evaluate_checkpoint
+from psrec.launch.job.export import export_checkpoint
+from psrec.launch.job.export import sampling_note
+from psrec.launch.monitor.progress_bar import progress_for
+from psrec.models.serving.scoring import score_files
+from psrec.ps_cluster.checkpoint.best import choose_checkpoint
+
+
+def run_export(args: argparse.Namespace) -> int:
+    JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
+    chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
+    report = export_checkpoint(args.checkpoint_dir, args.out,
+                               args.checkpoint, version=args.version)
+    rate = training_neg_sample_rate(args.checkpoint_dir)
+    print_result(args, {"saved_model": report.path, **_chosen_dict(chosen),
+                        "version": report.version, "root": report.root,
+                        "neg_sample_rate": rate, "warmup": report.warmup},
+                 f"{report.path} (version {report.version}): "
+                 f"{chosen.describe()}{sampling_note(rate)}\n"
+                 f"warmup requests: {report.warmup}")
+    return EXIT_OK
+
+
+def _chosen_dict(chosen) -> dict:
+    best = chosen.best
+    return {"checkpoint": chosen.name, "step": chosen.step,
+            "eval_auc": best.auc if best else None,
+            "eval_logloss": best.logloss if best else None}
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    manifest = Manifest.load(args.data)
+    JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
+    chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
+    result = evaluate_checkpoint(args.checkpoint_dir, manifest,
+                                 split=args.split,
+                                 checkpoint=args.checkpoint,
+                                 progress=progress_for(args))
+    rate = training_neg_sample_rate(args.checkpoint_dir)
+    print_result(args, {"split": args.split, "checkpoint": chosen.name,
+                        "step": chosen.step, **result.to_dict(),
+                        "neg_sample_rate": rate},
+                 f"{chosen.name} (step {chosen.step}) {result.summary()}"
+                 f"{sampling_note(rate)}")
+    return EXIT_OK
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """``psrec predict`` and its older spelling ``psrec score``."""
+    keep = [c.strip() for c in args.keep.split(",")] if args.keep else []
+    if not all(keep):
+        raise UsageError(f"--keep {args.keep!r}: give comma-separated column "
+                         "names, none empty (e.g. user_id,item_id)")
+    report = score_files(args.model, args.data, args.out,
+                         batch_rows=args.batch_rows, label=args.label,
+                         keep=keep, progress=progress_for(args))
+    print_result(args, report)
+    return EXIT_OK
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    result = bench.run_bench(bench.BenchConfig(
+        model=args.model, workers=args.workers, ps=args.ps,
+        batch_size=args.batch_size, buckets=args.buckets, dim=args.dim,
+        steps=args.steps, steps_per_closure=args.steps_per_closure,
+        single_process=args.single_process))
+    print_result(args, result,
+                 "\n".join(f"{k}: {v}" for k, v in result.items()))
+    # In-process gRPC servers cannot be shut down; leave without waiting.
+    sys.stdout.flush()
+    os._exit(EXIT_OK)
