@@ -257,7 +257,6 @@ def test_allow_exposed_warns_naming_every_reachable_port(tmp_path,
 
 
 @pytest.mark.cluster
-@pytest.mark.slow
 def test_psrec_server_prints_the_addresses_it_really_listens_on(
         tmp_path, external_addresses):
     from psrec.ps_cluster.cluster.addresses import free_loopback_ports

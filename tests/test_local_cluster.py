@@ -233,7 +233,6 @@ def test_sigint_stops_the_job_and_its_roles(tmp_path):
 
 
 @pytest.mark.cluster
-@pytest.mark.slow
 def test_local_cluster_stops_its_processes_on_error(tmp_path):
     pids: list[int] = []
     # The test connects to the roles from its own (host) network namespace,
