@@ -3,7 +3,8 @@ line with deadlines, pids parsed from its output, leftovers checked and
 killed by pid.
 
 The one process harness of the suite (test_local_cluster.py,
-test_faults.py, test_existing_cluster.py). It imports no TensorFlow.
+test_faults.py, test_watchdog.py, test_isolation.py). It imports no
+TensorFlow.
 """
 
 from __future__ import annotations

@@ -207,6 +207,7 @@ def _train_cli(tmp_path: Path, data, *extra: str) -> list[str]:
             "--sparse-lr", "0.5", "--workdir", str(tmp_path / "run"), *extra]
 
 
+@pytest.mark.slow
 def test_epochs_train_best_and_eval_end_to_end(tmp_path, data, capsys):
     # 800 train rows / (32 x 2 rows per step) = 12.5 -> 13 steps per epoch.
     assert main(_train_cli(tmp_path, data, "--epochs", "2", "--json")) == 0

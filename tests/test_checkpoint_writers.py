@@ -125,6 +125,7 @@ def test_the_flag_offers_the_writers_the_job_knows():
         JobConfig(checkpoint_writers="everyone")
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_a_ps_that_does_not_see_the_folder_stops_the_job_before_step_1(
         tmp_path):

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +45,8 @@ from tests._proc import assert_no_leftovers
 
 SPEC = criteo(buckets=1000)
 TRAIN_ROWS = 16_000
-BATCH = 128
-PER_EPOCH = TRAIN_ROWS // BATCH  # 125 steps
+BATCH = 256  # one step per closure: 62 closures an epoch
+PER_EPOCH = TRAIN_ROWS // BATCH  # 62 steps
 EPOCHS = 4  # epoch 5 starts: epochs 1-3 are judged (2 and 3 after the kill)
 # Worker 0's share under static input: 4 of the 8 shard files, plus at most
 # one closure (one batch) of worker 1's files tagged with the same epoch.
@@ -119,7 +118,7 @@ def _train(tmp_path: Path, data: Path, mode: str) -> dict:
             "--no-restart-workers", "--input-mode", mode]
     run = PsrecRun(args)
     try:
-        run.wait_for(r"^step ([3-5]\d)/", 120)  # early in epoch 1
+        run.wait_for(r"^step (1[5-9]|2\d)/", 120)  # early in epoch 1
         os.kill(run.role_pids[2], signal.SIGKILL)  # worker-1 (after ps-0)
         assert run.wait(240) == 0, run.output[-3000:]
         assert "worker-1 died" in run.output
@@ -127,13 +126,11 @@ def _train(tmp_path: Path, data: Path, mode: str) -> dict:
         run.kill()
         assert_no_leftovers(run, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    print(f"\n{mode}: " + "; ".join(
-        f"epoch {c['epoch']} {c['seen']}/{c['rows']}"
-        for c in summary["coverage"]) + f"; {summary['examples_per_sec']:.0f}"
-        " examples/s")
     return summary | {"output": run.output}
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_data_service_reads_a_killed_workers_files_elsewhere(tmp_path,
                                                             manifest_dir):
     summary = _train(tmp_path, manifest_dir, "data-service")
@@ -150,6 +147,8 @@ def test_data_service_reads_a_killed_workers_files_elsewhere(tmp_path,
         summary["step"] * BATCH)  # every trained row is counted once
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_static_mode_loses_the_files_and_says_so(tmp_path, manifest_dir):
     summary = _train(tmp_path, manifest_dir, "static")
     judged = [c for c in summary["coverage"] if c["finished"]]
@@ -164,6 +163,8 @@ def test_static_mode_loses_the_files_and_says_so(tmp_path, manifest_dir):
         in out
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_killed_data_service_is_restarted_and_training_goes_on(
         tmp_path, manifest_dir):
     """A default local run (2 workers: --input-mode auto is data-service):
@@ -174,7 +175,7 @@ def test_killed_data_service_is_restarted_and_training_goes_on(
     (at-most-once; measured ~an epoch of rows, over epochs 2 and 3 here:
     the service runs ahead of training) and only reported; the last judged
     epoch, read wholly after the restart, is whole (100% measured)."""
-    batch = 4 * BATCH  # fewer, larger steps: CI time
+    batch = 512  # fewer, larger steps: CI time
     args = ["train", "--workdir", str(tmp_path), "--data", str(manifest_dir),
             "--epochs", str(EPOCHS), "--batch-size", str(batch),
             "--steps-per-closure", "1", "--log-every", "2", "--no-export",
@@ -184,7 +185,6 @@ def test_killed_data_service_is_restarted_and_training_goes_on(
         data_pid = int(run.wait_for(r"data pid (\d+)", 120).group(1))
         run.wait_for(r"^step ([4-9]|1\d)/", 120)  # training has started
         os.kill(data_pid, signal.SIGKILL)
-        killed = time.monotonic()
         assert run.wait(240) == 0, run.output[-3000:]
     finally:
         run.kill()
@@ -197,13 +197,9 @@ def test_killed_data_service_is_restarted_and_training_goes_on(
     assert int(restarted.group(1)) != data_pid
     assert len(run.coordinator_pids) == 1, out[-3000:]  # never restarted
     back = run.time_of(restarted.re.pattern)
-    first = next(stamp for stamp, line in run.lines
-                 if stamp > back and line.startswith("step "))
+    assert any(stamp > back and line.startswith("step ")  # trained on
+               for stamp, line in run.lines), out[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    print(f"\nkill -> service back {back - killed:.1f} s, -> training "
-          f"{first - killed:.1f} s; " + "; ".join(
-              f"epoch {c['epoch']} {c['seen']}/{c['rows']}"
-              for c in summary["coverage"]))
     assert summary["input_mode"] == "data-service"
     assert summary["step"] * batch >= EPOCHS * TRAIN_ROWS  # all steps ran
     judged = [c for c in summary["coverage"] if c["finished"]]

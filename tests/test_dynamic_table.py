@@ -251,7 +251,13 @@ def test_maintenance_runs_on_the_tables_ps(trainer, monkeypatch):
     """The selection is ops on the table's PS: the coordinator launches it
     and gets the rows given out (O(admitted)) and a count, never the
     pending counts, ``row_ids``, ``freq`` or ``last_seen``."""
-    table = _table(trainer, "pool")  # full: admitting means evicting
+    table = _table(trainer, "pool")
+    if np.count_nonzero(_row_ids(table) >= 0) < 64:  # run alone: fill it
+        _read(trainer, "pool", *[list(range(start, start + 50))
+                                 for start in range(3000, 3200, 50)])
+        _maintain(trainer, "pool", 60)
+    # full: admitting means evicting
+    assert np.count_nonzero(_row_ids(table) >= 0) == 64
     function = table._compiled.maintain.get_concrete_function(
         tf.TensorSpec([], tf.int64))
     graph = function.graph

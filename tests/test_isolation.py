@@ -27,11 +27,9 @@ import pytest
 
 from psrec.launch.local.netns import ISOLATED
 from psrec.launch.local.netns import NO_NETNS_ENV
+from tests._forbid import forbid
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
-from tests._proc import run_psrec
-
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TIMEOUT = 150
 
@@ -179,6 +177,8 @@ def _stop(run: PsrecRun, workdir: Path) -> None:
 # -- the tests --------------------------------------------------------------
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_local_train_is_unreachable_from_other_hosts(tmp_path,
                                                      external_addresses):
     workdir = tmp_path / "run"
@@ -195,7 +195,12 @@ def test_local_train_is_unreachable_from_other_hosts(tmp_path,
         own = os.readlink("/proc/self/ns/net")
         assert all(os.readlink(f"/proc/{pid}/ns/net") != own for pid in pids)
         _assert_handed_its_job(run.coordinator_pids[0], workdir)
+        # The same run is the SIGINT-while-training case: stopped mid-step,
+        # it exits 130 with one line, and none of its roles survives.
+        assert len(run.role_pids) == 3  # 1 PS + 2 workers
+        run.wait_for(r"^step \d+/100000 ", timeout=TIMEOUT)
         _stop(run, workdir)
+        assert "psrec train: interrupted" in run.output
 
 
 def _assert_handed_its_job(pid: int, workdir: Path) -> None:
@@ -221,24 +226,36 @@ def _assert_handed_its_job(pid: int, workdir: Path) -> None:
     assert re.fullmatch(r"grpc://127\.0\.0\.1:\d+", handed["data_service"])
 
 
-def test_without_namespaces_train_refuses_before_any_work(tmp_path,
-                                                          monkeypatch):
+def test_without_namespaces_train_refuses_before_any_work(
+        tmp_path, monkeypatch, capsys):
+    """In-process, as the re-executed ``psrec`` runs it: first
+    :func:`enter_and_record` (which, namespaces unavailable, records why),
+    then the command, which must refuse before its data and any server
+    (reaching either raises :class:`Reached`)."""
+    from psrec.launch.cli.main import main
+    from psrec.launch.local.netns import STATE_ENV
+    from psrec.launch.local.netns import enter_and_record
     monkeypatch.setenv(NO_NETNS_ENV, "1")
+    monkeypatch.setenv(STATE_ENV, "")  # restored (unset) after the test
+    enter_and_record()
+    assert os.environ[STATE_ENV] == f"unavailable: {NO_NETNS_ENV}=1 is set"
+    forbid(monkeypatch)
     workdir = tmp_path / "run"
-    code, run = run_psrec(_train_args(workdir), timeout=120)
-    assert code == 2, run.output[-3000:]
-    lines = [line for line in run.output.splitlines()
+    assert main([str(a) for a in _train_args(workdir)]) == 2
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines()
              if line.startswith("psrec")]
-    assert len(lines) == 1, run.output[-3000:]
+    assert len(lines) == 1, captured
     assert lines[0].startswith("psrec train: error: cannot "
                                "isolate the local cluster")
     assert f"{NO_NETNS_ENV}=1 is set" in lines[0]
     assert "--allow-exposed" in lines[0]
     assert not (workdir / "data").exists()  # refused before the data
     assert not (workdir / "logs").exists()  # and before any server
-    assert_no_leftovers(run, workdir)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_allow_exposed_warns_naming_every_reachable_port(tmp_path,
                                                          monkeypatch,
                                                          external_addresses):
@@ -263,6 +280,7 @@ def test_allow_exposed_warns_naming_every_reachable_port(tmp_path,
         _stop(run, workdir)
 
 
+@pytest.mark.cluster
 def test_psrec_server_prints_the_addresses_it_really_listens_on(
         tmp_path, external_addresses):
     from psrec.ps_cluster.cluster.addresses import free_loopback_ports

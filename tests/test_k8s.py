@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from psrec import errors
 from psrec.errors import RETRYABLE_EXIT_CODES
 from psrec.launch.cli.main import main
 from psrec.launch.k8s.pods import manifest_pods
@@ -103,6 +104,13 @@ def test_tfjob_is_valid_for_the_crd_and_the_core_schemas(tmp_path,
     _validate_core(policy)
 
 
+def _subclasses(kind: type) -> set[type]:
+    found = set(kind.__subclasses__())
+    for sub in list(found):
+        found |= _subclasses(sub)
+    return found | {kind}
+
+
 def test_tfjob_semantics(tmp_path):
     tfjob, _ = _render(tmp_path, "--backend", "tfjob", *COMMON,
                        "--gpus-per-worker", "2", "--", "--steps", "1000",
@@ -126,7 +134,14 @@ def test_tfjob_semantics(tmp_path):
     # ExitCode retries exactly the codes >= 128 (the operator's code):
     # psrec's retryable codes are all >= 128, its permanent ones below.
     assert all(code >= 128 for code in RETRYABLE_EXIT_CODES)
-    assert all(code < 128 for code in (1, 2))
+    named = {name: code for name, code in vars(errors).items()
+             if name.startswith("EXIT_")}
+    assert {"EXIT_FAILURE", "EXIT_USAGE", "EXIT_RETRYABLE"} <= set(named)
+    for name, code in named.items():
+        assert errors.is_retryable(code) == (code >= 128), (name, code)
+    for kind in _subclasses(errors.PsrecError):
+        code = kind.exit_code
+        assert errors.is_retryable(code) == (code >= 128), (kind, code)
     chief = _container(replicas["Chief"]["template"])
     args = chief["args"]
     assert args[0] == "train" and "--allow-remote" in args

@@ -33,8 +33,6 @@ from tests._proc import processes_matching
 from tests._proc import run_psrec
 from tests._proc import wait_gone
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
 TIMEOUT = 300
 # The first run: STEPS x 256 rows, ~2 epochs of the 32,000 train rows of
 # ROWS synthetic ones, then eval on the other EVAL_ROWS.
@@ -109,6 +107,8 @@ def first_run(workdir):
     return code, run
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_train_end_to_end(first_run, workdir):
     code, run = first_run
     assert code == 0, run.output[-4000:]
@@ -161,6 +161,8 @@ def _eval_split(model, workdir: Path) -> tuple[np.ndarray, np.ndarray]:
     return labels, logits
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_a_model_that_learned_nothing_stays_below_the_auc_bar(first_run,
                                                               workdir):
     """The controls of MIN_AUC: the trained model's own scores against
@@ -186,11 +188,15 @@ def test_a_model_that_learned_nothing_stays_below_the_auc_bar(first_run,
     assert shuffled < MIN_AUC - 0.05 and blind < MIN_AUC - 0.05
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_train_leaves_no_process_behind(first_run, workdir):
     _, run = first_run
     _assert_nothing_left(run, workdir)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_rerun_resumes_from_the_checkpoint(first_run, workdir):
     assert first_run[0] == 0
     code, run = run_psrec(_train_args(workdir, RESUMED_STEPS), TIMEOUT)
@@ -208,16 +214,17 @@ def test_rerun_resumes_from_the_checkpoint(first_run, workdir):
     _assert_nothing_left(run, workdir)
 
 
-@pytest.mark.parametrize("when", ["cluster-started", "training"])
-def test_sigint_stops_the_job_and_its_roles(tmp_path, when):
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_sigint_stops_the_job_and_its_roles(tmp_path):
+    """SIGINT once the cluster is up (SIGINT while training: the probed run
+    of test_isolation ends that way)."""
     workdir = tmp_path / "run"
     args = _train_args(workdir, 100_000, rows=8_000) + ["--log-every", "10"]
     with PsrecRun(args) as run:
         run.wait_for(r"local cluster: .*\(pids ", timeout=120)
         assert len(run.role_pids) == 3
         assert all(pid_alive(p) for p in run.role_pids)
-        if when == "training":
-            run.wait_for(r"^step \d+/100000 ", timeout=120)
         run.process.send_signal(signal.SIGINT)
         code = run.wait(timeout=30)
         assert code == 130, run.output[-4000:]
@@ -225,6 +232,7 @@ def test_sigint_stops_the_job_and_its_roles(tmp_path, when):
         _assert_nothing_left(run, workdir)
 
 
+@pytest.mark.cluster
 def test_local_cluster_stops_its_processes_on_error(tmp_path):
     pids: list[int] = []
     # The test connects to the roles from its own (host) network namespace,

@@ -113,6 +113,7 @@ def test_mirrored_on_two_replicas_matches_single_device_training(
     assert "step 12" in out["describe"]
 
 
+@pytest.mark.slow
 def test_sync_batch_norm_normalizes_with_global_statistics(shared_checks):
     out = _shared_result(shared_checks, "sync_batch_norm")
     x0, x1 = np.array(out["inputs"][0]), np.array(out["inputs"][1])
@@ -188,6 +189,7 @@ def test_mirrored_job_evaluates_checkpoints_and_exports_the_ps_signature(
     assert resumed["checkpoint"].endswith("ckpt-9")
 
 
+@pytest.mark.slow
 @pytest.mark.cluster  # a psrec job in a subprocess
 def test_mirrored_job_stall_fires_the_watchdog_with_the_pending_call(
         tmp_path):

@@ -77,6 +77,7 @@ def _run(cwd: Path, *args: object) -> subprocess.CompletedProcess:
     return out
 
 
+@pytest.mark.slow
 def test_data_commands_work_beside_shadowing_modules(shadowed):
     _run(shadowed, "--version")
     _run(shadowed, "spec", "criteo", "--out", "spec.yaml")

@@ -285,3 +285,76 @@ def test_the_coordinator_is_handed_its_job_not_a_command_line(tmp_path,
     with pytest.raises(SystemExit) as exit_info:
         job_process.main(["coordinator", str(folder / "job.json")])
     assert exit_info.value.code == 2
+
+
+class _Roles:
+    """What the supervisor needs of a local cluster: its spec, its
+    processes by task (real ones: ``sleep``), and restarting a task."""
+
+    def __init__(self, cluster: ClusterSpec, tasks: list[TaskInfo]) -> None:
+        self.cluster = cluster
+        self.processes = {task: self._start() for task in tasks}
+
+    @staticmethod
+    def _start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c",
+                                 "import time; time.sleep(120)"])
+
+    def start_task(self, task: TaskInfo) -> subprocess.Popen:
+        self.processes[task] = self._start()
+        return self.processes[task]
+
+    def wait_ready(self, tasks) -> None:
+        pass
+
+    def live_spec(self) -> ClusterSpec:
+        return self.cluster
+
+
+def test_a_frozen_ps_is_killed_and_only_it_is_restarted(tmp_path):
+    """After a stall with a SIGSTOPped PS: the PS is the failed role, the
+    frozen process is killed (not left stopped), a new one is started on
+    the ps budget, and no worker is touched."""
+    from psrec.launch.supervise.supervisor import Supervisor
+    from psrec.launch.supervise.supervisor import SupervisorConfig
+    listening = [socket.socket() for _ in range(3)]
+    roles = None
+    try:
+        for sock in listening:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+        ports = [s.getsockname()[1] for s in listening]
+        cluster = ClusterSpec.from_dict({
+            "ps": [f"127.0.0.1:{ports[0]}"],
+            "worker": [f"127.0.0.1:{p}" for p in ports[1:]]})
+        ps = TaskInfo("ps", 0)
+        workers = [TaskInfo("worker", 0), TaskInfo("worker", 1)]
+        roles = _Roles(cluster, [ps, *workers])
+        before = dict(roles.processes)
+        lines = []
+        supervisor = Supervisor(roles, [], SupervisorConfig(backoff=0.0),
+                                tmp_path, log=lines.append)
+        os.kill(before[ps].pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not is_frozen(before[ps].pid):
+            assert time.monotonic() < deadline, "SIGSTOP never took effect"
+            time.sleep(0.01)
+        failure = classify(cluster, roles.processes, set())
+        assert supervisor._recover(failure, 138)
+        assert before[ps].returncode == -signal.SIGKILL  # killed, not left
+        assert roles.processes[ps] is not before[ps]
+        assert roles.processes[ps].poll() is None
+        assert all(roles.processes[w] is before[w] for w in workers)
+        assert "failed role: ps (ps-0 is frozen" in lines[0], lines
+        assert lines[-1] == (f"psrec supervisor: ps-0 restarted (pid "
+                             f"{roles.processes[ps].pid})"), lines
+        assert not [line for line in lines if "worker-" in line
+                    and "restarted" in line]
+        assert supervisor.budget.used["ps"] == 1
+    finally:
+        for process in ([] if roles is None else
+                        [*roles.processes.values(), *before.values()]):
+            process.kill()
+            process.wait()
+        for sock in listening:
+            sock.close()

@@ -148,6 +148,7 @@ def test_one_device_training_reaches_recall_at_10(spec, data):
     _check_quality(_train(trainer, manifest), manifest)
 
 
+@pytest.mark.slow
 def test_mirrored_training_on_two_cpu_replicas(data):
     """MirroredStrategy over 2 logical CPUs (a fresh process: the CPU is
     split before TensorFlow sets up its devices), with uniform negatives

@@ -49,6 +49,7 @@ def checks() -> dict:
 # -- loss normalisation across replicas ------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.cluster  # a subprocess with 2 CPU devices
 def test_two_replicas_take_the_update_and_log_the_loss_of_one_device(checks):
     out = checks["normalisation"]
@@ -74,6 +75,7 @@ def test_two_replicas_take_the_update_and_log_the_loss_of_one_device(checks):
 # -- mixed float16: a non-finite gradient skips the whole update -----------------
 
 
+@pytest.mark.slow
 @pytest.mark.cluster  # a subprocess with 2 CPU devices
 def test_fp16_overflow_skips_tables_dense_and_slots_on_every_replica(checks):
     out = checks["fp16"]

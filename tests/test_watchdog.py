@@ -2,7 +2,6 @@
 timeout, per-role restart budgets and a graceful SIGTERM.
 
 Real processes (supervisor + PS + workers + coordinator), real signals.
-Times are printed (``-s``) for the README's reliability table.
 """
 
 import json
@@ -10,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -54,56 +52,18 @@ def test_frozen_coordinator_is_detected_killed_and_restarted(tmp_path,
         _past_first_checkpoint(run)
         frozen = run.coordinator_pids[-1]
         os.kill(frozen, signal.SIGSTOP)  # its own watchdog cannot run now
-        began = time.monotonic()
         stall = run.wait_for(
             r"psrec supervisor: stall: .*phase (\w+), last step (\d+).*"
             r"frozen processes: coordinator", timeout + 60)
         assert stall.group(1) in ("training", "checkpoint", "eval")
         # at most one heartbeat interval behind the last progress line
         assert int(stall.group(2)) >= 50
-        print("\n" + stall.group(0))
         run.wait_for(r"failed role: coordinator \(stalled in phase", 30)
         resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
         assert run.wait(300) == 0, run.output[-3000:]
         assert int(resumed.group(2)) >= 50
         assert max(_steps_seen(run)) == STEPS
         assert "ps-0 restarted" not in run.output  # only what failed
-        print(f"\nfrozen coordinator: stall reported "
-              f"{run.time_of('supervisor: stall') - began:.1f} s after "
-              f"SIGSTOP (--stall-timeout {timeout}); resumed at step "
-              f"{resumed.group(2)} {run.time_of('resumed from') - began:.1f} "
-              "s after SIGSTOP")
-    finally:
-        if frozen and pid_alive(frozen):
-            os.kill(frozen, signal.SIGKILL)
-        run.kill()
-        assert_no_leftovers(run, tmp_path)
-
-
-def test_frozen_ps_is_classified_and_only_it_is_restarted(tmp_path,
-                                                          manifest_dir):
-    timeout = 15
-    run = PsrecRun(train_args(tmp_path, manifest_dir, "--stall-timeout",
-                               str(timeout)))
-    frozen = None
-    try:
-        _past_first_checkpoint(run)
-        frozen = run.role_pids[0]
-        os.kill(frozen, signal.SIGSTOP)
-        began = time.monotonic()
-        # Whichever watchdog fires (the coordinator's own when its main
-        # thread is free, else the supervisor's), the PS is named.
-        run.wait_for(r"failed role: ps \(ps-0 is frozen", timeout + 90)
-        run.wait_for(r"ps-0 restarted \(pid \d+\)", 60)
-        resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
-        assert run.wait(300) == 0, run.output[-3000:]
-        assert max(_steps_seen(run)) == STEPS
-        assert not pid_alive(frozen)
-        # only what failed: neither worker was replaced
-        assert not re.search(r"worker-\d restarted", run.output)
-        print(f"\nfrozen PS: resumed at step {resumed.group(2)} "
-              f"{run.time_of('resumed from') - began:.1f} s after SIGSTOP "
-              f"(--stall-timeout {timeout})")
     finally:
         if frozen and pid_alive(frozen):
             os.kill(frozen, signal.SIGKILL)
@@ -127,14 +87,11 @@ def test_cluster_not_up_fails_naming_the_unreachable_tasks(tmp_path,
                                str(cluster), "--connect-timeout", "5",
                                "--stall-timeout", "30"))
     try:
-        began = time.monotonic()
         code = run.wait(120)  # not the 300 s silent hang of before
         assert code == 138, run.output[-3000:]
         assert f"ps-0 (127.0.0.1:{ps})" in run.output
         assert f"worker-0 (127.0.0.1:{worker})" in run.output
         assert "--connect-timeout 5" in run.output
-        print(f"\ncluster not up: failed {time.monotonic() - began:.1f} s "
-              "after start (--connect-timeout 5)")
     finally:
         run.kill()
         assert_no_leftovers(run, tmp_path)
@@ -159,7 +116,6 @@ def test_worker_failures_spend_the_worker_budget_only(tmp_path,
         last = run.wait_for(r"checkpoint .*ckpt-(\d+)$", 240,
                             after=len(run.lines))
         os.kill(run.role_pids[0], signal.SIGKILL)  # ps-0, after 3 workers
-        killed_at = time.monotonic()
         run.wait_for(r"failed role: ps \(ps-0 exited", 60)
         resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
         assert int(resumed.group(2)) >= int(last.group(1))
@@ -169,9 +125,6 @@ def test_worker_failures_spend_the_worker_budget_only(tmp_path,
         run.wait_for(PROGRESS, 120, after=len(run.lines))
         assert "giving up" not in run.output
         assert run.process.poll() is None
-        print(f"\n3 worker kills then a PS kill: resumed "
-              f"{run.time_of('resumed from') - killed_at:.1f} s after the PS "
-              "kill")
     finally:
         run.kill()
         assert_no_leftovers(run, tmp_path)
@@ -187,9 +140,7 @@ def test_sigterm_saves_a_checkpoint_and_prints_one_line(tmp_path,
         seen = len(run.lines)
         before = max(_steps_seen(run))
         os.kill(run.process.pid, signal.SIGTERM)
-        began = time.monotonic()
         code = run.wait(120)
-        took = time.monotonic() - began
         assert code == 143, run.output[-3000:]
         # stdout's progress and boundary lines of the steps still running
         # aside, one line: the coordinator's.
@@ -208,9 +159,6 @@ def test_sigterm_saves_a_checkpoint_and_prints_one_line(tmp_path,
         keys = [k for k in reader.get_variable_to_shape_map()
                 if k.endswith("progress/step/.ATTRIBUTES/VARIABLE_VALUE")]
         assert len(keys) == 1 and reader.get_tensor(keys[0]) == step, keys
-        print("\n" + after[0])
-        print(f"SIGTERM: checkpoint at step {step} (last progress line "
-              f"{before}); exit {code} {took:.1f} s after the signal")
     finally:
         run.kill()
         assert_no_leftovers(run, tmp_path)
