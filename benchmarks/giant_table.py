@@ -20,7 +20,7 @@ line on stdout, a table on stderr.
 initializer's full value materialised on the PS) for a before/after in the
 same setup. Before a large run check the memory: state = rows x dim x 4
 bytes x 2 (table + Adagrad), per PS state / ps, plus the coordinator's copy
-during save and restore (see the README's Performance section).
+during save and restore (see docs/benchmarks.md).
 
     .venv/bin/python benchmarks/giant_table.py --rows 100000000 --ps 2
 """
