@@ -27,21 +27,26 @@ class Reached(AssertionError):
     """A forbidden seam was called: the command went on past its checks."""
 
 
-def forbid(monkeypatch, *, data: bool = True) -> None:
+def forbid(monkeypatch, *, data: bool = True) -> list:
     """Makes every seam of :data:`SERVERS` (and with ``data`` also
-    :data:`DATA`) raise :class:`Reached`."""
+    :data:`DATA`) raise :class:`Reached`; returns the list of the first
+    arguments they were called with (the job's config, for each seam of
+    ``psrec train``)."""
     seams = SERVERS + ((DATA,) if data else ())
+    seen = []
     for module_name, name in seams:
         module = importlib.import_module(module_name)
         original = getattr(module, name)
 
         def reached(*args, _what=f"{module_name}.{name}", **kwargs):
+            seen.append(args[0] if args else None)
             raise Reached(f"the command reached {_what}")
 
         for loaded in list(sys.modules.values()):
             if (getattr(loaded, "__name__", "").startswith("psrec")
                     and getattr(loaded, name, None) is original):
                 monkeypatch.setattr(loaded, name, reached)
+    return seen
 
 
 __all__ = ["DATA", "Reached", "SERVERS", "forbid"]

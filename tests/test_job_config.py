@@ -24,6 +24,8 @@ from psrec.models.ranking.config import model_config
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.ps_cluster.cluster.partitioning import PartitionConfig
 from psrec.ps_cluster.training.loop import LoopConfig
+from tests._forbid import Reached
+from tests._forbid import forbid
 
 # -- the codec ----------------------------------------------------------------------
 
@@ -195,33 +197,6 @@ def _train_args(tmp_path: Path, *extra: str) -> list[str]:
     return ["train", "--workdir", str(tmp_path / "run"), *extra]
 
 
-class _Reached(Exception):
-    """Raised by the stand-ins of the first steps of a run."""
-
-
-def _forbid_any_work(monkeypatch) -> None:
-    """Data preparation, local servers and jobs raise if the CLI gets that
-    far (nothing may start before the configuration is accepted).
-
-    Each is replaced where ``psrec train`` looks it up when it runs: in
-    cli/train.py's own namespace when it imports the name at the top, else
-    (an import inside the command, at call time) in the defining module.
-    """
-    from psrec.launch.cli import train as train_command
-    from psrec.launch.job import data as job_data
-    from psrec.launch.job import run as job
-    from psrec.launch.local import cluster as local
-
-    def reached(*args, **kwargs):
-        raise _Reached("the CLI went past its configuration checks")
-
-    for home, name in ((job_data, "prepare_data"), (local, "LocalCluster"),
-                       (job, "run_job")):
-        looked_up_in = (train_command if hasattr(train_command, name)
-                        else home)
-        monkeypatch.setattr(looked_up_in, name, reached)
-
-
 @pytest.mark.parametrize("extra, flag", [
     (("--collective", "nccl"), "--collective"),
     (("--collective", "ring"), "--collective"),
@@ -236,7 +211,7 @@ def _forbid_any_work(monkeypatch) -> None:
 def test_cli_refuses_in_one_line_before_any_server_starts(
         tmp_path, capsys, monkeypatch, extra, flag):
     from psrec.launch.cli.main import main
-    _forbid_any_work(monkeypatch)
+    forbid(monkeypatch)
     began = time.monotonic()
     code = main(_train_args(tmp_path, *extra))
     seconds = time.monotonic() - began
@@ -264,10 +239,10 @@ def test_cli_accepts_mixed_precision_and_accumulation_under_ps(
 
     def prepare(config, *args, **kwargs):
         seen.append(config)
-        raise _Reached("data preparation")
+        raise Reached("data preparation")
 
     monkeypatch.setattr(job_data, "prepare_data", prepare)
-    with pytest.raises(_Reached):
+    with pytest.raises(Reached):
         main(_train_args(tmp_path, "--mixed-precision", "--grad-accum-steps",
                          "2", "--sync-batch-norm", "--checkpoint-writers",
                          "coordinator"))

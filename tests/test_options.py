@@ -29,6 +29,8 @@ from psrec.options import option_of
 from psrec.options import options
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig
+from tests._forbid import Reached
+from tests._forbid import forbid
 
 CONFIGS = (JobConfig, StrategyConfig, SyntheticData, InputConfig,
            OptimizerConfig, LoopConfig, PartitionConfig, RetrievalConfig)
@@ -100,27 +102,6 @@ def _field(cls, name):
 # -- scope: what the user gave ------------------------------------------------------
 
 
-class _Reached(Exception):
-    """The CLI went past its configuration checks."""
-
-
-def _capture_jobs(monkeypatch) -> list:
-    """Every job the CLI would start is recorded, and nothing starts."""
-    from psrec.launch.job import data as job_data
-    from psrec.launch.job import run as job
-    from psrec.launch.local import cluster as local
-    seen = []
-
-    def reached(config=None, *args, **kwargs):
-        seen.append(config)
-        raise _Reached("the CLI went past its configuration checks")
-
-    monkeypatch.setattr(job_data, "prepare_data", reached)
-    monkeypatch.setattr(local, "LocalCluster", reached)
-    monkeypatch.setattr(job, "run_job", reached)
-    return seen
-
-
 @pytest.mark.parametrize("extra, flag", [
     (("--strategy", "mirrored", "--workers", "2"), "--workers"),
     (("--strategy", "one-device", "--ps", "1"), "--ps"),
@@ -136,7 +117,7 @@ def _capture_jobs(monkeypatch) -> list:
 def test_a_flag_typed_at_its_default_is_refused_like_any_value(
         tmp_path, capsys, monkeypatch, extra, flag):
     from psrec.launch.cli.main import main
-    _capture_jobs(monkeypatch)
+    forbid(monkeypatch)
     code = main(["train", "--workdir", str(tmp_path / "run"), *extra])
     err = capsys.readouterr().err.splitlines()
     assert code == 2 and len(err) == 1, err
@@ -190,7 +171,7 @@ def test_the_cli_translates_fields_to_flags_by_their_metadata():
 def test_a_library_refusal_reaches_the_cli_user_as_flags(tmp_path, capsys,
                                                          monkeypatch):
     from psrec.launch.cli.main import main
-    _capture_jobs(monkeypatch)
+    forbid(monkeypatch)
     code = main(["train", "--workdir", str(tmp_path / "run"), "--keep-best",
                  "none", "--early-stop-patience", "2"])
     err = capsys.readouterr().err.splitlines()
@@ -244,7 +225,7 @@ def test_a_job_with_ranking_metrics_keeps_its_metric():
 def test_the_cli_refuses_a_metric_the_task_lacks_even_the_default(
         tmp_path, capsys, monkeypatch, extra):
     from psrec.launch.cli.main import main
-    _capture_jobs(monkeypatch)
+    forbid(monkeypatch)
     code = main(["train", "--strategy", "one-device", "--workdir",
                  str(tmp_path / "run"), *extra])
     err = capsys.readouterr().err.splitlines()
@@ -261,8 +242,8 @@ def test_the_cli_refuses_a_metric_the_task_lacks_even_the_default(
 def test_the_cli_derives_none_as_the_python_api_does(tmp_path, monkeypatch,
                                                      extra):
     from psrec.launch.cli.main import main
-    seen = _capture_jobs(monkeypatch)
-    with pytest.raises(_Reached):
+    seen = forbid(monkeypatch)
+    with pytest.raises(Reached):
         main(["train", "--strategy", "one-device", "--workdir",
               str(tmp_path / "run"), *extra])
     [config] = seen
@@ -275,8 +256,8 @@ def test_the_cli_derives_none_as_the_python_api_does(tmp_path, monkeypatch,
 def test_psrec_train_passes_the_chosen_optimizers_to_the_job(tmp_path,
                                                              monkeypatch):
     from psrec.launch.cli.main import main
-    seen = _capture_jobs(monkeypatch)
-    with pytest.raises(_Reached):
+    seen = forbid(monkeypatch)
+    with pytest.raises(Reached):
         main(["train", "--strategy", "one-device", "--workdir",
               str(tmp_path / "run"), "--sparse-optimizer", "ftrl",
               "--dense-optimizer", "sgd"])
@@ -287,8 +268,8 @@ def test_psrec_train_passes_the_chosen_optimizers_to_the_job(tmp_path,
 
 def test_the_default_optimizers_are_unchanged(tmp_path, monkeypatch):
     from psrec.launch.cli.main import main
-    seen = _capture_jobs(monkeypatch)
-    with pytest.raises(_Reached):
+    seen = forbid(monkeypatch)
+    with pytest.raises(Reached):
         main(["train", "--strategy", "one-device", "--workdir",
               str(tmp_path / "run")])
     [config] = seen

@@ -29,6 +29,8 @@ from psrec.features import criteo
 from psrec.features import movielens
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.launch.cli.main import main
+from tests._forbid import Reached
+from tests._forbid import forbid
 from tests._shared import MOVIELENS_DIR
 from tests._shared import shared_data
 
@@ -65,10 +67,6 @@ def _tiny_parquet(path: Path, rows: int, seed: int, ts=None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
     return path
-
-
-class _Reached(Exception):
-    """Raised by the stand-in of data preparation."""
 
 
 def _ids(manifest: Manifest, spec: FeatureSpec, split: str) -> np.ndarray:
@@ -193,17 +191,10 @@ def test_spec_for_refuses_another_spec_naming_both(tiny):
 
 def test_train_uses_the_data_spec_and_refuses_a_conflicting_one(
         tiny, tmp_path, monkeypatch, capsys):
-    from psrec.launch.job import data as job_data
     out, manifest = tiny
-    seen = []
-
-    def prepare(config, *args, **kwargs):
-        seen.append(config)
-        raise _Reached  # stop before any work
-
-    monkeypatch.setattr(job_data, "prepare_data", prepare)
+    seen = forbid(monkeypatch)  # stops before any work
     base = ["train", "--workdir", str(tmp_path / "run"), "--data", str(out)]
-    with pytest.raises(_Reached):
+    with pytest.raises(Reached):
         main(base)
     assert seen[0].spec.fingerprint() == manifest.spec_hash
     assert main(base + ["--spec", "movielens"]) == 2
