@@ -216,3 +216,22 @@ def from_dict(cls: Any, data: dict[str, Any], where: str = "") -> Any:
         values[key] = value
     return cls(**values)
 
+
+class Codec:
+    """The codec of an options dataclass, beside its fields:
+    ``to_dict``/``from_dict`` derived from them (:func:`to_dict`,
+    :func:`from_dict`). ``where`` (a class keyword) names the class's key in
+    ``job.json``, for the error of an unknown key."""
+
+    _where: str = ""
+
+    def __init_subclass__(cls, where: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._where = where
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str | None = None):
+        return from_dict(cls, data, cls._where if where is None else where)

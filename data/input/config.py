@@ -4,32 +4,18 @@ field an option; ``psrec.options``)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from psrec.errors import check_at_least
+from psrec.options import Codec
 from psrec.options import check_choices
-from psrec.options import from_dict
 from psrec.options import option
-from psrec.options import to_dict
 
 INPUT_MODES = ("static", "data-service")
 
 
 @dataclasses.dataclass(frozen=True)
-class InputConfig:
-    """How training data is read.
-
-    Attributes:
-      batch_size: global batch size (rows per step across all replicas in
-        sync; under parameter servers every worker step uses the full batch
-        since each replica group is one worker).
-      shuffle_records: shuffle buffer, in block records (x block_rows rows).
-      cycle_length: files read in parallel by one pipeline.
-      seed: shuffle seed; resumed runs pass a different seed offset so the
-        same order is not replayed.
-      mode: ``static`` (files split by worker index) or ``data-service``
-        (files handed out one at a time by the tf.data service).
-    """
+class InputConfig(Codec, where="input"):
+    """How training data is read."""
 
     batch_size: int = option(
         1024, flag="--batch-size",
@@ -51,11 +37,4 @@ class InputConfig:
                        "cycle_length")
         check_choices(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "input"
-                  ) -> InputConfig:
-        return from_dict(cls, data, where)
 

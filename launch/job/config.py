@@ -34,6 +34,7 @@ from psrec.models.ranking.config import check_model_spec
 from psrec.models.ranking.config import model_config
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.config import check_no_dynamic_tables
+from psrec.options import Codec
 from psrec.options import check_choices
 from psrec.options import default_of
 from psrec.options import from_dict
@@ -55,16 +56,8 @@ REPLICATED = ("mirrored", "multi-worker-mirrored", "one-device")
 
 
 @dataclasses.dataclass(frozen=True)
-class SyntheticData:
-    """The embedded default data, generated from the spec.
-
-    Attributes:
-      rows: total rows (train + eval).
-      eval_fraction: the last share of rows used for evaluation.
-      files: Parquet files generated.
-      shards: TFRecord train shards (>= workers).
-      seed: generator seed.
-    """
+class SyntheticData(Codec, where="synthetic"):
+    """The embedded default data, generated from the spec."""
 
     rows: int = option(
         250_000, flag="--synthetic-rows",
@@ -75,34 +68,11 @@ class SyntheticData:
     shards: int = option(8, help="TFRecord train shards (>= workers)")
     seed: int = option(0, help="generator seed")
 
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "synthetic"
-                  ) -> SyntheticData:
-        return from_dict(cls, data, where)
 
 
 @dataclasses.dataclass(frozen=True)
-class StrategyConfig:
-    """How the job is distributed.
-
-    Attributes:
-      kind: ``ps``, ``mirrored``, ``multi-worker-mirrored`` or
-        ``one-device`` (see :mod:`psrec.ps_cluster.cluster.strategy`).
-      collective: all-reduce implementation (mirrored strategies).
-      mixed_precision: ``mixed_float16`` on GPU, ``mixed_bfloat16`` on CPU;
-        under PS, the workers' dense towers (a speed option).
-      grad_accum_steps: micro-batches of ``batch_size`` per update.
-      memory_fraction: size guard of the replicated strategies: tables and
-        optimizer slots may use this share of one device's memory.
-      cpu_replicas: ``mirrored`` without GPUs: split the CPU into N
-        logical devices.
-      ps_memory: ``ps``: bytes one PS task may hold (table shards, their
-        slots, dense weights; ``ps_cluster.planner.plan``); None: unchecked.
-      allow_remote: accept non-loopback hosts (TF_CONFIG / --cluster).
-    """
+class StrategyConfig(Codec, where="strategy"):
+    """How the job is distributed."""
 
     kind: str = option(
         "ps", flag="--strategy", choices=STRATEGIES,
@@ -157,13 +127,6 @@ class StrategyConfig:
     def replicated(self) -> bool:
         return self.kind != "ps"
 
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "strategy"
-                  ) -> StrategyConfig:
-        return from_dict(cls, data, where)
 
 
 def _path(value: str | None) -> Path | UriPath | None:

@@ -23,10 +23,9 @@ from typing import Any
 
 from psrec.errors import check
 from psrec.errors import check_at_least
+from psrec.options import Codec
 from psrec.options import check_choices
-from psrec.options import from_dict
 from psrec.options import option
-from psrec.options import to_dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +84,7 @@ def batch_scale(optimizer: str, batch_size: int, base_batch_size: int
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
+class OptimizerConfig(Codec, where="optimizer"):
     """Optimizers and learning-rate policy (each field an option)."""
 
     sparse: str = option(
@@ -122,11 +121,4 @@ class OptimizerConfig:
         check_at_least(self, 1, "base_batch_size")
         check_at_least(self, 0, "warmup_steps")
 
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "optimizer"
-                  ) -> OptimizerConfig:
-        return from_dict(cls, data, where)
 

@@ -20,26 +20,7 @@ RECALL_KS = (1, 5, 10, 50, 100)
 
 @dataclasses.dataclass(frozen=True)
 class RetrievalConfig:
-    """A two-tower model (``psrec train --task retrieval``).
-
-    Attributes:
-      tower_mlp: hidden widths (ReLU) of each tower, above the concatenated
-        embeddings (and dense features) of its features.
-      output_dim: width of the query and candidate embeddings.
-      temperature: the softmax divides the scores by it (with
-        ``normalize``, scores are cosines: small temperatures sharpen).
-      normalize: L2-normalise both embeddings (scores are cosines).
-      logq: subtract the log of each candidate's sampling probability
-        (its share of the train rows, counted at conversion) from its
-        in-batch logit: the sampled softmax then estimates the full one
-        instead of demoting popular candidates.
-      uniform_negatives: extra negatives per batch drawn uniformly from
-        the catalogue (0: in-batch negatives only); their logits are
-        corrected by ``log(n / catalogue size)``.
-      remove_accidental_hits: a negative with the positive's candidate id
-        (the same movie in another row of the batch) is left out of that
-        row's softmax.
-    """
+    """A two-tower model (``psrec train --task retrieval``)."""
 
     tower_mlp: tuple[int, ...] = option(
         (64,), flag="--tower-mlp",

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from psrec.errors import check
 from psrec.errors import check_at_least
+from psrec.options import Codec
 from psrec.options import check_choices
-from psrec.options import from_dict
 from psrec.options import option
 from psrec.options import qualified
-from psrec.options import to_dict
 
 #: Evaluations per run when ``eval_every`` is None.
 AUTO_EVALS = 5
@@ -21,25 +19,8 @@ KEEP_BEST = ("auc", "logloss", "none")
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    """Scheduling of a training run.
-
-    Attributes:
-      steps: total training steps (the run ends at this global step).
-      steps_per_closure: optimizer updates per function call (K): one
-        scheduled closure under PS, one ``tf.function`` call otherwise.
-      in_flight_per_worker: closures queued ahead per worker (PS) before
-        the coordinator waits on the oldest one.
-      log_every: steps between progress lines.
-      eval_every: steps between evaluations (0: only at the end; None:
-        about :data:`AUTO_EVALS` evaluations per run, see :meth:`resolved`).
-        Every evaluation is also a checkpoint.
-      checkpoint_every: steps between checkpoints (0: only at the end).
-      keep_best: the eval metric whose best checkpoint is kept (``auc``,
-        ``logloss``) or ``none``.
-      early_stop_patience: evaluations in a row without improvement of
-        ``keep_best`` that end the run (0: never).
-    """
+class LoopConfig(Codec, where="loop"):
+    """Scheduling of a training run."""
 
     steps: int = option(
         1000, flag="--steps",
@@ -84,13 +65,6 @@ class LoopConfig:
               "needs a metric to watch: set "
               f"`{qualified(self, 'keep_best')}` to auc or logloss")
 
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "loop"
-                  ) -> LoopConfig:
-        return from_dict(cls, data, where)
 
     def resolved(self) -> LoopConfig:
         """This configuration with ``eval_every`` None replaced by a step
