@@ -1,6 +1,7 @@
 """The supervisor's decisions without a cluster: heartbeat staleness,
 per-role restart budgets, which role failed, the connect probe."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -98,9 +99,11 @@ def test_probe_names_exactly_the_unreachable_tasks():
         assert error.value.exit_code == 138
 
 
-def test_classify_names_the_failed_role(tmp_path):
+@contextlib.contextmanager
+def _listening_cluster():
+    """One PS and two workers whose ports accept connections (real sockets
+    on loopback): ``(cluster, sockets, [ps-0, worker-0, worker-1])``."""
     listening = [socket.socket() for _ in range(3)]
-    processes = []
     try:
         for sock in listening:
             sock.bind(("127.0.0.1", 0))
@@ -109,41 +112,55 @@ def test_classify_names_the_failed_role(tmp_path):
         cluster = ClusterSpec.from_dict({
             "ps": [f"127.0.0.1:{ports[0]}"],
             "worker": [f"127.0.0.1:{p}" for p in ports[1:]]})
-        tasks = [TaskInfo("ps", 0), TaskInfo("worker", 0),
-                 TaskInfo("worker", 1)]
-        processes = [subprocess.Popen([sys.executable, "-c",
-                                       "import time; time.sleep(60)"])
-                     for _ in tasks]
-        by_task = dict(zip(tasks, processes))
-        assert classify(cluster, by_task).role == "coordinator"
-        processes[2].kill()
-        processes[2].wait()
-        failure = classify(cluster, by_task)
-        assert (failure.role, failure.tasks) == ("worker", (tasks[2],))
-        assert "worker-1 exited (-9)" in failure.seen
-        # a worker the supervisor gave up (--no-restart-workers) is no
-        # candidate: every remaining role is healthy
-        dropped = {t: p for t, p in by_task.items() if t != tasks[2]}
-        assert classify(cluster, dropped).role == "coordinator"
-        processes[0].send_signal(signal.SIGSTOP)  # a frozen PS outranks it
-        deadline = time.monotonic() + 10
-        while not is_frozen(processes[0].pid) and time.monotonic() < deadline:
-            time.sleep(0.01)  # the stop is delivered asynchronously
-        failure = classify(cluster, by_task)
-        assert (failure.role, failure.tasks) == ("ps", (tasks[0],))
-        assert "ps-0 is frozen" in failure.seen
-        processes[0].send_signal(signal.SIGCONT)
-        listening[1].close()  # worker-0 alive but its port closed
-        failure = classify(cluster, by_task, pending={tasks[2]})
-        assert failure.role == "worker"
-        assert "does not accept connections" in failure.seen
-        assert "worker-1 is restarting" in failure.seen
+        yield cluster, listening, [TaskInfo("ps", 0), TaskInfo("worker", 0),
+                                   TaskInfo("worker", 1)]
     finally:
-        for process in processes:
-            process.kill()
-            process.wait()
         for sock in listening:
             sock.close()
+
+
+def _freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until the kernel shows it stopped (the stop
+    is delivered asynchronously)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while not is_frozen(pid):
+        assert time.monotonic() < deadline, "SIGSTOP never took effect"
+        time.sleep(0.01)
+
+
+def test_classify_names_the_failed_role(tmp_path):
+    processes = []
+    with _listening_cluster() as (cluster, listening, tasks):
+        try:
+            processes = [subprocess.Popen([sys.executable, "-c",
+                                           "import time; time.sleep(60)"])
+                         for _ in tasks]
+            by_task = dict(zip(tasks, processes))
+            assert classify(cluster, by_task).role == "coordinator"
+            processes[2].kill()
+            processes[2].wait()
+            failure = classify(cluster, by_task)
+            assert (failure.role, failure.tasks) == ("worker", (tasks[2],))
+            assert "worker-1 exited (-9)" in failure.seen
+            # a worker the supervisor gave up (--no-restart-workers) is no
+            # candidate: every remaining role is healthy
+            dropped = {t: p for t, p in by_task.items() if t != tasks[2]}
+            assert classify(cluster, dropped).role == "coordinator"
+            _freeze(processes[0].pid)  # a frozen PS outranks it
+            failure = classify(cluster, by_task)
+            assert (failure.role, failure.tasks) == ("ps", (tasks[0],))
+            assert "ps-0 is frozen" in failure.seen
+            processes[0].send_signal(signal.SIGCONT)
+            listening[1].close()  # worker-0 alive but its port closed
+            failure = classify(cluster, by_task, pending={tasks[2]})
+            assert failure.role == "worker"
+            assert "does not accept connections" in failure.seen
+            assert "worker-1 is restarting" in failure.seen
+        finally:
+            for process in processes:
+                process.kill()
+                process.wait()
 
 
 def test_flags_build_per_role_budgets():
@@ -222,11 +239,7 @@ def test_frozen_data_service_is_the_failed_role_of_a_stall(tmp_path):
     try:
         assert not service.frozen() and not service.kill_if_frozen()
         assert not supervisor._restart_frozen_data(138)  # not the data's
-        os.kill(service.process.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 30
-        while not is_frozen(service.process.pid):
-            assert time.monotonic() < deadline, "SIGSTOP never took effect"
-            time.sleep(0.01)
+        _freeze(service.process.pid)
         assert service.frozen()
         assert not service.keep(supervisor._spend)  # frozen looks alive
         with pytest.raises(RetryableError, match=r"died \(signal SIGKILL\)"):
@@ -317,44 +330,30 @@ def test_a_frozen_ps_is_killed_and_only_it_is_restarted(tmp_path):
     the ps budget, and no worker is touched."""
     from psrec.launch.supervise.supervisor import Supervisor
     from psrec.launch.supervise.supervisor import SupervisorConfig
-    listening = [socket.socket() for _ in range(3)]
     roles = None
-    try:
-        for sock in listening:
-            sock.bind(("127.0.0.1", 0))
-            sock.listen()
-        ports = [s.getsockname()[1] for s in listening]
-        cluster = ClusterSpec.from_dict({
-            "ps": [f"127.0.0.1:{ports[0]}"],
-            "worker": [f"127.0.0.1:{p}" for p in ports[1:]]})
-        ps = TaskInfo("ps", 0)
-        workers = [TaskInfo("worker", 0), TaskInfo("worker", 1)]
-        roles = _Roles(cluster, [ps, *workers])
-        before = dict(roles.processes)
-        lines = []
-        supervisor = Supervisor(roles, [], SupervisorConfig(backoff=0.0),
-                                tmp_path, log=lines.append)
-        os.kill(before[ps].pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while not is_frozen(before[ps].pid):
-            assert time.monotonic() < deadline, "SIGSTOP never took effect"
-            time.sleep(0.01)
-        failure = classify(cluster, roles.processes, set())
-        assert supervisor._recover(failure, 138)
-        assert before[ps].returncode == -signal.SIGKILL  # killed, not left
-        assert roles.processes[ps] is not before[ps]
-        assert roles.processes[ps].poll() is None
-        assert all(roles.processes[w] is before[w] for w in workers)
-        assert "failed role: ps (ps-0 is frozen" in lines[0], lines
-        assert lines[-1] == (f"psrec supervisor: ps-0 restarted (pid "
-                             f"{roles.processes[ps].pid})"), lines
-        assert not [line for line in lines if "worker-" in line
-                    and "restarted" in line]
-        assert supervisor.budget.used["ps"] == 1
-    finally:
-        for process in ([] if roles is None else
-                        [*roles.processes.values(), *before.values()]):
-            process.kill()
-            process.wait()
-        for sock in listening:
-            sock.close()
+    with _listening_cluster() as (cluster, _, tasks):
+        ps, workers = tasks[0], tasks[1:]
+        try:
+            roles = _Roles(cluster, tasks)
+            before = dict(roles.processes)
+            lines = []
+            supervisor = Supervisor(roles, [], SupervisorConfig(backoff=0.0),
+                                    tmp_path, log=lines.append)
+            _freeze(before[ps].pid)
+            failure = classify(cluster, roles.processes, set())
+            assert supervisor._recover(failure, 138)
+            assert before[ps].returncode == -signal.SIGKILL  # not left stopped
+            assert roles.processes[ps] is not before[ps]
+            assert roles.processes[ps].poll() is None
+            assert all(roles.processes[w] is before[w] for w in workers)
+            assert "failed role: ps (ps-0 is frozen" in lines[0], lines
+            assert lines[-1] == (f"psrec supervisor: ps-0 restarted (pid "
+                                 f"{roles.processes[ps].pid})"), lines
+            assert not [line for line in lines if "worker-" in line
+                        and "restarted" in line]
+            assert supervisor.budget.used["ps"] == 1
+        finally:
+            for process in ([] if roles is None else
+                            [*roles.processes.values(), *before.values()]):
+                process.kill()
+                process.wait()

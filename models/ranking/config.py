@@ -11,13 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import TYPE_CHECKING
-from typing import Any
 
 from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_choice
-from psrec.options import from_dict
-from psrec.options import to_dict
+from psrec.options import Codec
 
 if TYPE_CHECKING:
     from psrec.features.spec.spec import FeatureSpec
@@ -34,7 +32,7 @@ class ModelConfigError(ConfigError):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Codec, where="model"):
     """Architecture of :class:`models.ranking.model.RankingModel`.
 
     Attributes:
@@ -101,14 +99,6 @@ class ModelConfig:
               "init_scale", scale, "must be a finite number > 0 or None",
               ModelConfigError)
 
-    def to_dict(self) -> dict[str, Any]:
-        """``job.json``'s ``model``; :meth:`from_dict` inverts it."""
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "model"
-                  ) -> ModelConfig:
-        return from_dict(cls, data, where)
 
 
 #: DeepFM's initialisation scale of the field vectors (DeepFM

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from psrec.errors import check
 from psrec.models.ranking.config import ModelConfigError
-from psrec.options import from_dict
+from psrec.options import Codec
 from psrec.options import option
-from psrec.options import to_dict
 
 TASKS = ("ranking", "retrieval")
 #: The cut-offs of the exact evaluation (recall@k), and the largest one.
@@ -19,7 +17,7 @@ RECALL_KS = (1, 5, 10, 50, 100)
 
 
 @dataclasses.dataclass(frozen=True)
-class RetrievalConfig:
+class RetrievalConfig(Codec, where="retrieval"):
     """A two-tower model (``psrec train --task retrieval``)."""
 
     tower_mlp: tuple[int, ...] = option(
@@ -62,14 +60,6 @@ class RetrievalConfig:
               and self.uniform_negatives >= 0, f"{name}.uniform_negatives",
               self.uniform_negatives, "must be >= 0", ModelConfigError)
 
-    def to_dict(self) -> dict[str, Any]:
-        """``job.json``'s ``retrieval``; :meth:`from_dict` inverts it."""
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "retrieval"
-                  ) -> RetrievalConfig:
-        return from_dict(cls, data, where)
 
 
 def check_no_dynamic_tables(spec) -> None:
