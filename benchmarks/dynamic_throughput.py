@@ -86,13 +86,13 @@ def _run(args: argparse.Namespace) -> dict:
     from psrec.runtime import configure_environment
     configure_environment()
     maintenance = _timed_maintenance()
-    from psrec.data.input.dataset import InputConfig
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.data.input.config import InputConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
     from psrec.ps_cluster.cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
     spec = _spec(args.mode, args.buckets, args.dim, args.maintenance_every)
     strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),

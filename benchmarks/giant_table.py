@@ -109,17 +109,17 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
             local) -> dict:
     import tensorflow as tf
 
-    from psrec.data.input.dataset import InputConfig
+    from psrec.data.input.config import InputConfig
     from psrec.features.spec.presets import criteo
     from psrec.launch.job import bench
     from psrec.models.embedding import sparse_arch as embedding
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
     from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
     from psrec.ps_cluster.checkpoint.keeper import compare_with_checkpoint
-    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
     from psrec.ps_cluster.training.trainer import table_checkpoint_keys
 

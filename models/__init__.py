@@ -22,7 +22,7 @@ __getattr__ = lazy_getattr("psrec.models", {
     "SparseArch": "psrec.models.embedding.sparse_arch",
     "MLP": "psrec.models.ranking.blocks",
     "make_interaction": "psrec.models.ranking.interaction",
-    "OptimizerConfig": "psrec.models.optim.optimizers",
+    "OptimizerConfig": "psrec.models.optim.config",
     "build_optimizers": "psrec.models.optim.optimizers",
     "ServingModule": "psrec.models.serving.export",
     "export_saved_model": "psrec.models.serving.export",

@@ -15,13 +15,13 @@ from psrec.ps_cluster.cluster.tf_config import TaskInfo
 from psrec.ps_cluster.cluster.tf_config import TFConfig
 
 __getattr__ = lazy_getattr("psrec.ps_cluster", {
-    "PartitionConfig": "psrec.ps_cluster.cluster.partitioning",
+    "PartitionConfig": "psrec.ps_cluster.cluster.partition_config",
     "TablePartitioner": "psrec.ps_cluster.cluster.partitioning",
     "start_server": "psrec.ps_cluster.cluster.server",
     "in_process_cluster": "psrec.ps_cluster.cluster.in_process",
     "build_ps_strategy": "psrec.ps_cluster.cluster.strategy",
     "build_replicated_strategy": "psrec.ps_cluster.cluster.strategy",
-    "LoopConfig": "psrec.ps_cluster.training.loop",
+    "LoopConfig": "psrec.ps_cluster.training.config",
     "Trainer": "psrec.ps_cluster.training.trainer",
     "RetrievalTrainer": "psrec.ps_cluster.retrieval.trainer",
     "TrainStep": "psrec.ps_cluster.training.step",

@@ -262,12 +262,12 @@ KERNEL_KEY = "model/over_arch/out/kernel/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def _reshard(args: argparse.Namespace) -> dict:
-    from psrec.data.input.dataset import InputConfig
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.data.input.config import InputConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.ps_cluster.cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
     spec = criteo(**RESHARD_SPEC_ARGS)
     cluster = in_process_cluster(1, args.ps)

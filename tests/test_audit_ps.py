@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from psrec.data.input.audit import audit_shards
 from psrec.data.input.audit import per_worker_datasets
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import PIPELINE_COLUMN
-from psrec.data.input.dataset import InputConfig
 from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.features.spec.spec import ID_COLUMN
 from tests._ps_helpers import CLUSTER_WORKERS

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import make_eval_dataset
 from psrec.launch.job.run import _base_rate
 from psrec.models.ranking.config import model_config

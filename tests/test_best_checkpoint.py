@@ -23,17 +23,17 @@ import pytest
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.ingest.synthetic import write_synthetic_parquet
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.features.spec.presets import criteo
 from psrec.launch.cli.main import main
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.export import evaluate_checkpoint
 from psrec.launch.job.export import restore_plain_model
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import model_config
 from psrec.ps_cluster.checkpoint.best import choose_checkpoint
 from psrec.ps_cluster.checkpoint.best import read_best
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.config import LoopConfig
 
 SPEC = criteo(buckets=50, dim=4)
 MODEL = model_config("dlrm", bottom_mlp=(8,), top_mlp=(8,))

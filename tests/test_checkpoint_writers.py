@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
 from psrec.features.spec.presets import criteo
 from psrec.launch.job.config import JobConfig
@@ -29,7 +29,7 @@ from psrec.ps_cluster.checkpoint import writers as checkpoint_writers
 from psrec.ps_cluster.checkpoint.keeper import compare_with_checkpoint
 from psrec.ps_cluster.checkpoint.save import COORDINATOR_CPU
 from psrec.ps_cluster.checkpoint.save import save_options
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.training.trainer import Trainer
 from psrec.runtime import role_environment

@@ -10,12 +10,12 @@ import pytest
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.ingest.criteo import ingest_criteo
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.features import criteo
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import model_config
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.trainer import Trainer
 from tests._shared import CRITEO_SAMPLE
 from tests._shared import shared_data

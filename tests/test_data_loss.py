@@ -162,10 +162,10 @@ def _weights_and_slots(trainer) -> list[np.ndarray]:
 
 
 def test_non_finite_loss_stops_before_applying_the_step(tmp_path):
-    from psrec.data.input.dataset import InputConfig
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.data.input.config import InputConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import ModelConfig
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.step import NonFiniteLossError
     from psrec.ps_cluster.training.trainer import Trainer
     from tests._ps_helpers import in_order_dataset_fn
@@ -205,12 +205,12 @@ def test_non_finite_loss_stops_before_applying_the_step(tmp_path):
 def test_non_finite_loss_stops_the_ps_closures(ps_cluster, tmp_path):
     """The same check inside closures scheduled on PS workers: the
     coordinator stops on the flag and no worker applied a NaN update."""
-    from psrec.data.input.dataset import InputConfig
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.data.input.config import InputConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import ModelConfig
-    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.step import NonFiniteLossError
     from psrec.ps_cluster.training.trainer import Trainer
     from tests._ps_helpers import in_order_dataset_fn

@@ -30,8 +30,8 @@ from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.format.manifest import Manifest
 from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import EPOCH_COLUMN
-from psrec.data.input.dataset import InputConfig
 from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.features import criteo
 from psrec.features.spec.spec import ID_COLUMN

@@ -14,7 +14,7 @@ import tensorflow as tf
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.ingest.synthetic import synthetic_table
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.derived import DerivedFeature

@@ -22,7 +22,7 @@ import tensorflow as tf
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.ingest.synthetic import write_synthetic_parquet
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.columns import TableConfig
@@ -35,18 +35,18 @@ from psrec.models.build import build_model
 from psrec.models.dynamic.shards import ShardLayout
 from psrec.models.dynamic.table import DynamicTable
 from psrec.models.dynamic.table import parts
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import ModelConfigError
 from psrec.models.retrieval.config import check_no_dynamic_tables
 from psrec.models.serving.export import export_saved_model
 from psrec.ps_cluster.checkpoint.save import save_options
 from psrec.ps_cluster.checkpoint.verify import differing_keys
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.planner.plan import dynamic_table_bytes
 from psrec.ps_cluster.planner.plan import plan
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.maintenance import Maintainer
 from psrec.ps_cluster.training.trainer import Trainer
 

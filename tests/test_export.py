@@ -12,19 +12,19 @@ import pytest
 import tensorflow as tf
 
 from psrec.data.ingest.synthetic import write_synthetic_parquet
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.features.spec.presets import movielens
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.export import export_checkpoint
 from psrec.models.build import build_model
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.serving.export import ServingModule
 from psrec.models.serving.export import export_saved_model
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.trainer import Trainer
 from tests._ps_helpers import helper_result
 from tests._ps_helpers import raw_rows

@@ -17,7 +17,7 @@ from psrec.data.format.records import CorruptRecordError
 from psrec.data.format.records import corruption_named
 from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.data.input.audit import audit_shards
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import NotEnoughShardsError
 from psrec.data.input.dataset import make_eval_dataset
 from psrec.data.input.dataset import make_train_dataset_fn

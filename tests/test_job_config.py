@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.presets import movielens
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import StrategyConfig
 from psrec.launch.job.config import SyntheticData
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import model_config
 from psrec.models.retrieval.config import RetrievalConfig
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from tests._forbid import Reached
 from tests._forbid import forbid
 

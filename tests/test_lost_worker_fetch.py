@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.loop import ClosureExecutor
-from psrec.ps_cluster.training.loop import LoopConfig
 
 # As the training loop saw it (UNAVAILABLE, 2 root errors).
 WORKER_LOST = (

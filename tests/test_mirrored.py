@@ -322,7 +322,7 @@ def _assert_ps_serving_signature(export: Path, spec_dict: dict) -> None:
 
 
 def _trainer(strategy, spec, model, optimizer, batch, **kwargs):
-    from psrec.data.input.dataset import InputConfig
+    from psrec.data.input.config import InputConfig
     from psrec.ps_cluster.training.trainer import Trainer
     return Trainer(strategy, spec, model, optimizer,
                    InputConfig(batch_size=batch), **kwargs)
@@ -348,9 +348,9 @@ def _strategies():
 
 def _check_equivalence() -> dict:
     from psrec.features.spec.presets import criteo
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=100, dim=4)
@@ -428,11 +428,11 @@ def _check_mixed_precision() -> dict:
     from psrec.features.spec.presets import criteo
     from psrec.features.spec.presets import movielens
     from psrec.models.build import build_model
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import MODEL_PRESETS
     from psrec.models.ranking.config import model_config
     from psrec.models.ranking.model import example_batch
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     out: dict = {"model_logits": {}, "trained": {}}
@@ -471,9 +471,9 @@ def _check_mixed_precision() -> dict:
 
 def _check_accumulation() -> dict:
     from psrec.features.spec.presets import criteo
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from tests._ps_helpers import in_order_dataset_fn
     from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=100, dim=4)
@@ -512,13 +512,13 @@ def _check_accumulation() -> dict:
 
 
 def _job_config(workdir: str, **loop):
-    from psrec.data.input.dataset import InputConfig
+    from psrec.data.input.config import InputConfig
     from psrec.features.spec.presets import criteo
     from psrec.launch.job.config import JobConfig
     from psrec.launch.job.config import StrategyConfig
     from psrec.launch.job.config import SyntheticData
     from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     return JobConfig(
         workdir=Path(workdir), spec=criteo(buckets=100, dim=4),
         model_name="dcn", model=model_config("dcn", batch_norm="sync"),

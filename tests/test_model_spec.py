@@ -288,7 +288,7 @@ def test_a_positive_rate_outside_0_1_is_refused(rate):
 @pytest.mark.cluster
 def test_output_bias_is_a_dense_ps_variable_with_the_base_rate_logit(
         ps_cluster):
-    from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     strategy = build_ps_strategy(ps_cluster, PartitionConfig(kind="fixed"))
     with strategy.scope():

@@ -8,7 +8,7 @@ import tensorflow as tf
 from psrec.features import criteo
 from psrec.features import movielens
 from psrec.models.build import build_model
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.optimizers import ScaledWarmup
 from psrec.models.ranking.config import MODEL_PRESETS
 from psrec.models.ranking.config import ModelConfig

@@ -8,10 +8,10 @@ import pytest
 
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.presets import movielens
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.sizing import estimate_replicated_bytes
 from psrec.models.ranking.config import model_config
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.planner.plan import PsMemoryError
 from psrec.ps_cluster.planner.plan import check_plan
 from psrec.ps_cluster.planner.plan import plan

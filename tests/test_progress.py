@@ -220,13 +220,13 @@ def test_prepare_data_shows_both_checks_and_draws_bars_by_default(
 
 
 def test_eval_reports_the_rows_of_the_split(converted, tmp_path, capsys):
-    from psrec.data.input.dataset import InputConfig
+    from psrec.data.input.config import InputConfig
     from psrec.launch.job.config import JobConfig
     from psrec.launch.job.export import evaluate_checkpoint
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
     from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
-    from psrec.ps_cluster.training.loop import LoopConfig
+    from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
     model = model_config("dlrm", bottom_mlp=(8,), top_mlp=(8,))
     checkpoints = tmp_path / "checkpoints"

@@ -15,18 +15,18 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.models.build import build_model
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.model import example_batch
 from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
 from psrec.ps_cluster.checkpoint.keeper import RestoreError
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.step import make_train_function
 from psrec.ps_cluster.training.trainer import Trainer
 from tests._ps_helpers import CLUSTER_PS

@@ -13,13 +13,13 @@ import tensorflow as tf
 
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.presets import PRESETS
 from psrec.features.spec.spec import FeatureSpec
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import model_config
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.trainer import Trainer
 
 ROWS = 6000

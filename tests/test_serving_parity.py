@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import ID_COLUMN

@@ -7,7 +7,7 @@ import pytest
 
 from psrec.features import criteo
 from psrec.features import movielens
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.sizing import GIB
 from psrec.models.optim.sizing import DeviceMemory
 from psrec.models.optim.sizing import ModelTooLargeError

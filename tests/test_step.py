@@ -127,7 +127,7 @@ def test_batch_scale_is_linear_for_sgd_and_square_root_for_adaptive():
 def test_built_optimizers_follow_the_rule_after_warmup(sparse, dense, rows,
                                                        sparse_factor,
                                                        dense_factor):
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.optim.optimizers import build_optimizers
     config = OptimizerConfig(sparse=sparse, dense=dense, sparse_lr=0.05,
                              dense_lr=0.001, base_batch_size=1024,
@@ -147,9 +147,9 @@ def test_trainer_scales_to_the_rows_of_one_update():
     base batch (SGD x2, Adam x sqrt 2)."""
     import tensorflow as tf
 
-    from psrec.data.input.dataset import InputConfig
+    from psrec.data.input.config import InputConfig
     from psrec.features.spec.presets import criteo
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import ModelConfig
     from psrec.ps_cluster.training.trainer import Trainer
     trainer = Trainer(
@@ -172,9 +172,9 @@ def _flat(values: list[np.ndarray]) -> np.ndarray:
 
 
 def _check_normalisation(strategies: dict) -> dict:
-    from psrec.data.input.dataset import InputConfig
+    from psrec.data.input.config import InputConfig
     from psrec.features.spec.presets import criteo
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import ModelConfig
     from psrec.ps_cluster.training.step import make_train_function
     from psrec.ps_cluster.training.trainer import Trainer
@@ -230,10 +230,10 @@ def _check_normalisation(strategies: dict) -> dict:
 
 
 def _check_fp16(strategies: dict) -> dict:
-    from psrec.data.input.dataset import InputConfig
+    from psrec.data.input.config import InputConfig
     from psrec.features.spec.presets import criteo
     from psrec.features.spec.spec import DENSE_COLUMN
-    from psrec.models.optim.optimizers import OptimizerConfig
+    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import ModelConfig
     from psrec.ps_cluster.training.step import make_train_function
     from psrec.ps_cluster.training.trainer import Trainer

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.data.input.dataset import InputConfig
+from psrec.data.input.config import InputConfig
 from psrec.features.spec.presets import criteo
 from psrec.models.embedding import sparse_arch as embedding
 from psrec.models.embedding import table_init
@@ -31,7 +31,7 @@ from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
 from psrec.ps_cluster.checkpoint.keeper import RestoreError
 from psrec.ps_cluster.checkpoint.keeper import compare_with_checkpoint
 from psrec.ps_cluster.checkpoint.keeper import shape_mismatches
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.training.trainer import Trainer
 from tests.test_progress import Recorder

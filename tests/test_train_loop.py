@@ -4,8 +4,8 @@ scheduling of others; results are still reported in step order."""
 
 import threading
 
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.loop import ClosureExecutor
-from psrec.ps_cluster.training.loop import LoopConfig
 
 
 class _Value:

@@ -34,8 +34,8 @@ import tensorflow as tf
 
 from psrec.data.format.manifest import Manifest
 from psrec.data.format.records import corruption_named
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import DatasetFn
-from psrec.data.input.dataset import InputConfig
 from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.data.input.dataset import shard_files
 from psrec.features.spec.spec import ID_COLUMN

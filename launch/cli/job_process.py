@@ -53,9 +53,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     start_process()
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if (args.cluster is None) == (args.role == "coordinator"):
-        _parser().error("the coordinator needs --cluster FILE; a worker "
+        parser.error("the coordinator needs --cluster FILE; a worker "
                         "takes none (its task is in TF_CONFIG)")
     set_default_progress(progress_for(args))  # as `psrec train` reports
     return run_command("train", lambda: _run(args))

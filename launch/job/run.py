@@ -39,7 +39,7 @@ from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
 from psrec.ps_cluster.retrieval.metrics import eval_result_from_dict
 from psrec.ps_cluster.retrieval.metrics import ranking_auc
-from psrec.ps_cluster.training.loop import LoopConfig
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.loop import steps_for_epochs
 from psrec.ps_cluster.training.loop import steps_per_epoch
 from psrec.uri_path import as_path

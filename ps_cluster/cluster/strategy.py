@@ -20,7 +20,7 @@ import tensorflow as tf
 from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_choice
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.partitioning import TablePartitioner
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.cluster.tf_config import TFConfig

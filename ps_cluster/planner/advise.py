@@ -21,7 +21,7 @@ from typing import Callable
 
 from psrec.errors import check
 from psrec.features.spec.spec import FeatureSpec
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.sizing import DEFAULT_MEMORY_FRACTION
 from psrec.models.optim.sizing import GIB
 from psrec.models.optim.sizing import DeviceMemory

@@ -29,7 +29,7 @@ from typing import Callable
 
 from psrec.errors import DataError
 from psrec.features.spec.spec import FeatureSpec
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.sizing import proxy_spec
 from psrec.models.ranking.config import ModelConfig
 

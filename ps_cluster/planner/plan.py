@@ -39,7 +39,7 @@ from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import slots as slots_of
 from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
-from psrec.ps_cluster.cluster.partitioning import PartitionConfig
+from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.partitioning import TablePartitioner
 
 VALUE_BYTES = 4  # float32 variables

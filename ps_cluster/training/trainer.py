@@ -21,14 +21,14 @@ import tf_keras
 
 from psrec.data.convert.sampling import logit_shift
 from psrec.data.format.manifest import Manifest
+from psrec.data.input.config import InputConfig
 from psrec.data.input.dataset import DatasetFn
-from psrec.data.input.dataset import InputConfig
 from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.build import build_model
-from psrec.models.optim.optimizers import OptimizerConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.optimizers import build_optimizers
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.model import RankingModel
@@ -41,10 +41,10 @@ from psrec.ps_cluster.cluster.strategy import cluster_resolver
 from psrec.ps_cluster.cluster.strategy import is_chief
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import merge
+from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.coverage import new_tally
 from psrec.ps_cluster.training.loop import ClosureExecutor
 from psrec.ps_cluster.training.loop import DirectExecutor
-from psrec.ps_cluster.training.loop import LoopConfig
 from psrec.ps_cluster.training.loop import LoopHooks
 from psrec.ps_cluster.training.loop import evaluate_files
 from psrec.ps_cluster.training.loop import make_eval_function
