@@ -97,39 +97,6 @@ def test_cluster_not_up_fails_naming_the_unreachable_tasks(tmp_path,
         assert_no_leftovers(run, tmp_path)
 
 
-def test_worker_failures_spend_the_worker_budget_only(tmp_path,
-                                                      manifest_dir):
-    run = PsrecRun(train_args(
-        tmp_path, manifest_dir, "--steps", "2000", "--max-restarts", "0",
-        "--max-worker-restarts", "3", "--max-ps-restarts", "1"))
-    try:
-        run.wait_for(r"checkpoint .*ckpt-50$", 300)
-        worker = run.role_pids[2]  # ps-0, worker-0, worker-1
-        for kill in range(1, 4):
-            mark = len(run.lines)
-            os.kill(worker, signal.SIGKILL)
-            restarted = run.wait_for(r"worker-1 restarted \(pid (\d+)\)",
-                                     120, after=mark)
-            worker = int(restarted.group(1))
-            assert f"worker restart {kill}/3" in run.output
-        run.wait_for(PROGRESS, 120, after=len(run.lines))
-        last = run.wait_for(r"checkpoint .*ckpt-(\d+)$", 240,
-                            after=len(run.lines))
-        os.kill(run.role_pids[0], signal.SIGKILL)  # ps-0, after 3 workers
-        run.wait_for(r"failed role: ps \(ps-0 exited", 60)
-        resumed = run.wait_for(r"resumed from (\S+) at step (\d+)", 240)
-        assert int(resumed.group(2)) >= int(last.group(1))
-        assert "ps restart 1/1" in run.output
-        # training goes on from the checkpoint (the rest of the run is not
-        # needed: the PS restart is what a shared budget refused)
-        run.wait_for(PROGRESS, 120, after=len(run.lines))
-        assert "giving up" not in run.output
-        assert run.process.poll() is None
-    finally:
-        run.kill()
-        assert_no_leftovers(run, tmp_path)
-
-
 def test_sigterm_saves_a_checkpoint_and_prints_one_line(tmp_path,
                                                         manifest_dir):
     # No boundary (checkpoint, eval) near the signal: the save is its own.

@@ -70,8 +70,10 @@ def local_data_service(config, log=print
     names no dispatcher) -- one process: the dispatcher and one tf.data
     worker per training worker. Yields ``(config, service)``: the job with
     the service's address as its ``data_service``, and the service for the
-    supervisor to keep alive (:meth:`LocalDataService.keep`; None when
-    not started); stops it on exit."""
+    supervisor to wait for (:meth:`LocalDataService.wait_ready`, once the
+    roles it starts meanwhile are up) and keep alive
+    (:meth:`LocalDataService.keep`; None when not started); stops it on
+    exit."""
     if config.input.mode != "data-service" or config.data_service:
         yield config, None
         return

@@ -84,10 +84,11 @@ class LocalDataService:
         return self.state_dir / JOURNAL
 
     def start(self) -> None:
-        """Starts the service with an empty journal; returns once the
-        dispatcher listens."""
+        """Starts the service with an empty journal; returns at once (the
+        local cluster's roles start meanwhile): :meth:`wait_ready` blocks
+        until the dispatcher listens."""
         shutil.rmtree(self.journal, ignore_errors=True)
-        self._spawn()
+        self._spawn(wait=False)
         self.log(f"tf.data service: dispatcher {self.address} + "
                  f"{self.workers} tf.data workers, one process (data pid "
                  f"{self.process.pid}; journal {self.journal})")
@@ -138,12 +139,22 @@ class LocalDataService:
     def _log_path(self) -> Path:
         return self.state_dir / "logs" / "data-dispatcher.log"
 
-    def _spawn(self) -> None:
+    def wait_ready(self) -> None:
+        """Blocks until the dispatcher listens.
+
+        Raises:
+          RoleStartError, RoleConfigError: see ``wait_listening``.
+        """
+        wait_listening("data-dispatcher", self.process, self.address,
+                       self._log_path(), time.monotonic() + START_TIMEOUT,
+                       START_TIMEOUT)
+
+    def _spawn(self, wait: bool = True) -> None:
         path = self._log_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         self.process = spawn(psrec_command(
             "psrec", "data-server", "--role", "dispatcher", "--port",
             str(self.port), "--local-workers", str(self.workers),
             "--work-dir", str(self.journal), "--run-dir", self.run_dir), path)
-        wait_listening("data-dispatcher", self.process, self.address, path,
-                       time.monotonic() + START_TIMEOUT, START_TIMEOUT)
+        if wait:
+            self.wait_ready()

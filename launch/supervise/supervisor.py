@@ -110,6 +110,8 @@ class Supervisor:
             signal.signal(signal.SIGINT, on_signal)
         try:
             with self.cluster:
+                if self.data_service is not None:  # started beside the roles
+                    self.data_service.wait_ready()
                 self.log(f"local cluster: {self.cluster.cluster.num_workers} "
                          f"workers + {self.cluster.cluster.num_ps} PS on "
                          f"127.0.0.1 (pids "
