@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 
+from psrec.data.convert.config import ConversionOptions
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_fraction
 from psrec.launch.cli.argtypes import proper_fraction
+from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import RenamedFlag
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.monitor.progress_bar import add_progress_flag
@@ -76,35 +78,17 @@ def add_convert(sub: argparse._SubParsersAction, name: str
                    help="preset name (criteo, movielens) or YAML/JSON file")
     p.add_argument("--out", required=True,
                    help="output folder: a path or gs:// URI")
-    p.add_argument("--shards", type=positive, default=4,
-                   help="train shards (>= the input pipelines that read them)")
-    p.add_argument("--eval-fraction", type=proper_fraction, default=0.0,
-                   help="share of rows in the eval split, in [0, 1)")
-    p.add_argument("--eval-shards", type=positive, default=None,
-                   help="eval shards (default: --shards)")
-    p.add_argument("--split", choices=("tail", "hash"), default="tail",
-                   help="eval rows: the last rows (tail: time-ordered logs) "
-                   "or a stable hash of the row id")
-    p.add_argument("--order-by", default=None, metavar="COLUMN",
-                   help="tail split by this column: eval = the rows with the "
-                   "last values (ties: input order), e.g. a timestamp; the "
-                   "column may be outside the spec, must not be null")
-    p.add_argument("--eval-files", default=None, metavar="GLOB",
-                   help="eval = every row of the inputs whose file name "
-                   "matches GLOB, train = the others (instead of "
-                   "--eval-fraction)")
-    p.add_argument("--block-rows", type=positive, default=256,
-                   help="rows packed per TFRecord record")
-    p.add_argument("--max-bad-fraction", type=fraction, default=0.001,
-                   help="fail above this share of bad rows (they go to "
-                   "quarantine.parquet)")
+    add_option(p, ConversionOptions, "shards", type=positive)
+    add_option(p, ConversionOptions, "eval_fraction", type=proper_fraction)
+    add_option(p, ConversionOptions, "eval_shards", type=positive)
+    add_option(p, ConversionOptions, "split_mode")
+    add_option(p, ConversionOptions, "order_by", metavar="COLUMN")
+    add_option(p, ConversionOptions, "eval_files", metavar="GLOB")
+    add_option(p, ConversionOptions, "block_rows", type=positive)
+    add_option(p, ConversionOptions, "max_bad_fraction", type=fraction)
     add_progress_flag(p)
-    p.add_argument("--neg-sample-rate", type=positive_fraction, default=1.0,
-                   metavar="R",
-                   help="keep every positive and this share of the train "
-                   "negatives (stable hash of the row id; the eval split is "
-                   "not sampled); training, eval and the export correct the "
-                   "logits by log(R) (default 1: keep all)")
+    add_option(p, ConversionOptions, "neg_sample_rate",
+               type=positive_fraction, metavar="R")
     add_json_flag(p)
     return p
 

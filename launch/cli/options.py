@@ -19,6 +19,7 @@ import functools
 from typing import Any
 from typing import Callable
 
+from psrec.data.convert.config import ConversionOptions
 from psrec.errors import ConfigError
 from psrec.launch.job.config import JobConfig
 from psrec.models.retrieval.config import RetrievalConfig
@@ -29,6 +30,8 @@ from psrec.options import qualified
 from psrec.options import scope_error
 
 _GIVEN = "psrec_given_options"
+#: The configurations whose fields :func:`translate` turns into flags.
+_CONFIGS = (JobConfig, RetrievalConfig, ConversionOptions)
 _MISSING = object()
 
 
@@ -87,6 +90,20 @@ def add_option(group: argparse._ActionsContainer, cls: Any, name: str, *,
                               **kwargs)
 
 
+def option_values(args: argparse.Namespace, cls: Any, **values: Any) -> Any:
+    """``cls`` built from ``values`` and the flags of its other fields on
+    ``args`` (a switch given means the opposite of its field default)."""
+    for field, meta in options(cls):
+        dest = (meta.flag or "").lstrip("-").replace("-", "_")
+        if field.name in values or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if isinstance(field_default(field), bool):
+            value = not field_default(field) if value else field_default(field)
+        values[field.name] = value
+    return cls(**values)
+
+
 def given(args: argparse.Namespace, dest: str) -> bool:
     """The user typed the flag of ``dest`` (a flag of :func:`add_option`)."""
     return dest in getattr(args, _GIVEN, {})
@@ -107,7 +124,8 @@ def refuse_given_out_of_scope(args: argparse.Namespace,
 
 @functools.cache
 def field_flags() -> dict[str, str]:
-    """``Class.field`` -> its flag, for every option with one of a job."""
+    """``Class.field`` -> its flag, for every option with one of the
+    configurations of the command line (nested ones too)."""
     mapping: dict[str, str] = {}
 
     def walk(cls: Any) -> None:
@@ -120,8 +138,8 @@ def field_flags() -> dict[str, str]:
                      else None)
             if dataclasses.is_dataclass(value):
                 walk(type(value))
-    walk(JobConfig)
-    walk(RetrievalConfig)
+    for cls in _CONFIGS:
+        walk(cls)
     return mapping
 
 
