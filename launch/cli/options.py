@@ -22,6 +22,7 @@ from typing import Callable
 from psrec.data.convert.config import ConversionOptions
 from psrec.errors import ConfigError
 from psrec.launch.job.config import JobConfig
+from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.options import field_default
 from psrec.options import option_of
@@ -31,7 +32,8 @@ from psrec.options import scope_error
 
 _GIVEN = "psrec_given_options"
 #: The configurations whose fields :func:`translate` turns into flags.
-_CONFIGS = (JobConfig, RetrievalConfig, ConversionOptions)
+_CONFIGS = (JobConfig, RetrievalConfig, ConversionOptions,
+            SupervisorConfig)
 _MISSING = object()
 
 

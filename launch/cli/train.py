@@ -26,6 +26,7 @@ from psrec.launch.cli.data_service import local_data_service
 from psrec.launch.cli.data_service import resolve_input_mode
 from psrec.launch.cli.options import add_option
 from psrec.launch.cli.options import given
+from psrec.launch.cli.options import option_values
 from psrec.launch.cli.options import refuse_given_out_of_scope
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_cluster_flags
@@ -39,6 +40,8 @@ from psrec.launch.job.config import SyntheticData
 from psrec.launch.job.config import has_ranking_metrics
 from psrec.launch.job.config import keep_best_error
 from psrec.launch.local.netns import add_allow_exposed_flag
+from psrec.launch.supervise.restart_policy import RestartLimits
+from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import model_config
 from psrec.options import option_of
@@ -408,30 +411,13 @@ def add_checkpoint_flags(group) -> None:
 
 def add_reliability_flags(group) -> None:
     """Restart budgets, watchdog, connect timeout, grace period."""
-    group.add_argument("--max-restarts", type=non_negative, default=3,
-                       help="restarts of the coordinator alone (it failed or "
-                       "stalled while every role was healthy); also the "
-                       "default of --max-worker-restarts and "
-                       "--max-ps-restarts (local cluster)")
-    group.add_argument("--max-worker-restarts", type=non_negative,
-                       default=None,
-                       help="restarts of worker tasks (default: "
-                       "--max-restarts)")
-    group.add_argument("--max-ps-restarts", type=non_negative, default=None,
-                       help="restarts of PS tasks, each with the coordinator "
-                       "from the latest checkpoint (default: --max-restarts)")
-    group.add_argument("--max-data-service-restarts", type=non_negative,
-                       default=None,
-                       help="restarts of the local tf.data service process "
-                       "(--input-mode data-service), on its port; the "
-                       "training workers reconnect (default: --max-restarts)")
-    group.add_argument("--restart-budget-refill", type=non_negative_float,
-                       default=600.0,
-                       help="seconds a role runs without failing after which "
-                       "its restart budget is full again; 0: never")
-    group.add_argument("--no-restart-workers", action="store_true",
-                       help="keep training on the remaining workers "
-                       "instead of restarting a lost one")
+    add_option(group, RestartLimits, "coordinator", type=non_negative)
+    for role in ("worker", "ps", "data_service"):  # None: --max-restarts
+        add_option(group, RestartLimits, role, type=non_negative,
+                   default=None)
+    add_option(group, RestartLimits, "refill_after",
+               type=non_negative_float)
+    add_option(group, SupervisorConfig, "restart_workers")
     add_option(group, JobConfig, "stall_timeout", type=non_negative_float)
     add_option(group, JobConfig, "connect_timeout", type=positive_float)
     add_option(group, JobConfig, "grace_period", type=non_negative_float)
@@ -439,17 +425,12 @@ def add_reliability_flags(group) -> None:
 
 def supervisor_config(args: argparse.Namespace):
     """The :class:`SupervisorConfig` of ``psrec train``'s arguments."""
-    from psrec.launch.supervise.restart_policy import RestartLimits
-    from psrec.launch.supervise.restart_policy import SupervisorConfig
-
-    def given(value):
+    def given(value):  # a role's budget defaults to --max-restarts
         return args.max_restarts if value is None else value
-    return SupervisorConfig(
-        limits=RestartLimits(
-            worker=given(args.max_worker_restarts),
-            ps=given(args.max_ps_restarts), coordinator=args.max_restarts,
-            data_service=given(args.max_data_service_restarts),
-            refill_after=args.restart_budget_refill),
-        restart_workers=not args.no_restart_workers,
-        stall_timeout=args.stall_timeout or None,
-        grace_period=args.grace_period)
+    limits = option_values(
+        args, RestartLimits, worker=given(args.max_worker_restarts),
+        ps=given(args.max_ps_restarts),
+        data_service=given(args.max_data_service_restarts))
+    return option_values(args, SupervisorConfig, limits=limits,
+                         stall_timeout=args.stall_timeout or None,
+                         grace_period=args.grace_period)
