@@ -15,7 +15,7 @@ from psrec.data.input.audit import audit_shards
 from psrec.errors import EXIT_FAILURE
 from psrec.errors import EXIT_OK
 from psrec.features.spec.presets import resolve_spec
-from psrec.launch.cli.options import option_values
+from psrec.options import option_values
 from psrec.launch.cli.support import existing_files
 from psrec.launch.cli.support import print_result
 from psrec.launch.monitor.progress_bar import progress_for

@@ -25,6 +25,8 @@ from psrec.launch.job.config import JobConfig
 from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.options import field_default
+from psrec.options import field_named
+from psrec.options import has_default
 from psrec.options import option_of
 from psrec.options import options
 from psrec.options import qualified
@@ -72,17 +74,18 @@ def add_option(group: argparse._ActionsContainer, cls: Any, name: str, *,
         ``PartitionConfig`` field under ``JobConfig.partition``).
       **kwargs: more of ``add_argument`` (``metavar``).
     """
-    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    field = field_named(cls, name)
     meta = option_of(field)
     if meta is None or meta.flag is None:
         raise ConfigError(f"{qualified(cls, name)} has no flag.")
-    if default is _MISSING:
+    if default is _MISSING and has_default(field):
         default = field_default(field)
     text = meta.help if help is None else help
-    if isinstance(field_default(field), bool):  # a switch
+    if isinstance(default, bool):  # a switch
         kwargs.update(nargs=0, const=True, default=False)
     else:
-        kwargs.update(default=default)
+        kwargs.update({"required": True} if default is _MISSING
+                      else {"default": default})
         if type is not None:
             kwargs["type"] = type
         if meta.choices is not None:
@@ -90,20 +93,6 @@ def add_option(group: argparse._ActionsContainer, cls: Any, name: str, *,
     return group.add_argument(meta.flag, action=_OptionAction, help=text,
                               strategies=strategies or meta.strategies,
                               **kwargs)
-
-
-def option_values(args: argparse.Namespace, cls: Any, **values: Any) -> Any:
-    """``cls`` built from ``values`` and the flags of its other fields on
-    ``args`` (a switch given means the opposite of its field default)."""
-    for field, meta in options(cls):
-        dest = (meta.flag or "").lstrip("-").replace("-", "_")
-        if field.name in values or not hasattr(args, dest):
-            continue
-        value = getattr(args, dest)
-        if isinstance(field_default(field), bool):
-            value = not field_default(field) if value else field_default(field)
-        values[field.name] = value
-    return cls(**values)
 
 
 def given(args: argparse.Namespace, dest: str) -> bool:
@@ -134,10 +123,7 @@ def field_flags() -> dict[str, str]:
         for field, meta in options(cls):
             if meta.flag is not None:
                 mapping[qualified(cls, field.name)] = meta.flag
-            value = (field_default(field)
-                     if field.default is not dataclasses.MISSING
-                     or field.default_factory is not dataclasses.MISSING
-                     else None)
+            value = field_default(field) if has_default(field) else None
             if dataclasses.is_dataclass(value):
                 walk(type(value))
     for cls in _CONFIGS:

@@ -26,7 +26,7 @@ from psrec.launch.cli.data_service import local_data_service
 from psrec.launch.cli.data_service import resolve_input_mode
 from psrec.launch.cli.options import add_option
 from psrec.launch.cli.options import given
-from psrec.launch.cli.options import option_values
+from psrec.options import option_values
 from psrec.launch.cli.options import refuse_given_out_of_scope
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_cluster_flags
