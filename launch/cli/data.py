@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from psrec.data.convert.config import ConversionOptions
+from psrec.data.format.manifest import SPLITS
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer
 from psrec.launch.cli.argtypes import positive
@@ -17,6 +18,7 @@ from psrec.launch.cli.argtypes import positive_fraction
 from psrec.launch.cli.argtypes import proper_fraction
 from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import RenamedFlag
+from psrec.launch.cli.support import add_cluster_flags
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.monitor.progress_bar import add_progress_flag
 
@@ -104,7 +106,7 @@ def add_audit_shards(sub: argparse._SubParsersAction, name: str
     p.add_argument("manifest", help="manifest.json or its folder")
     p.add_argument("--pipelines", type=positive, required=True,
                    help="input pipelines (PS workers) to split the data over")
-    p.add_argument("--split", choices=("train", "eval"), default="train",
+    p.add_argument("--split", choices=SPLITS, default=SPLITS[0],
                    help="the split to audit")
     p.add_argument("--spec", default=None,
                    help="preset or spec file the data was converted with "
@@ -190,7 +192,6 @@ def add_tf_config(sub: argparse._SubParsersAction, name: str
     p.add_argument("--out", default=None,
                    help="write <type>-<index>.json files to this folder "
                    "(default: print one TF_CONFIG per line)")
-    p.add_argument("--allow-remote", action="store_true",
-                   help="permit non-loopback hosts (unauthenticated gRPC!)")
+    add_cluster_flags(p)
     add_json_flag(p)
     return p

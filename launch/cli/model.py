@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from psrec.data.format.manifest import SPLITS
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.support import add_batch_flag
 from psrec.launch.cli.support import add_count_flags
@@ -78,7 +79,7 @@ def add_eval(sub: argparse._SubParsersAction, name: str
                    help="checkpoint folder of a run (with its job.json)")
     p.add_argument("--data", required=True,
                    help="manifest of converted data (file or folder)")
-    p.add_argument("--split", choices=("train", "eval"), default="eval",
+    p.add_argument("--split", choices=SPLITS, default=SPLITS[1],
                    help="the split to evaluate, every example once")
     _add_checkpoint_flag(p)
     add_progress_flag(p)

@@ -13,12 +13,8 @@ from typing import Sequence
 
 from psrec.errors import ConfigError
 from psrec.launch.cli.argtypes import positive
-from psrec.models.ranking.config import MODEL_PRESETS
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
-
-MODEL_NAMES = tuple(MODEL_PRESETS)
-
 
 class UsageError(ConfigError):
     """A command-line argument is invalid; exits with EXIT_USAGE."""
@@ -103,8 +99,9 @@ def add_spec_and_data_flags(group: argparse._ActionsContainer, *,
 
 
 def add_model_flag(group: argparse._ActionsContainer) -> None:
-    group.add_argument("--model", choices=MODEL_NAMES, default="dcn",
-                       help="named model configuration")
+    from psrec.launch.cli.options import add_option
+    from psrec.launch.job.config import JobConfig
+    add_option(group, JobConfig, "model_name")
 
 
 def add_count_flags(group: argparse._ActionsContainer) -> None:
@@ -133,7 +130,6 @@ def add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
 
 
 def add_cluster_flags(p: argparse._ActionsContainer) -> None:
-    p.add_argument("--allow-remote", action="store_true",
-                   help="permit non-loopback hosts; TF gRPC servers accept "
-                   "unauthenticated, unencrypted connections on all "
-                   "interfaces: isolated networks only")
+    from psrec.launch.cli.options import add_option
+    from psrec.launch.job.config import StrategyConfig
+    add_option(p, StrategyConfig, "allow_remote")

@@ -105,7 +105,9 @@ class StrategyConfig(Codec, where="strategy"):
         "devices (default: no split)")
     allow_remote: bool = option(
         False, flag="--allow-remote",
-        help="accept non-loopback hosts (TF_CONFIG / --cluster)")
+        help="permit non-loopback hosts; TF gRPC servers accept "
+        "unauthenticated, unencrypted connections on all interfaces: "
+        "isolated networks only")
     ps_memory: int | None = option(
         None, flag="--ps-memory", strategies=("ps",),
         help="bytes one PS task may hold (table shards, their optimizer "
