@@ -43,6 +43,7 @@ from psrec.launch.local.netns import add_allow_exposed_flag
 from psrec.launch.supervise.restart_policy import RestartLimits
 from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
 from psrec.options import option_of
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
@@ -115,42 +116,17 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
             or args.early_stop_patience):
         raise keep_best_error(args.keep_best, args.early_stop_patience,
                               spec, retrieval)
-    return JobConfig(
-        workdir=as_path(args.workdir), spec=spec,
-        model_name=args.model, model=model_config(args.model, **overrides),
-        optimizer=OptimizerConfig(
-            sparse=args.sparse_optimizer, dense=args.dense_optimizer,
-            sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
-            base_batch_size=args.base_batch_size,
-            warmup_steps=args.warmup_steps),
-        input=InputConfig(batch_size=args.batch_size, seed=args.seed,
-                          mode=resolve_input_mode(args)),
-        loop=LoopConfig(steps=args.steps,
-                        steps_per_closure=args.steps_per_closure,
-                        log_every=args.log_every, eval_every=args.eval_every,
-                        checkpoint_every=args.checkpoint_every,
-                        keep_best=args.keep_best,
-                        early_stop_patience=args.early_stop_patience),
-        epochs=args.epochs,
-        strategy=StrategyConfig(
-            kind=args.strategy, collective=args.collective,
-            mixed_precision=args.mixed_precision,
-            grad_accum_steps=args.grad_accum_steps,
-            memory_fraction=args.memory_fraction,
-            cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote,
-            ps_memory=args.ps_memory),
-        partition=PartitionConfig(kind=args.partitioner,
-                                  shards=args.table_shards),
+    return option_values(
+        args, JobConfig, workdir=as_path(args.workdir), spec=spec,
+        model=model_config(args.model, **overrides),
+        optimizer=option_values(args, OptimizerConfig),
+        input=option_values(args, InputConfig, mode=resolve_input_mode(args)),
+        loop=option_values(args, LoopConfig),
+        strategy=option_values(args, StrategyConfig),
+        partition=option_values(args, PartitionConfig),
         data=as_path(args.data) if args.data else None,
-        synthetic=SyntheticData(rows=args.synthetic_rows, seed=args.seed),
-        workers=args.workers, ps=args.ps, export=not args.no_export,
-        verify_checksums=not args.no_verify_checksums,
-        max_corrupt_records=args.max_corrupt_records,
-        keep_checkpoints=args.keep_checkpoints,
-        checkpoint_writers=args.checkpoint_writers,
-        stall_timeout=args.stall_timeout or None,
-        connect_timeout=args.connect_timeout, grace_period=args.grace_period,
-        retrieval=retrieval, data_service=args.data_service)
+        synthetic=option_values(args, SyntheticData, seed=args.seed),
+        stall_timeout=args.stall_timeout or None, retrieval=retrieval)
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -300,9 +276,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     model = p.add_argument_group("model")
     add_model_flag(model)
-    model.add_argument("--cross-low-rank", type=positive, default=None,
-                       help="rank of the DCN cross layers' low-rank kernels "
-                       "(default: the model configuration's)")
+    add_option(model, ModelConfig, "cross_low_rank", type=positive)
     model.add_argument("--sync-batch-norm", action="store_true",
                        help="batch norm in the MLP towers with statistics "
                        "all-reduced across the replicas in sync (under ps: "
