@@ -11,6 +11,7 @@ import argparse
 
 from psrec.data.convert.config import ConversionOptions
 from psrec.data.format.manifest import SPLITS
+from psrec.data.infer.config import InferOptions
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer
 from psrec.launch.cli.argtypes import positive
@@ -136,17 +137,10 @@ def add_spec(sub: argparse._SubParsersAction, name: str
     g.add_argument("--label", default=None, metavar="COL",
                    help="the label column (0/1, or see --label-threshold); "
                    "required")
-    g.add_argument("--label-threshold", type=float, default=None,
-                   metavar="T", help="label = value >= T (for a label that "
-                   "is not 0/1, e.g. a rating)")
-    g.add_argument("--max-buckets", type=positive, default=None,
-                   help="most hash buckets per feature (default 2**20)")
-    g.add_argument("--vocab-max", type=integer, default=None,
-                   help="string columns with at most this many distinct "
-                   "values get a vocabulary file (default 1000; 0: hash "
-                   "all)")
-    g.add_argument("--exclude", default=None, metavar="COL,...",
-                   help="columns to leave out")
+    add_option(g, InferOptions, "label_threshold", type=float, metavar="T")
+    add_option(g, InferOptions, "max_buckets", type=positive)
+    add_option(g, InferOptions, "vocab_max", type=integer)
+    add_option(g, InferOptions, "exclude", default=None, metavar="COL,...")
     add_progress_flag(g)
     add_json_flag(p)
     return p

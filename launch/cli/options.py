@@ -20,6 +20,7 @@ from typing import Any
 from typing import Callable
 
 from psrec.data.convert.config import ConversionOptions
+from psrec.data.infer.config import InferOptions
 from psrec.errors import ConfigError
 from psrec.launch.job.config import JobConfig
 from psrec.launch.supervise.restart_policy import SupervisorConfig
@@ -34,7 +35,7 @@ from psrec.options import scope_error
 
 _GIVEN = "psrec_given_options"
 #: The configurations whose fields :func:`translate` turns into flags.
-_CONFIGS = (JobConfig, RetrievalConfig, ConversionOptions,
+_CONFIGS = (JobConfig, RetrievalConfig, ConversionOptions, InferOptions,
             SupervisorConfig)
 _MISSING = object()
 
