@@ -10,12 +10,14 @@ import argparse
 
 from psrec.data.format.manifest import SPLITS
 from psrec.launch.cli.argtypes import positive
+from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import add_batch_flag
 from psrec.launch.cli.support import add_count_flags
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
-from psrec.launch.cli.support import add_step_flags
+from psrec.launch.job.bench_config import BenchConfig
 from psrec.launch.monitor.progress_bar import add_progress_flag
+from psrec.ps_cluster.training.config import LoopConfig
 
 
 def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -122,14 +124,13 @@ def add_bench(sub: argparse._SubParsersAction, name: str
     workload = p.add_argument_group("model")
     add_model_flag(workload)
     add_batch_flag(workload, "global batch size (rows per step)")
-    workload.add_argument("--buckets", type=positive, default=100_000,
-                          help="hash buckets per synthetic table")
-    workload.add_argument("--dim", type=positive, default=16,
-                          help="embedding dimension")
+    add_option(workload, BenchConfig, "buckets", type=positive)
+    add_option(workload, BenchConfig, "dim", type=positive)
     cluster = p.add_argument_group("cluster")
     add_count_flags(cluster)
-    cluster.add_argument("--single-process", action="store_true",
-                         help="no cluster: train in this process (baseline)")
-    add_step_flags(p.add_argument_group("schedule"), steps=300)
+    add_option(cluster, BenchConfig, "single_process")
+    schedule = p.add_argument_group("schedule")
+    add_option(schedule, BenchConfig, "steps", type=positive)
+    add_option(schedule, LoopConfig, "steps_per_closure", type=positive)
     add_json_flag(p.add_argument_group("output"))
     return p

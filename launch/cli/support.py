@@ -115,14 +115,6 @@ def add_count_flags(group: argparse._ActionsContainer) -> None:
     add_option(group, JobConfig, "ps", type=positive)
 
 
-def add_step_flags(group: argparse._ActionsContainer, steps: int) -> None:
-    group.add_argument("--steps", type=positive, default=steps,
-                       help="training steps (the run ends at this global step)")
-    from psrec.launch.cli.options import add_option
-    from psrec.ps_cluster.training.config import LoopConfig
-    add_option(group, LoopConfig, "steps_per_closure", type=positive)
-
-
 def add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
     from psrec.data.input.config import InputConfig
     from psrec.launch.cli.options import add_option
