@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from psrec.data.convert.convert import convert
-from psrec.data.infer.config import InferOptions
+from psrec.data.infer.infer import InferOptions
 from psrec.data.infer.infer import infer_spec
 from psrec.data.infer.stats import DistinctCounter
 from psrec.data.ingest.criteo import ingest_criteo

@@ -41,7 +41,6 @@ import yaml
 
 from psrec.data.convert.inputs import parquet_files
 from psrec.data.format.files import atomic_output
-from psrec.data.infer.config import InferOptions
 from psrec.data.infer.stats import EXACT_DISTINCT_CAP
 from psrec.data.infer.stats import ColumnStats
 from psrec.data.infer.stats import collect_stats
@@ -55,6 +54,7 @@ from psrec.features.spec.columns import TableConfig
 from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.spec import RESERVED_NAMES
 from psrec.features.spec.spec import FeatureSpec
+from psrec.options import option
 from psrec.options import qualified
 from psrec.progress import SILENT
 from psrec.progress import Progress
@@ -182,6 +182,32 @@ def _skip_reason(stats: ColumnStats, exclude: Sequence[str]) -> str | None:
 def _is_categorical_int(stats: ColumnStats) -> bool:
     return bool(_ID_NAME.search(stats.name)) or (
         stats.distinct.count <= CODE_MAX_DISTINCT)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferOptions:
+    """How columns become features when a spec is inferred."""
+
+    label_threshold: float | None = option(
+        None, flag="--label-threshold",
+        help="label = value >= T (for a label that is not 0/1, e.g. a "
+        "rating)")
+    max_buckets: int = option(
+        2 ** 20, flag="--max-buckets",
+        help="most hash buckets per feature (default 2**20)")
+    vocab_max: int = option(
+        1000, flag="--vocab-max",
+        help="string columns with at most this many distinct values get a "
+        "vocabulary file (default 1000; 0: hash all)")
+    exclude: tuple[str, ...] = option((), flag="--exclude",
+                                      help="columns to leave out")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        check(self.max_buckets >= 2, qualified(self, "max_buckets"),
+              self.max_buckets, "must be >= 2")
+        check(self.vocab_max >= 0, qualified(self, "vocab_max"),
+              self.vocab_max, "must be >= 0")
 
 
 def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,

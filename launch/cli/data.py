@@ -11,7 +11,7 @@ import argparse
 
 from psrec.data.convert.config import ConversionOptions
 from psrec.data.format.manifest import SPLITS
-from psrec.data.infer.config import InferOptions
+from psrec.data.infer.infer import InferOptions
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer
 from psrec.launch.cli.argtypes import positive

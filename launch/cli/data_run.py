@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from psrec.data.infer.config import InferOptions
+from psrec.data.infer.infer import InferOptions
 from psrec.data.infer.infer import infer_spec
 from psrec.data.ingest.criteo import ingest_criteo
 from psrec.data.ingest.jsonl import ingest_jsonl

@@ -15,7 +15,7 @@ from psrec.launch.cli.support import add_batch_flag
 from psrec.launch.cli.support import add_count_flags
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
-from psrec.launch.job.bench_config import BenchConfig
+from psrec.launch.job.config import BenchConfig
 from psrec.launch.monitor.progress_bar import add_progress_flag
 from psrec.ps_cluster.training.config import LoopConfig
 

@@ -14,7 +14,7 @@ from psrec.errors import EXIT_OK
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import print_result
 from psrec.launch.job import bench
-from psrec.launch.job.bench_config import BenchConfig
+from psrec.launch.job.config import BenchConfig
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.data import training_neg_sample_rate
 from psrec.launch.job.export import evaluate_checkpoint

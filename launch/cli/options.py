@@ -20,7 +20,7 @@ from typing import Any
 from typing import Callable
 
 from psrec.data.convert.config import ConversionOptions
-from psrec.data.infer.config import InferOptions
+from psrec.data.infer.infer import InferOptions
 from psrec.errors import ConfigError
 from psrec.launch.job.config import JobConfig
 from psrec.launch.supervise.restart_policy import SupervisorConfig

@@ -5,7 +5,6 @@ cluster), ``server`` runs one of its PS or worker tasks."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -45,6 +44,7 @@ from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
+from psrec.options import field_named
 from psrec.options import option_of
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig
@@ -73,12 +73,6 @@ def _existing_cluster(args: argparse.Namespace):
     if not config.cluster.is_loopback():
         print(f"psrec: warning: {REMOTE_WARNING}", file=sys.stderr)
     return config.cluster
-
-
-def _field_scope(cls, name: str):
-    """The strategies field ``name`` of ``cls`` applies to."""
-    return {f.name: option_of(f) for f in dataclasses.fields(cls)}[
-        name].strategies
 
 
 def _job_config(args: argparse.Namespace) -> JobConfig:
@@ -307,7 +301,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          help="coordinate an existing cluster (JSON cluster "
                          "spec or TF_CONFIG file); TF_CONFIG naming this task "
                          "chief also does (default: start a local cluster)")
-    partition = _field_scope(JobConfig, "partition")
+    partition = option_of(field_named(JobConfig, "partition")).strategies
     add_option(cluster, PartitionConfig, "kind", strategies=partition)
     add_option(cluster, PartitionConfig, "shards", type=positive,
                strategies=partition)

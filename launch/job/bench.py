@@ -22,7 +22,7 @@ from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
-from psrec.launch.job.bench_config import BenchConfig
+from psrec.launch.job.config import BenchConfig
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
