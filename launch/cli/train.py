@@ -379,10 +379,8 @@ def add_checkpoint_flags(group) -> None:
 
 def add_reliability_flags(group) -> None:
     """Restart budgets, watchdog, connect timeout, grace period."""
-    add_option(group, RestartLimits, "coordinator", type=non_negative)
-    for role in ("worker", "ps", "data_service"):  # None: --max-restarts
-        add_option(group, RestartLimits, role, type=non_negative,
-                   default=None)
+    for role in ("coordinator", "worker", "ps", "data_service"):
+        add_option(group, RestartLimits, role, type=non_negative)
     add_option(group, RestartLimits, "refill_after",
                type=non_negative_float)
     add_option(group, SupervisorConfig, "restart_workers")
@@ -393,12 +391,7 @@ def add_reliability_flags(group) -> None:
 
 def supervisor_config(args: argparse.Namespace):
     """The :class:`SupervisorConfig` of ``psrec train``'s arguments."""
-    def given(value):  # a role's budget defaults to --max-restarts
-        return args.max_restarts if value is None else value
-    limits = option_values(
-        args, RestartLimits, worker=given(args.max_worker_restarts),
-        ps=given(args.max_ps_restarts),
-        data_service=given(args.max_data_service_restarts))
-    return option_values(args, SupervisorConfig, limits=limits,
+    return option_values(args, SupervisorConfig,
+                         limits=option_values(args, RestartLimits),
                          stall_timeout=args.stall_timeout or None,
                          grace_period=args.grace_period)

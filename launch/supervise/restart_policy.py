@@ -21,13 +21,13 @@ from psrec.options import options
 
 @dataclasses.dataclass(frozen=True)
 class RestartLimits:
-    """Restarts allowed per role."""
+    """Restarts allowed per role; a role's None: the coordinator's."""
 
-    worker: int = option(
-        3, flag="--max-worker-restarts",
+    worker: int | None = option(
+        None, flag="--max-worker-restarts",
         help="restarts of worker tasks (default: --max-restarts)")
-    ps: int = option(
-        3, flag="--max-ps-restarts",
+    ps: int | None = option(
+        None, flag="--max-ps-restarts",
         help="restarts of PS tasks, each with the coordinator from the "
         "latest checkpoint (default: --max-restarts)")
     coordinator: int = option(
@@ -35,8 +35,8 @@ class RestartLimits:
         help="restarts of the coordinator alone (it failed or stalled while "
         "every role was healthy); also the default of --max-worker-restarts "
         "and --max-ps-restarts (local cluster)")
-    data_service: int = option(
-        3, flag="--max-data-service-restarts",
+    data_service: int | None = option(
+        None, flag="--max-data-service-restarts",
         help="restarts of the local tf.data service process (--input-mode "
         "data-service), on its port; the training workers reconnect "
         "(default: --max-restarts)")
@@ -46,6 +46,9 @@ class RestartLimits:
         "budget is full again; 0: never")
 
     def __post_init__(self) -> None:
+        for role in ROLES:
+            if getattr(self, role) is None:
+                object.__setattr__(self, role, self.coordinator)
         check_at_least(self, 0, *ROLES, "refill_after")
 
 
