@@ -46,7 +46,7 @@ from tests._forbid import forbid
 CONFIGS = (JobConfig, StrategyConfig, SyntheticData, InputConfig,
            OptimizerConfig, LoopConfig, PartitionConfig, RetrievalConfig,
            ConversionOptions, InferOptions, K8sJob, RestartLimits,
-           SupervisorConfig, ModelConfig, BenchConfig)
+           SupervisorConfig, ModelConfig)
 
 
 def _parser(*words):

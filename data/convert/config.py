@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 from psrec.errors import check
+from psrec.errors import check_at_least
 from psrec.options import check_choices
 from psrec.options import option
 from psrec.options import qualified
@@ -68,8 +69,8 @@ class ConversionOptions:
             value = getattr(self, key)
             check(isinstance(value, int) and value >= 1, qualified(self, key),
                   value, "must be an integer >= 1")
-        check(self.eval_shards is None or self.eval_shards >= 1,
-              qualified(self, "eval_shards"), self.eval_shards, "must be >= 1")
+        if self.eval_shards is not None:
+            check_at_least(self, 1, "eval_shards")
         check(0.0 <= self.eval_fraction < 1.0,
               qualified(self, "eval_fraction"), self.eval_fraction,
               "must be in [0, 1)")

@@ -30,6 +30,7 @@ from psrec.ps_cluster.cluster.tf_config import REMOTE_WARNING
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.cluster.tf_config import tf_configs_for_all_tasks
 from psrec.options import option_values
+from psrec.options import options
 from psrec.ps_cluster.cluster.tf_config import write_tf_config_files
 
 _FORMAT_FLAGS = {"delimiter": ("csv",), "header": ("csv",),
@@ -101,8 +102,8 @@ def run_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_INFER_FLAGS = ("label", "label_threshold", "max_buckets", "vocab_max",
-                "exclude")  # all but --label registered from InferOptions
+# --label, and the flags registered from InferOptions.
+_INFER_FLAGS = ("label", *(field.name for field, _ in options(InferOptions)))
 
 
 def _spec_infer(args: argparse.Namespace) -> int:

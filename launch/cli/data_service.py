@@ -32,13 +32,10 @@ from psrec.ps_cluster.cluster.tf_config import TFConfig
 from psrec.ps_cluster.training.data_service import start_dispatcher
 from psrec.ps_cluster.training.data_service import start_worker
 
-INPUT_CHOICES = ("auto", *INPUT_MODES)
-
-
 def add_input_flags(group) -> None:
     """``--input-mode`` and ``--data-service`` of ``psrec train``."""
     group.add_argument(
-        "--input-mode", choices=INPUT_CHOICES, default="auto",
+        "--input-mode", choices=("auto", *INPUT_MODES), default="auto",
         help="static: each worker reads a fixed share of the train files (a "
         "lost worker's share is read by nobody, a restarted one starts it "
         "again); data-service: a tf.data service hands out one file at a "

@@ -361,26 +361,21 @@ class JobConfig:
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """The workload and cluster ``psrec bench`` measures. The model, task
-    counts, batch size and steps per closure default to the training job's
+    counts, batch size and steps per closure are the training job's options
     (their one source, and their flags: the fields of ``JobConfig``,
-    ``InputConfig`` and ``LoopConfig``)."""
+    ``InputConfig`` and ``LoopConfig``), defaulting as they do there."""
 
-    model: str = option(default_of(JobConfig, "model_name"),
-                        help="named model configuration")
-    workers: int = option(default_of(JobConfig, "workers"),
-                          help="worker tasks")
-    ps: int = option(default_of(JobConfig, "ps"), help="PS tasks")
-    batch_size: int = option(default_of(InputConfig, "batch_size"),
-                             help="global batch size (rows per step)")
+    model: str = default_of(JobConfig, "model_name")
+    workers: int = default_of(JobConfig, "workers")
+    ps: int = default_of(JobConfig, "ps")
+    batch_size: int = default_of(InputConfig, "batch_size")
     buckets: int = option(100_000, flag="--buckets",
                           help="hash buckets per synthetic table")
     dim: int = option(16, flag="--dim", help="embedding dimension")
     steps: int = option(
         300, flag="--steps",
         help="training steps (the run ends at this global step)")
-    steps_per_closure: int = option(
-        default_of(LoopConfig, "steps_per_closure"),
-        help="training steps per scheduled closure (K)")
+    steps_per_closure: int = default_of(LoopConfig, "steps_per_closure")
     single_process: bool = option(
         False, flag="--single-process",
         help="no cluster: train in this process (baseline)")
