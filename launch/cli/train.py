@@ -97,11 +97,9 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
         raise UsageError(
             f"give --steps ({args.steps}) or --epochs ({args.epochs:g}), not "
             "both: --epochs N trains N passes over the train split.")
-    overrides = {}
+    overrides = {"batch_norm": "sync"} if args.sync_batch_norm else {}
     if args.cross_low_rank:
         overrides["cross_low_rank"] = args.cross_low_rank
-    if args.sync_batch_norm:
-        overrides["batch_norm"] = "sync"
     spec = spec_for(Manifest.load(args.data) if args.data else None,
                     args.spec)
     retrieval = retrieval_flags.retrieval_config(args, spec)
