@@ -175,9 +175,8 @@ def option_values(args: Any, cls: Any, **values: Any) -> Any:
         if field.name in values or not hasattr(args, dest):
             continue
         value = getattr(args, dest)
-        default = field_default(field) if has_default(field) else None
-        if isinstance(default, bool):
-            value = not default if value else default
+        if isinstance(field.default, bool):  # a switch: given or not
+            value = not field.default if value else field.default
         values[field.name] = value
     return cls(**values)
 

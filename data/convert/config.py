@@ -4,6 +4,7 @@ each field an option; ``psrec.options``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from psrec.errors import check
@@ -63,31 +64,28 @@ class ConversionOptions:
         "(default 1: keep all)")
 
     def __post_init__(self) -> None:
-        check_neg_sample_rate(self.neg_sample_rate,
-                              qualified(self, "neg_sample_rate"))
+        name = functools.partial(qualified, self)
+        check_neg_sample_rate(self.neg_sample_rate, name("neg_sample_rate"))
         for key in ("shards", "block_rows", "batch_rows"):
             value = getattr(self, key)
-            check(isinstance(value, int) and value >= 1, qualified(self, key),
-                  value, "must be an integer >= 1")
+            check(isinstance(value, int) and value >= 1, name(key), value,
+                  "must be an integer >= 1")
         if self.eval_shards is not None:
             check_at_least(self, 1, "eval_shards")
-        check(0.0 <= self.eval_fraction < 1.0,
-              qualified(self, "eval_fraction"), self.eval_fraction,
-              "must be in [0, 1)")
-        check(0.0 <= self.max_bad_fraction <= 1.0,
-              qualified(self, "max_bad_fraction"), self.max_bad_fraction,
-              "must be in [0, 1]")
+        check(0.0 <= self.eval_fraction < 1.0, name("eval_fraction"),
+              self.eval_fraction, "must be in [0, 1)")
+        check(0.0 <= self.max_bad_fraction <= 1.0, name("max_bad_fraction"),
+              self.max_bad_fraction, "must be in [0, 1]")
         check_choices(self)
         if self.order_by is not None:
             check(self.split_mode == "tail" and self.eval_fraction > 0,
-                  qualified(self, "order_by"), self.order_by,
-                  f"applies to `{qualified(self, 'split_mode')}` tail with "
-                  f"`{qualified(self, 'eval_fraction')}` > 0 (it orders the "
-                  "rows the tail is cut from)")
+                  name("order_by"), self.order_by,
+                  f"applies to `{name('split_mode')}` tail with "
+                  f"`{name('eval_fraction')}` > 0 (it orders the rows the "
+                  "tail is cut from)")
         if self.eval_files is not None:
             check(self.eval_fraction == 0 and self.split_mode == "tail"
-                  and self.order_by is None, qualified(self, "eval_files"),
+                  and self.order_by is None, name("eval_files"),
                   self.eval_files, "picks the eval rows by file: give it "
-                  f"without `{qualified(self, 'eval_fraction')}`, "
-                  f"`{qualified(self, 'split_mode')}` hash and "
-                  f"`{qualified(self, 'order_by')}`")
+                  f"without `{name('eval_fraction')}`, `{name('split_mode')}` "
+                  f"hash and `{name('order_by')}`")
