@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 
 from psrec.data.format.manifest import SPLITS
+from psrec.data.input.config import InputConfig
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.options import add_option
-from psrec.launch.cli.support import add_batch_flag
-from psrec.launch.cli.support import add_count_flags
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
 from psrec.launch.job.config import BenchConfig
+from psrec.launch.job.config import JobConfig
 from psrec.launch.monitor.progress_bar import add_progress_flag
 from psrec.ps_cluster.training.config import LoopConfig
 
@@ -123,11 +123,13 @@ def add_bench(sub: argparse._SubParsersAction, name: str
     p = sub.add_parser(name, help="training throughput (examples/s)")
     workload = p.add_argument_group("model")
     add_model_flag(workload)
-    add_batch_flag(workload, "global batch size (rows per step)")
+    add_option(workload, InputConfig, "batch_size", type=positive,
+               help="global batch size (rows per step)")
     add_option(workload, BenchConfig, "buckets", type=positive)
     add_option(workload, BenchConfig, "dim", type=positive)
     cluster = p.add_argument_group("cluster")
-    add_count_flags(cluster)
+    add_option(cluster, JobConfig, "workers", type=positive)  # task counts
+    add_option(cluster, JobConfig, "ps", type=positive)
     add_option(cluster, BenchConfig, "single_process")
     schedule = p.add_argument_group("schedule")
     add_option(schedule, BenchConfig, "steps", type=positive)

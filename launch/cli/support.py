@@ -11,9 +11,7 @@ import os
 from typing import Any
 from typing import Sequence
 
-from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
-from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.options import add_option
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import StrategyConfig
@@ -104,17 +102,6 @@ def add_spec_and_data_flags(group: argparse._ActionsContainer, *,
 
 def add_model_flag(group: argparse._ActionsContainer) -> None:
     add_option(group, JobConfig, "model_name")
-
-
-def add_count_flags(group: argparse._ActionsContainer) -> None:
-    """--workers/--ps: task COUNTS in every command that has them (host
-    lists are `psrec tf-config --worker-hosts/--ps-hosts`)."""
-    add_option(group, JobConfig, "workers", type=positive)
-    add_option(group, JobConfig, "ps", type=positive)
-
-
-def add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
-    add_option(group, InputConfig, "batch_size", type=positive, help=what)
 
 
 def add_cluster_flags(p: argparse._ActionsContainer) -> None:
