@@ -35,8 +35,8 @@ from psrec.models.ranking.config import ModelConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.options import field_default
 from psrec.options import has_default
-from psrec.options import option_values
 from psrec.options import option_of
+from psrec.options import option_values
 from psrec.options import options
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig

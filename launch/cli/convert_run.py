@@ -15,10 +15,10 @@ from psrec.data.input.audit import audit_shards
 from psrec.errors import EXIT_FAILURE
 from psrec.errors import EXIT_OK
 from psrec.features.spec.presets import resolve_spec
-from psrec.options import option_values
 from psrec.launch.cli.support import existing_files
 from psrec.launch.cli.support import print_result
 from psrec.launch.monitor.progress_bar import progress_for
+from psrec.options import option_values
 
 
 def run_convert(args: argparse.Namespace) -> int:

@@ -26,11 +26,11 @@ from psrec.launch.cli.support import existing_files
 from psrec.launch.cli.support import print_json
 from psrec.launch.cli.support import print_result
 from psrec.launch.monitor.progress_bar import progress_for
+from psrec.options import option_values
+from psrec.options import options
 from psrec.ps_cluster.cluster.tf_config import REMOTE_WARNING
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.cluster.tf_config import tf_configs_for_all_tasks
-from psrec.options import option_values
-from psrec.options import options
 from psrec.ps_cluster.cluster.tf_config import write_tf_config_files
 
 _FORMAT_FLAGS = {"delimiter": ("csv",), "header": ("csv",),

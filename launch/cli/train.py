@@ -25,7 +25,6 @@ from psrec.launch.cli.data_service import local_data_service
 from psrec.launch.cli.data_service import resolve_input_mode
 from psrec.launch.cli.options import add_option
 from psrec.launch.cli.options import given
-from psrec.options import option_values
 from psrec.launch.cli.options import refuse_given_out_of_scope
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_cluster_flags
@@ -46,6 +45,7 @@ from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
 from psrec.options import field_named
 from psrec.options import option_of
+from psrec.options import option_values
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import as_path
