@@ -77,10 +77,12 @@ def check(ok: bool, name: str, value: object, allowed: str,
 
 def check_at_least(config: object, low: int, *names: str,
                    error: type[PsrecError] = ConfigError) -> None:
-    """Each named attribute of ``config`` is a number >= ``low``."""
+    """Each named attribute of ``config`` is a number >= ``low`` (an error
+    names it ``Class.name``)."""
     for name in names:
         value = getattr(config, name)
-        check(value >= low, name, value, f"must be >= {low}", error)
+        check(value >= low, f"{type(config).__name__}.{name}", value,
+              f"must be >= {low}", error)
 
 
 def check_choice(name: str, value: object, choices: tuple,

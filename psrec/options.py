@@ -89,6 +89,12 @@ def options(cls: Any) -> Iterator[tuple[dataclasses.Field, Option]]:
             yield field, meta
 
 
+def has_default(field: dataclasses.Field) -> bool:
+    """The field has a default (or a default factory)."""
+    return (field.default is not dataclasses.MISSING
+            or field.default_factory is not dataclasses.MISSING)
+
+
 def field_default(field: dataclasses.Field) -> Any:
     """A field's default value (built anew from a default factory)."""
     if field.default is not dataclasses.MISSING:
@@ -98,12 +104,17 @@ def field_default(field: dataclasses.Field) -> Any:
     raise ConfigError(f"`{field.name}` has no default.")
 
 
-def default_of(cls: Any, name: str) -> Any:
-    """The default of field ``name`` of ``cls``."""
+def field_named(cls: Any, name: str) -> dataclasses.Field:
+    """Field ``name`` of ``cls``."""
     for field in dataclasses.fields(cls):
         if field.name == name:
-            return field_default(field)
+            return field
     raise ConfigError(f"{_class_name(cls)} has no field {name!r}.")
+
+
+def default_of(cls: Any, name: str) -> Any:
+    """The default of field ``name`` of ``cls``."""
+    return field_default(field_named(cls, name))
 
 
 def qualified(cls: Any, name: str) -> str:
@@ -153,6 +164,21 @@ def refuse_out_of_scope(config: Any, strategy: str) -> None:
     under a strategy it does not apply to."""
     for name, meta in out_of_scope(config, strategy):
         raise scope_error(name, strategy, meta.strategies)
+
+
+def option_values(args: Any, cls: Any, **values: Any) -> Any:
+    """``cls`` built from ``values`` and, for its other fields, the values
+    their flags parsed to (``args``: an ``argparse`` namespace; a switch
+    given means the opposite of its field default)."""
+    for field, meta in options(cls):
+        dest = (meta.flag or "").lstrip("-").replace("-", "_")
+        if field.name in values or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if isinstance(field.default, bool):  # a switch: given or not
+            value = not field.default if value else field.default
+        values[field.name] = value
+    return cls(**values)
 
 
 # -- the codec ---------------------------------------------------------------

@@ -129,7 +129,8 @@ def test_an_older_manifest_reads_as_not_sampled(raw, tmp_path):
 def test_nonsense_rates_are_refused_and_all_positive_data_is_fine(
         raw, tmp_path, capsys):
     for rate in (0.0, -0.5, 1.5, float("nan")):
-        with pytest.raises(ConfigError, match="`neg_sample_rate` = "):
+        with pytest.raises(ConfigError,
+                           match="`ConversionOptions.neg_sample_rate` = "):
             ConversionOptions(neg_sample_rate=rate)
     spec_file = str(SPEC.save(tmp_path / "spec.yaml"))
     for text in ("0", "1.5", "abc"):

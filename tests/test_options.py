@@ -9,6 +9,8 @@ import dataclasses
 
 import pytest
 
+from psrec.data.convert.config import ConversionOptions
+from psrec.data.infer.infer import InferOptions
 from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
 from psrec.features.spec.presets import criteo
@@ -16,16 +18,25 @@ from psrec.features.spec.presets import movielens_rating
 from psrec.features.spec.presets import movielens_retrieval
 from psrec.launch.cli.options import field_flags
 from psrec.launch.cli.options import translate
+from psrec.launch.job.config import BenchConfig
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import StrategyConfig
 from psrec.launch.job.config import SyntheticData
+from psrec.launch.k8s.objects import BACKENDS
+from psrec.launch.k8s.objects import K8sJob
+from psrec.launch.supervise.restart_policy import BUDGET_FLAGS
+from psrec.launch.supervise.restart_policy import RestartLimits
+from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.optim.config import DENSE_OPTIMIZERS
 from psrec.models.optim.config import OPTIMIZERS
 from psrec.models.optim.config import SPARSE_OPTIMIZERS
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.ranking.config import ModelConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.options import field_default
+from psrec.options import has_default
 from psrec.options import option_of
+from psrec.options import option_values
 from psrec.options import options
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig
@@ -33,14 +44,24 @@ from tests._forbid import Reached
 from tests._forbid import forbid
 
 CONFIGS = (JobConfig, StrategyConfig, SyntheticData, InputConfig,
-           OptimizerConfig, LoopConfig, PartitionConfig, RetrievalConfig)
+           OptimizerConfig, LoopConfig, PartitionConfig, RetrievalConfig,
+           ConversionOptions, InferOptions, K8sJob, RestartLimits,
+           SupervisorConfig, ModelConfig)
+
+
+def _parser(*words):
+    """The parser of ``psrec WORDS...`` (``_parser("k8s", "render")``)."""
+    from psrec.launch.cli.main import build_parser
+    parser = build_parser()
+    for word in words:
+        sub = next(a for a in parser._actions  # noqa: SLF001
+                   if isinstance(a.choices, dict) and word in a.choices)
+        parser = sub.choices[word]
+    return parser
 
 
 def _train_parser():
-    from psrec.launch.cli.main import build_parser
-    sub = next(a for a in build_parser()._actions  # noqa: SLF001
-               if isinstance(a.choices, dict) and "train" in a.choices)
-    return sub.choices["train"]
+    return _parser("train")
 
 
 def _flag_defaults(parser) -> dict[str, object]:
@@ -97,6 +118,103 @@ def test_choices_come_from_the_fields():
 
 def _field(cls, name):
     return {f.name: f for f in dataclasses.fields(cls)}[name]
+
+
+# The commands whose flags come from these classes' fields, and the flags
+# whose command-line default is a "not given" None instead of the field's.
+FLAG_SOURCES = [
+    (("convert",), ConversionOptions, ()),
+    (("spec",), InferOptions, ("--exclude",)),
+    (("k8s", "render"), K8sJob, ("--ps-memory",)),
+    (("train",), RestartLimits, ()),
+    (("train",), SupervisorConfig, ()),
+    (("train",), ModelConfig, ()),
+    (("bench",), BenchConfig, ()),
+]
+
+
+@pytest.mark.parametrize("words, cls, unset", FLAG_SOURCES,
+                         ids=[cls.__name__ for _, cls, _ in FLAG_SOURCES])
+def test_every_flag_of_a_field_is_registered_from_it(words, cls, unset):
+    """Each option field with a flag is one flag of the command, with the
+    field's help, default and choices: a copy written in the parser, or a
+    field that lost its flag, fails here."""
+    from psrec.launch.cli.options import _OptionAction
+    by_flag = {flag: action for action in _parser(*words)._actions  # noqa: SLF001
+               for flag in action.option_strings}
+    checked = 0
+    for field, meta in options(cls):
+        if meta.flag is None:
+            continue
+        action = by_flag[meta.flag]
+        assert isinstance(action, _OptionAction), meta.flag
+        assert action.help == meta.help, meta.flag
+        assert action.choices == meta.choices, meta.flag
+        if meta.flag in unset:
+            assert action.default is None, meta.flag
+        elif not has_default(field):
+            assert action.required, meta.flag
+        elif isinstance(field_default(field), bool):
+            assert (action.nargs, action.default) == (0, False), meta.flag
+        else:
+            assert action.default == field_default(field), meta.flag
+        checked += 1
+    assert checked >= 1
+
+
+def test_the_flags_build_the_default_configuration_back():
+    args = _parser("convert").parse_args(["in.parquet", "--spec", "criteo",
+                                          "--out", "x"])
+    assert option_values(args, ConversionOptions) == ConversionOptions()
+    args = _parser("convert").parse_args(
+        ["in.parquet", "--spec", "criteo", "--out", "x", "--split", "hash",
+         "--eval-fraction", "0.25"])
+    assert option_values(args, ConversionOptions) == ConversionOptions(
+        split_mode="hash", eval_fraction=0.25)
+    from psrec.launch.cli.train import supervisor_config
+    args = _train_parser().parse_args(["--max-restarts", "5",
+                                       "--max-ps-restarts", "1",
+                                       "--no-restart-workers"])
+    policy = supervisor_config(args)
+    assert policy.limits == RestartLimits(worker=5, ps=1, coordinator=5,
+                                          data_service=5)
+    assert policy.restart_workers is False
+    assert supervisor_config(_train_parser().parse_args([])).limits == (
+        RestartLimits())
+
+
+def test_one_choice_list_and_one_flag_name_per_option():
+    by_flag = {flag: action
+               for action in _parser("k8s", "render")._actions  # noqa: SLF001
+               for flag in action.option_strings}
+    assert tuple(by_flag["--backend"].choices) == BACKENDS
+    assert by_flag["--backend"].default == BACKENDS[0]
+    flags = {field.name: meta.flag for field, meta in options(RestartLimits)}
+    assert BUDGET_FLAGS == {role: flags[role] for role in BUDGET_FLAGS}
+
+
+def test_errors_of_the_new_classes_name_fields_the_cli_names_flags():
+    for build, field, flag in (
+            (lambda: ConversionOptions(shards=0), "ConversionOptions.shards",
+             "--shards"),
+            (lambda: ConversionOptions(order_by="ts"),
+             "ConversionOptions.order_by", "--order-by"),
+            (lambda: ConversionOptions(split_mode="random"),
+             "ConversionOptions.split_mode", "--split"),
+            (lambda: ConversionOptions(neg_sample_rate=0),
+             "ConversionOptions.neg_sample_rate", "--neg-sample-rate"),
+            (lambda: InferOptions(max_buckets=1), "InferOptions.max_buckets",
+             "--max-buckets")):
+        with pytest.raises(ConfigError) as error:
+            build()
+        message = str(error.value)
+        assert f"`{field}`" in message and "--" not in message, message
+        assert f"`{flag}`" in translate(message), translate(message)
+        assert "ConversionOptions." not in translate(message)
+    assert field_flags()["SupervisorConfig.restart_workers"] == (
+        "--no-restart-workers")
+    assert field_flags()["RestartLimits.coordinator"] == "--max-restarts"
+    assert field_flags()["ModelConfig.cross_low_rank"] == "--cross-low-rank"
 
 
 # -- scope: what the user gave ------------------------------------------------------

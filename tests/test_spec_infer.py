@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from psrec.data.convert.convert import convert
+from psrec.data.infer.infer import InferOptions
 from psrec.data.infer.infer import infer_spec
 from psrec.data.infer.stats import DistinctCounter
 from psrec.data.ingest.criteo import ingest_criteo
@@ -62,7 +63,7 @@ def _by_name(features) -> dict:
 def test_infer_decides_each_column(parquet, tmp_path):
     paths, table = parquet
     out = tmp_path / "spec" / "inferred.yaml"
-    report = infer_spec(paths, "click", out, exclude=["rating"])
+    report = infer_spec(paths, "click", out, InferOptions(exclude=["rating"]))
     spec = resolve_spec(str(out))
     assert spec.label.name == "click" and spec.label.threshold is None
     dense = _by_name(spec.dense)
@@ -134,8 +135,8 @@ def test_label_other_than_01_needs_a_threshold(parquet, tmp_path, capsys):
 def test_flags_cap_buckets_skip_vocabularies_and_exclude(parquet, tmp_path):
     paths, _ = parquet
     out = tmp_path / "s.yaml"
-    report = infer_spec(paths, "click", out, max_buckets=256, vocab_max=0,
-                        exclude=["score", "rating"])
+    report = infer_spec(paths, "click", out, InferOptions(
+        max_buckets=256, vocab_max=0, exclude=["score", "rating"]))
     spec = resolve_spec(str(out))
     categorical = _by_name(spec.categorical)
     assert categorical["query"].hash_buckets == 256
@@ -156,7 +157,8 @@ def test_bad_arguments_are_config_errors(parquet, tmp_path, kwargs, needle):
     paths, _ = parquet
     out = tmp_path / kwargs.pop("out_name", "s.yaml")
     with pytest.raises(ConfigError, match=needle):
-        infer_spec(paths, out=out, **kwargs)
+        infer_spec(paths, out=out, options=InferOptions(
+            exclude=kwargs.pop("exclude", ())), **kwargs)
 
 
 def test_distinct_count_falls_back_to_an_estimate():

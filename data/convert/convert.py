@@ -18,7 +18,6 @@ input is byte-identical.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -35,13 +34,12 @@ from psrec.data.convert.checks import check_schema
 from psrec.data.convert.checks import float_values
 from psrec.data.convert.checks import row_reasons
 from psrec.data.convert.checks import serving_values
+from psrec.data.convert.config import ConversionOptions
 from psrec.data.convert.inputs import parquet_batches
 from psrec.data.convert.inputs import parquet_files
 from psrec.data.convert.inputs import read_metadata
 from psrec.data.convert.report import ConversionReport
-from psrec.data.convert.sampling import check_neg_sample_rate
 from psrec.data.convert.sampling import kept_rows
-from psrec.data.convert.split import SPLIT_MODES
 from psrec.data.convert.split import plan_split
 from psrec.data.convert.writer import QUARANTINE_NAME
 from psrec.data.convert.writer import SHARD_NAME_RE
@@ -52,8 +50,6 @@ from psrec.data.format.manifest import SPEC_FILE_NAME
 from psrec.data.format.manifest import SPLITS
 from psrec.data.format.manifest import Manifest
 from psrec.errors import DataError
-from psrec.errors import check
-from psrec.errors import check_choice
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.presets import with_absolute_vocabularies
 from psrec.features.spec.spec import DENSE_COLUMN
@@ -72,63 +68,6 @@ from psrec.uri_path import as_path
 
 class BadDataError(DataError):
     """Too many rows failed the row checks."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ConversionOptions:
-    """Options of one conversion.
-
-    Attributes:
-      shards: number of train shards (>= the number of input pipelines that
-        will read them).
-      eval_fraction: share of rows in the eval split, in [0, 1).
-      split_mode: ``tail`` -- the last rows (time-ordered logs: evaluate on
-        the most recent data) -- or ``hash`` -- a stable hash of the row id.
-      order_by: under ``tail``, the column whose last values are the eval
-        rows (ties by row id) instead of the last row ids.
-      eval_files: a glob; the rows of the inputs whose name matches it are
-        the eval split (instead of ``eval_fraction``).
-      eval_shards: number of eval shards (default: ``shards``).
-      block_rows: rows packed per record.
-      max_bad_fraction: above this share of bad rows the conversion fails.
-      batch_rows: Parquet rows read per batch.
-      neg_sample_rate: share of train negatives kept (``data.convert.sampling``).
-    """
-
-    shards: int = 4
-    eval_fraction: float = 0.0
-    split_mode: str = "tail"
-    eval_shards: int | None = None
-    block_rows: int = 256
-    max_bad_fraction: float = 0.001
-    batch_rows: int = 65_536
-    order_by: str | None = None
-    eval_files: str | None = None
-    neg_sample_rate: float = 1.0
-
-    def __post_init__(self) -> None:
-        check_neg_sample_rate(self.neg_sample_rate)
-        for key in ("shards", "block_rows", "batch_rows"):
-            value = getattr(self, key)
-            check(isinstance(value, int) and value >= 1, key, value,
-                  "must be an integer >= 1")
-        check(self.eval_shards is None or self.eval_shards >= 1,
-              "eval_shards", self.eval_shards, "must be >= 1")
-        check(0.0 <= self.eval_fraction < 1.0, "eval_fraction",
-              self.eval_fraction, "must be in [0, 1)")
-        check(0.0 <= self.max_bad_fraction <= 1.0, "max_bad_fraction",
-              self.max_bad_fraction, "must be in [0, 1]")
-        check_choice("split_mode", self.split_mode, SPLIT_MODES)
-        if self.order_by is not None:
-            check(self.split_mode == "tail" and self.eval_fraction > 0,
-                  "order_by", self.order_by, "applies to split_mode tail "
-                  "with eval_fraction > 0 (it orders the rows the tail is "
-                  "cut from)")
-        if self.eval_files is not None:
-            check(self.eval_fraction == 0 and self.split_mode == "tail"
-                  and self.order_by is None, "eval_files", self.eval_files,
-                  "picks the eval rows by file: give it without "
-                  "eval_fraction, split_mode hash and order_by")
 
 
 # -- encoding -----------------------------------------------------------------

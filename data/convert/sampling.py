@@ -15,19 +15,11 @@ import math
 
 import numpy as np
 
+from psrec.data.convert.config import check_neg_sample_rate
 from psrec.data.convert.split import splitmix64
-from psrec.errors import check
 
 _SALT = 0xD1B54A32D192ED03  # independent of the hash eval split
 _UNIT = 2.0 ** -53
-
-
-def check_neg_sample_rate(rate: float, name: str = "neg_sample_rate") -> None:
-    """``rate`` is a number in (0, 1]."""
-    ok = isinstance(rate, (int, float)) and not isinstance(rate, bool)
-    check(ok and math.isfinite(rate) and 0.0 < rate <= 1.0, name, rate,
-          "must be in (0, 1] (the share of train negatives kept; 1 keeps "
-          "all)")
 
 
 def uniform_of_ids(ids: np.ndarray) -> np.ndarray:

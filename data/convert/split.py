@@ -28,9 +28,6 @@ import pyarrow.parquet as pq
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 
-SPLIT_MODES = ("tail", "hash")
-
-
 class OrderColumnError(DataError):
     """The ``order_by`` column holds nulls."""
 

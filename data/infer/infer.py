@@ -54,6 +54,8 @@ from psrec.features.spec.columns import TableConfig
 from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.spec import RESERVED_NAMES
 from psrec.features.spec.spec import FeatureSpec
+from psrec.options import option
+from psrec.options import qualified
 from psrec.progress import SILENT
 from psrec.progress import Progress
 
@@ -182,10 +184,35 @@ def _is_categorical_int(stats: ColumnStats) -> bool:
         stats.distinct.count <= CODE_MAX_DISTINCT)
 
 
-def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
-               label_threshold: float | None = None,
-               max_buckets: int = 2 ** 20, vocab_max: int = 1000,
-               exclude: Sequence[str] = (), command: str | None = None,
+@dataclasses.dataclass(frozen=True)
+class InferOptions:
+    """How columns become features when a spec is inferred."""
+
+    label_threshold: float | None = option(
+        None, flag="--label-threshold",
+        help="label = value >= T (for a label that is not 0/1, e.g. a "
+        "rating)")
+    max_buckets: int = option(
+        2 ** 20, flag="--max-buckets",
+        help="most hash buckets per feature (default 2**20)")
+    vocab_max: int = option(
+        1000, flag="--vocab-max",
+        help="string columns with at most this many distinct values get a "
+        "vocabulary file (default 1000; 0: hash all)")
+    exclude: tuple[str, ...] = option((), flag="--exclude",
+                                      help="columns to leave out")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        check(self.max_buckets >= 2, qualified(self, "max_buckets"),
+              self.max_buckets, "must be >= 2")
+        check(self.vocab_max >= 0, qualified(self, "vocab_max"),
+              self.vocab_max, "must be >= 0")
+
+
+def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,
+               options: InferOptions = InferOptions(), *,
+               command: str | None = None,
                exact_cap: int = EXACT_DISTINCT_CAP,
                progress: Progress = SILENT) -> InferReport:
     """Infers a spec from Parquet ``inputs`` and writes it to ``out`` (YAML,
@@ -195,17 +222,16 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
     check(out.suffix in (".yaml", ".yml"), "--out", str(out),
           "must be a .yaml or .yml file (the spec is written as commented "
           "YAML)")
-    check(max_buckets >= 2, "--max-buckets", max_buckets, "must be >= 2")
-    check(vocab_max >= 0, "--vocab-max", vocab_max, "must be >= 0")
+    exclude = options.exclude
     files = parquet_files([str(p) for p in inputs])
     schema, stats = collect_stats(files, exact_cap=exact_cap,
                                   progress=progress)
     check(label in schema.names, "--label", label,
           f"is not a column; columns: {', '.join(schema.names)}")
     unknown = [name for name in exclude if name not in schema.names]
-    check(not unknown, "--exclude", ",".join(unknown),
+    check(not unknown, qualified(options, "exclude"), ",".join(unknown),
           f"names no column; columns: {', '.join(schema.names)}")
-    label_config, label_note = _label(stats[label], label_threshold)
+    label_config, label_note = _label(stats[label], options.label_threshold)
     dense: list[tuple[DenseFeature, str]] = []
     categorical: list[tuple[dict[str, Any], str, list[str] | None]] = []
     skipped: dict[str, str] = {}
@@ -225,7 +251,8 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path, *,
                                         and not _is_categorical_int(column)):
             dense.append(_dense(column))
         else:
-            categorical.append(_categorical(column, max_buckets, vocab_max))
+            categorical.append(_categorical(column, options.max_buckets,
+                                            options.vocab_max))
     check(dense or categorical, "--label", label,
           "leaves no usable feature column (see the notes of the skipped "
           f"columns: {skipped})", error=ConfigError)

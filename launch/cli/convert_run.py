@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.config import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.format.manifest import Manifest
 from psrec.data.format.manifest import spec_for
@@ -18,15 +18,11 @@ from psrec.features.spec.presets import resolve_spec
 from psrec.launch.cli.support import existing_files
 from psrec.launch.cli.support import print_result
 from psrec.launch.monitor.progress_bar import progress_for
+from psrec.options import option_values
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    options = ConversionOptions(
-        shards=args.shards, eval_fraction=args.eval_fraction,
-        split_mode=args.split, eval_shards=args.eval_shards,
-        block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
-        order_by=args.order_by, eval_files=args.eval_files,
-        neg_sample_rate=args.neg_sample_rate)
+    options = option_values(args, ConversionOptions)
     report = convert(existing_files(args.inputs, "input Parquet"),
                      resolve_spec(args.spec), args.out, options,
                      progress=progress_for(args))

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import argparse
 
+from psrec.data.convert.config import ConversionOptions
+from psrec.data.format.manifest import SPLITS
+from psrec.data.infer.infer import InferOptions
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_fraction
 from psrec.launch.cli.argtypes import proper_fraction
+from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import RenamedFlag
+from psrec.launch.cli.support import add_cluster_flags
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.monitor.progress_bar import add_progress_flag
 
@@ -76,35 +81,17 @@ def add_convert(sub: argparse._SubParsersAction, name: str
                    help="preset name (criteo, movielens) or YAML/JSON file")
     p.add_argument("--out", required=True,
                    help="output folder: a path or gs:// URI")
-    p.add_argument("--shards", type=positive, default=4,
-                   help="train shards (>= the input pipelines that read them)")
-    p.add_argument("--eval-fraction", type=proper_fraction, default=0.0,
-                   help="share of rows in the eval split, in [0, 1)")
-    p.add_argument("--eval-shards", type=positive, default=None,
-                   help="eval shards (default: --shards)")
-    p.add_argument("--split", choices=("tail", "hash"), default="tail",
-                   help="eval rows: the last rows (tail: time-ordered logs) "
-                   "or a stable hash of the row id")
-    p.add_argument("--order-by", default=None, metavar="COLUMN",
-                   help="tail split by this column: eval = the rows with the "
-                   "last values (ties: input order), e.g. a timestamp; the "
-                   "column may be outside the spec, must not be null")
-    p.add_argument("--eval-files", default=None, metavar="GLOB",
-                   help="eval = every row of the inputs whose file name "
-                   "matches GLOB, train = the others (instead of "
-                   "--eval-fraction)")
-    p.add_argument("--block-rows", type=positive, default=256,
-                   help="rows packed per TFRecord record")
-    p.add_argument("--max-bad-fraction", type=fraction, default=0.001,
-                   help="fail above this share of bad rows (they go to "
-                   "quarantine.parquet)")
+    add_option(p, ConversionOptions, "shards", type=positive)
+    add_option(p, ConversionOptions, "eval_fraction", type=proper_fraction)
+    add_option(p, ConversionOptions, "eval_shards", type=positive)
+    add_option(p, ConversionOptions, "split_mode")
+    add_option(p, ConversionOptions, "order_by", metavar="COLUMN")
+    add_option(p, ConversionOptions, "eval_files", metavar="GLOB")
+    add_option(p, ConversionOptions, "block_rows", type=positive)
+    add_option(p, ConversionOptions, "max_bad_fraction", type=fraction)
     add_progress_flag(p)
-    p.add_argument("--neg-sample-rate", type=positive_fraction, default=1.0,
-                   metavar="R",
-                   help="keep every positive and this share of the train "
-                   "negatives (stable hash of the row id; the eval split is "
-                   "not sampled); training, eval and the export correct the "
-                   "logits by log(R) (default 1: keep all)")
+    add_option(p, ConversionOptions, "neg_sample_rate",
+               type=positive_fraction, metavar="R")
     add_json_flag(p)
     return p
 
@@ -120,7 +107,7 @@ def add_audit_shards(sub: argparse._SubParsersAction, name: str
     p.add_argument("manifest", help="manifest.json or its folder")
     p.add_argument("--pipelines", type=positive, required=True,
                    help="input pipelines (PS workers) to split the data over")
-    p.add_argument("--split", choices=("train", "eval"), default="train",
+    p.add_argument("--split", choices=SPLITS, default=SPLITS[0],
                    help="the split to audit")
     p.add_argument("--spec", default=None,
                    help="preset or spec file the data was converted with "
@@ -150,17 +137,10 @@ def add_spec(sub: argparse._SubParsersAction, name: str
     g.add_argument("--label", default=None, metavar="COL",
                    help="the label column (0/1, or see --label-threshold); "
                    "required")
-    g.add_argument("--label-threshold", type=float, default=None,
-                   metavar="T", help="label = value >= T (for a label that "
-                   "is not 0/1, e.g. a rating)")
-    g.add_argument("--max-buckets", type=positive, default=None,
-                   help="most hash buckets per feature (default 2**20)")
-    g.add_argument("--vocab-max", type=integer, default=None,
-                   help="string columns with at most this many distinct "
-                   "values get a vocabulary file (default 1000; 0: hash "
-                   "all)")
-    g.add_argument("--exclude", default=None, metavar="COL,...",
-                   help="columns to leave out")
+    add_option(g, InferOptions, "label_threshold", type=float, metavar="T")
+    add_option(g, InferOptions, "max_buckets", type=positive)
+    add_option(g, InferOptions, "vocab_max", type=integer)
+    add_option(g, InferOptions, "exclude", default=None, metavar="COL,...")
     add_progress_flag(g)
     add_json_flag(p)
     return p
@@ -206,7 +186,6 @@ def add_tf_config(sub: argparse._SubParsersAction, name: str
     p.add_argument("--out", default=None,
                    help="write <type>-<index>.json files to this folder "
                    "(default: print one TF_CONFIG per line)")
-    p.add_argument("--allow-remote", action="store_true",
-                   help="permit non-loopback hosts (unauthenticated gRPC!)")
+    add_cluster_flags(p)
     add_json_flag(p)
     return p

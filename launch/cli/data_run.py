@@ -10,6 +10,7 @@ import sys
 
 import yaml
 
+from psrec.data.infer.infer import InferOptions
 from psrec.data.infer.infer import infer_spec
 from psrec.data.ingest.criteo import ingest_criteo
 from psrec.data.ingest.jsonl import ingest_jsonl
@@ -19,11 +20,14 @@ from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.data.ingest.tabular import ingest_csv
 from psrec.errors import EXIT_OK
 from psrec.features.spec.presets import resolve_spec
+from psrec.launch.cli.options import given as was_given
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import existing_files
 from psrec.launch.cli.support import print_json
 from psrec.launch.cli.support import print_result
 from psrec.launch.monitor.progress_bar import progress_for
+from psrec.options import option_values
+from psrec.options import options
 from psrec.ps_cluster.cluster.tf_config import REMOTE_WARNING
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.cluster.tf_config import tf_configs_for_all_tasks
@@ -98,8 +102,8 @@ def run_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_INFER_FLAGS = ("label", "label_threshold", "max_buckets", "vocab_max",
-                "exclude")
+# --label, and the flags registered from InferOptions.
+_INFER_FLAGS = ("label", *(field.name for field, _ in options(InferOptions)))
 
 
 def _spec_infer(args: argparse.Namespace) -> int:
@@ -110,13 +114,11 @@ def _spec_infer(args: argparse.Namespace) -> int:
     for flag in ("label", "out"):
         if getattr(args, flag) is None:
             raise UsageError(f"spec infer: --{flag} is required")
+    options = option_values(args, InferOptions, exclude=_names(
+        args.exclude, "--exclude") if args.exclude else ())
     report = infer_spec(
         existing_files(args.inputs, "input Parquet"), args.label, args.out,
-        label_threshold=args.label_threshold,
-        max_buckets=2 ** 20 if args.max_buckets is None else args.max_buckets,
-        vocab_max=1000 if args.vocab_max is None else args.vocab_max,
-        exclude=_names(args.exclude, "--exclude") if args.exclude else (),
-        command=shlex.join(["psrec", *getattr(args, "argv", ())]),
+        options, command=shlex.join(["psrec", *getattr(args, "argv", ())]),
         progress=progress_for(args))
     print_result(args, report)
     return EXIT_OK
@@ -126,7 +128,8 @@ def run_spec(args: argparse.Namespace) -> int:
     if args.spec == "infer":
         return _spec_infer(args)
     given = [f"--{f.replace('_', '-')}" for f in _INFER_FLAGS
-             if getattr(args, f) is not None]
+             if (getattr(args, f) is not None if f == "label"
+                 else was_given(args, f))]
     if args.inputs or given:
         raise UsageError(
             f"spec {args.spec}: {' '.join(args.inputs + given)} apply only "

@@ -21,21 +21,21 @@ import dataclasses
 import os
 from typing import Iterator
 
+from psrec.data.input.config import INPUT_MODES
 from psrec.errors import EXIT_OK
 from psrec.launch.cli.argtypes import non_negative
+from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import UsageError
+from psrec.launch.job.config import JobConfig
 from psrec.launch.supervise.data_service import LocalDataService
 from psrec.ps_cluster.cluster.tf_config import TFConfig
 from psrec.ps_cluster.training.data_service import start_dispatcher
 from psrec.ps_cluster.training.data_service import start_worker
 
-INPUT_CHOICES = ("auto", "static", "data-service")
-
-
 def add_input_flags(group) -> None:
     """``--input-mode`` and ``--data-service`` of ``psrec train``."""
     group.add_argument(
-        "--input-mode", choices=INPUT_CHOICES, default="auto",
+        "--input-mode", choices=("auto", *INPUT_MODES), default="auto",
         help="static: each worker reads a fixed share of the train files (a "
         "lost worker's share is read by nobody, a restarted one starts it "
         "again); data-service: a tf.data service hands out one file at a "
@@ -45,10 +45,9 @@ def add_input_flags(group) -> None:
         "cluster itself with >= 2 workers or a dispatcher is given "
         "(--data-service), static otherwise (one worker, an existing "
         "cluster without --data-service, the other strategies)")
-    group.add_argument(
-        "--data-service", default=None, metavar="HOST:PORT",
-        help="the tf.data service dispatcher of an existing cluster "
-        "(`psrec data-server`), with --input-mode data-service")
+    add_option(group, JobConfig, "data_service", metavar="HOST:PORT",
+               help="the tf.data service dispatcher of an existing cluster "
+               "(`psrec data-server`), with --input-mode data-service")
 
 
 def resolve_input_mode(args: argparse.Namespace) -> str:

@@ -11,8 +11,13 @@ import argparse
 from psrec.launch.cli.argtypes import non_negative
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_float
+from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import add_json_flag
+from psrec.launch.k8s.objects import BACKENDS
+from psrec.launch.k8s.objects import K8sJob
 from psrec.launch.local.netns import add_allow_exposed_flag
+from psrec.options import field_named
+from psrec.options import option_of
 
 
 def add_render(sub: argparse._SubParsersAction, name: str
@@ -25,53 +30,30 @@ def add_render(sub: argparse._SubParsersAction, name: str
         "StatefulSets, a headless Service and a Job (--backend plain); "
         "both with a NetworkPolicy. Extra `psrec train` arguments for the "
         "coordinator follow `--`, e.g. `-- --steps 1000 --model dcn`.")
-    p.add_argument("--backend", choices=("tfjob", "plain"), default="tfjob",
+    p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
                    help="TFJob for Kubeflow's training operator, or plain "
                    "Kubernetes objects")
-    p.add_argument("--name", required=True, help="job name (DNS label)")
-    p.add_argument("--image", required=True,
-                   help="psrec image (see Dockerfile), ideally by digest")
-    p.add_argument("--namespace", default="default",
-                   help="namespace of every object")
-    p.add_argument("--workers", type=positive, default=2,
-                   help="worker tasks")
-    p.add_argument("--ps", type=positive, default=1,
-                   help="parameter-server tasks")
-    p.add_argument("--data", default=None,
-                   help="manifest URI of converted data every pod can read "
-                   "(default: synthetic data generated into --workdir)")
-    p.add_argument("--workdir", required=True,
-                   help="URI every pod can write (checkpoints, exports)")
+    for name, type in (("name", None), ("image", None), ("namespace", None),
+                       ("workers", positive), ("ps", positive), ("data", None),
+                       ("workdir", None)):
+        add_option(p, K8sJob, name, type=type)
     p.add_argument("--spec", default=None,
                    help="feature spec (preset or local file) to size the "
                    "PS tasks from, when --data is not local (default: the "
                    "spec beside a local --data); the coordinator reads the "
                    "one beside --data (or give `-- --spec PRESET`)")
-    p.add_argument("--gpus-per-worker", type=non_negative, default=0,
-                   help="nvidia.com/gpu limit of each worker")
-    p.add_argument("--ps-memory", default=None,
-                   help="memory of each PS task, e.g. 8Gi (default: "
-                   "planned from the spec and model by the sharding "
-                   "planner)")
-    p.add_argument("--worker-memory", default=None,
-                   help="memory of each worker, e.g. 4Gi (default: none "
-                   "set)")
-    p.add_argument("--metrics-port", type=positive, default=9090,
-                   help="the coordinator's Prometheus /metrics and "
-                   "/healthz port")
-    p.add_argument("--monitoring-namespace", default="monitoring",
-                   help="the only namespace admitted to the metrics port")
-    p.add_argument("--backoff-limit", type=non_negative, default=6,
-                   help="restarts on retryable exit codes before the job "
-                   "fails")
-    p.add_argument("--pvc", default=None,
-                   help="a PersistentVolumeClaim mounted at /mnt/psrec in "
-                   "every pod (for local --data/--workdir paths)")
+    add_option(p, K8sJob, "gpus_per_worker", type=non_negative)
+    add_option(p, K8sJob, "ps_memory", default=None)
+    add_option(p, K8sJob, "worker_memory")
+    add_option(p, K8sJob, "metrics_port", type=positive)
+    add_option(p, K8sJob, "monitoring_namespace")
+    add_option(p, K8sJob, "backoff_limit", type=non_negative)
+    add_option(p, K8sJob, "pvc")
     p.add_argument("--out", default=None,
                    help="YAML file (default: stdout); dashboard.json is "
                    "written beside it")
     p.add_argument("train_args", nargs="*", metavar="-- TRAIN_ARGS",
-                   help="extra `psrec train` arguments for the coordinator")
+                   help=option_of(field_named(K8sJob, "train_args")).help)
     return p
 
 

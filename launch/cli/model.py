@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 
+from psrec.data.format.manifest import SPLITS
+from psrec.data.input.config import InputConfig
 from psrec.launch.cli.argtypes import positive
-from psrec.launch.cli.support import add_batch_flag
-from psrec.launch.cli.support import add_count_flags
+from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
-from psrec.launch.cli.support import add_step_flags
+from psrec.launch.job.config import BenchConfig
+from psrec.launch.job.config import JobConfig
 from psrec.launch.monitor.progress_bar import add_progress_flag
+from psrec.ps_cluster.training.config import LoopConfig
 
 
 def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -78,7 +81,7 @@ def add_eval(sub: argparse._SubParsersAction, name: str
                    help="checkpoint folder of a run (with its job.json)")
     p.add_argument("--data", required=True,
                    help="manifest of converted data (file or folder)")
-    p.add_argument("--split", choices=("train", "eval"), default="eval",
+    p.add_argument("--split", choices=SPLITS, default=SPLITS[1],
                    help="the split to evaluate, every example once")
     _add_checkpoint_flag(p)
     add_progress_flag(p)
@@ -120,15 +123,16 @@ def add_bench(sub: argparse._SubParsersAction, name: str
     p = sub.add_parser(name, help="training throughput (examples/s)")
     workload = p.add_argument_group("model")
     add_model_flag(workload)
-    add_batch_flag(workload, "global batch size (rows per step)")
-    workload.add_argument("--buckets", type=positive, default=100_000,
-                          help="hash buckets per synthetic table")
-    workload.add_argument("--dim", type=positive, default=16,
-                          help="embedding dimension")
+    add_option(workload, InputConfig, "batch_size", type=positive,
+               help="global batch size (rows per step)")
+    add_option(workload, BenchConfig, "buckets", type=positive)
+    add_option(workload, BenchConfig, "dim", type=positive)
     cluster = p.add_argument_group("cluster")
-    add_count_flags(cluster)
-    cluster.add_argument("--single-process", action="store_true",
-                         help="no cluster: train in this process (baseline)")
-    add_step_flags(p.add_argument_group("schedule"), steps=300)
+    add_option(cluster, JobConfig, "workers", type=positive)  # task counts
+    add_option(cluster, JobConfig, "ps", type=positive)
+    add_option(cluster, BenchConfig, "single_process")
+    schedule = p.add_argument_group("schedule")
+    add_option(schedule, BenchConfig, "steps", type=positive)
+    add_option(schedule, LoopConfig, "steps_per_closure", type=positive)
     add_json_flag(p.add_argument_group("output"))
     return p

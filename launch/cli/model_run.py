@@ -14,6 +14,7 @@ from psrec.errors import EXIT_OK
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import print_result
 from psrec.launch.job import bench
+from psrec.launch.job.config import BenchConfig
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.data import training_neg_sample_rate
 from psrec.launch.job.export import evaluate_checkpoint
@@ -21,6 +22,7 @@ from psrec.launch.job.export import export_checkpoint
 from psrec.launch.job.export import sampling_note
 from psrec.launch.monitor.progress_bar import progress_for
 from psrec.models.serving.scoring import score_files
+from psrec.options import option_values
 from psrec.ps_cluster.checkpoint.best import choose_checkpoint
 
 
@@ -77,11 +79,10 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    result = bench.run_bench(bench.BenchConfig(
-        model=args.model, workers=args.workers, ps=args.ps,
-        batch_size=args.batch_size, buckets=args.buckets, dim=args.dim,
-        steps=args.steps, steps_per_closure=args.steps_per_closure,
-        single_process=args.single_process))
+    result = bench.run_bench(option_values(
+        args, BenchConfig, model=args.model, workers=args.workers,
+        ps=args.ps, batch_size=args.batch_size,
+        steps_per_closure=args.steps_per_closure))
     print_result(args, result,
                  "\n".join(f"{k}: {v}" for k, v in result.items()))
     # In-process gRPC servers cannot be shut down; leave without waiting.

@@ -19,16 +19,24 @@ import functools
 from typing import Any
 from typing import Callable
 
+from psrec.data.convert.config import ConversionOptions
+from psrec.data.infer.infer import InferOptions
 from psrec.errors import ConfigError
 from psrec.launch.job.config import JobConfig
+from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.options import field_default
+from psrec.options import field_named
+from psrec.options import has_default
 from psrec.options import option_of
 from psrec.options import options
 from psrec.options import qualified
 from psrec.options import scope_error
 
 _GIVEN = "psrec_given_options"
+#: The configurations whose fields :func:`translate` turns into flags.
+_CONFIGS = (JobConfig, RetrievalConfig, ConversionOptions, InferOptions,
+            SupervisorConfig)
 _MISSING = object()
 
 
@@ -67,17 +75,18 @@ def add_option(group: argparse._ActionsContainer, cls: Any, name: str, *,
         ``PartitionConfig`` field under ``JobConfig.partition``).
       **kwargs: more of ``add_argument`` (``metavar``).
     """
-    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    field = field_named(cls, name)
     meta = option_of(field)
     if meta is None or meta.flag is None:
         raise ConfigError(f"{qualified(cls, name)} has no flag.")
-    if default is _MISSING:
+    if default is _MISSING and has_default(field):
         default = field_default(field)
     text = meta.help if help is None else help
-    if isinstance(field_default(field), bool):  # a switch
+    if isinstance(default, bool):  # a switch
         kwargs.update(nargs=0, const=True, default=False)
     else:
-        kwargs.update(default=default)
+        kwargs.update({"required": True} if default is _MISSING
+                      else {"default": default})
         if type is not None:
             kwargs["type"] = type
         if meta.choices is not None:
@@ -107,21 +116,19 @@ def refuse_given_out_of_scope(args: argparse.Namespace,
 
 @functools.cache
 def field_flags() -> dict[str, str]:
-    """``Class.field`` -> its flag, for every option with one of a job."""
+    """``Class.field`` -> its flag, for every option with one of the
+    configurations of the command line (nested ones too)."""
     mapping: dict[str, str] = {}
 
     def walk(cls: Any) -> None:
         for field, meta in options(cls):
             if meta.flag is not None:
                 mapping[qualified(cls, field.name)] = meta.flag
-            value = (field_default(field)
-                     if field.default is not dataclasses.MISSING
-                     or field.default_factory is not dataclasses.MISSING
-                     else None)
+            value = field_default(field) if has_default(field) else None
             if dataclasses.is_dataclass(value):
                 walk(type(value))
-    walk(JobConfig)
-    walk(RetrievalConfig)
+    for cls in _CONFIGS:
+        walk(cls)
     return mapping
 
 

@@ -12,13 +12,11 @@ from typing import Any
 from typing import Sequence
 
 from psrec.errors import ConfigError
-from psrec.launch.cli.argtypes import positive
-from psrec.models.ranking.config import MODEL_PRESETS
+from psrec.launch.cli.options import add_option
+from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import StrategyConfig
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
-
-MODEL_NAMES = tuple(MODEL_PRESETS)
-
 
 class UsageError(ConfigError):
     """A command-line argument is invalid; exits with EXIT_USAGE."""
@@ -103,37 +101,8 @@ def add_spec_and_data_flags(group: argparse._ActionsContainer, *,
 
 
 def add_model_flag(group: argparse._ActionsContainer) -> None:
-    group.add_argument("--model", choices=MODEL_NAMES, default="dcn",
-                       help="named model configuration")
-
-
-def add_count_flags(group: argparse._ActionsContainer) -> None:
-    """--workers/--ps: task COUNTS in every command that has them (host
-    lists are `psrec tf-config --worker-hosts/--ps-hosts`)."""
-    # The option fields load the job's modules (pyarrow): only for the
-    # commands that have these flags, not for every user of this module.
-    from psrec.launch.cli.options import add_option
-    from psrec.launch.job.config import JobConfig
-    add_option(group, JobConfig, "workers", type=positive)
-    add_option(group, JobConfig, "ps", type=positive)
-
-
-def add_step_flags(group: argparse._ActionsContainer, steps: int) -> None:
-    group.add_argument("--steps", type=positive, default=steps,
-                       help="training steps (the run ends at this global step)")
-    from psrec.launch.cli.options import add_option
-    from psrec.ps_cluster.training.config import LoopConfig
-    add_option(group, LoopConfig, "steps_per_closure", type=positive)
-
-
-def add_batch_flag(group: argparse._ActionsContainer, what: str) -> None:
-    from psrec.data.input.config import InputConfig
-    from psrec.launch.cli.options import add_option
-    add_option(group, InputConfig, "batch_size", type=positive, help=what)
+    add_option(group, JobConfig, "model_name")
 
 
 def add_cluster_flags(p: argparse._ActionsContainer) -> None:
-    p.add_argument("--allow-remote", action="store_true",
-                   help="permit non-loopback hosts; TF gRPC servers accept "
-                   "unauthenticated, unencrypted connections on all "
-                   "interfaces: isolated networks only")
+    add_option(p, StrategyConfig, "allow_remote")

@@ -5,7 +5,6 @@ cluster), ``server`` runs one of its PS or worker tasks."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -39,9 +38,14 @@ from psrec.launch.job.config import SyntheticData
 from psrec.launch.job.config import has_ranking_metrics
 from psrec.launch.job.config import keep_best_error
 from psrec.launch.local.netns import add_allow_exposed_flag
+from psrec.launch.supervise.restart_policy import RestartLimits
+from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
+from psrec.options import field_named
 from psrec.options import option_of
+from psrec.options import option_values
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import as_path
@@ -71,12 +75,6 @@ def _existing_cluster(args: argparse.Namespace):
     return config.cluster
 
 
-def _field_scope(cls, name: str):
-    """The strategies field ``name`` of ``cls`` applies to."""
-    return {f.name: option_of(f) for f in dataclasses.fields(cls)}[
-        name].strategies
-
-
 def _job_config(args: argparse.Namespace) -> JobConfig:
     """The :class:`JobConfig` of ``psrec train``'s arguments; a flag given
     under a ``--strategy`` it does not apply to is refused (exit 2). A
@@ -99,11 +97,9 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
         raise UsageError(
             f"give --steps ({args.steps}) or --epochs ({args.epochs:g}), not "
             "both: --epochs N trains N passes over the train split.")
-    overrides = {}
+    overrides = {"batch_norm": "sync"} if args.sync_batch_norm else {}
     if args.cross_low_rank:
         overrides["cross_low_rank"] = args.cross_low_rank
-    if args.sync_batch_norm:
-        overrides["batch_norm"] = "sync"
     spec = spec_for(Manifest.load(args.data) if args.data else None,
                     args.spec)
     retrieval = retrieval_flags.retrieval_config(args, spec)
@@ -112,42 +108,17 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
             or args.early_stop_patience):
         raise keep_best_error(args.keep_best, args.early_stop_patience,
                               spec, retrieval)
-    return JobConfig(
-        workdir=as_path(args.workdir), spec=spec,
-        model_name=args.model, model=model_config(args.model, **overrides),
-        optimizer=OptimizerConfig(
-            sparse=args.sparse_optimizer, dense=args.dense_optimizer,
-            sparse_lr=args.sparse_lr, dense_lr=args.dense_lr,
-            base_batch_size=args.base_batch_size,
-            warmup_steps=args.warmup_steps),
-        input=InputConfig(batch_size=args.batch_size, seed=args.seed,
-                          mode=resolve_input_mode(args)),
-        loop=LoopConfig(steps=args.steps,
-                        steps_per_closure=args.steps_per_closure,
-                        log_every=args.log_every, eval_every=args.eval_every,
-                        checkpoint_every=args.checkpoint_every,
-                        keep_best=args.keep_best,
-                        early_stop_patience=args.early_stop_patience),
-        epochs=args.epochs,
-        strategy=StrategyConfig(
-            kind=args.strategy, collective=args.collective,
-            mixed_precision=args.mixed_precision,
-            grad_accum_steps=args.grad_accum_steps,
-            memory_fraction=args.memory_fraction,
-            cpu_replicas=args.cpu_replicas, allow_remote=args.allow_remote,
-            ps_memory=args.ps_memory),
-        partition=PartitionConfig(kind=args.partitioner,
-                                  shards=args.table_shards),
+    return option_values(
+        args, JobConfig, workdir=as_path(args.workdir), spec=spec,
+        model=model_config(args.model, **overrides),
+        optimizer=option_values(args, OptimizerConfig),
+        input=option_values(args, InputConfig, mode=resolve_input_mode(args)),
+        loop=option_values(args, LoopConfig),
+        strategy=option_values(args, StrategyConfig),
+        partition=option_values(args, PartitionConfig),
         data=as_path(args.data) if args.data else None,
-        synthetic=SyntheticData(rows=args.synthetic_rows, seed=args.seed),
-        workers=args.workers, ps=args.ps, export=not args.no_export,
-        verify_checksums=not args.no_verify_checksums,
-        max_corrupt_records=args.max_corrupt_records,
-        keep_checkpoints=args.keep_checkpoints,
-        checkpoint_writers=args.checkpoint_writers,
-        stall_timeout=args.stall_timeout or None,
-        connect_timeout=args.connect_timeout, grace_period=args.grace_period,
-        retrieval=retrieval, data_service=args.data_service)
+        synthetic=option_values(args, SyntheticData, seed=args.seed),
+        stall_timeout=args.stall_timeout or None, retrieval=retrieval)
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -297,9 +268,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     model = p.add_argument_group("model")
     add_model_flag(model)
-    model.add_argument("--cross-low-rank", type=positive, default=None,
-                       help="rank of the DCN cross layers' low-rank kernels "
-                       "(default: the model configuration's)")
+    add_option(model, ModelConfig, "cross_low_rank", type=positive)
     model.add_argument("--sync-batch-norm", action="store_true",
                        help="batch norm in the MLP towers with statistics "
                        "all-reduced across the replicas in sync (under ps: "
@@ -330,7 +299,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          help="coordinate an existing cluster (JSON cluster "
                          "spec or TF_CONFIG file); TF_CONFIG naming this task "
                          "chief also does (default: start a local cluster)")
-    partition = _field_scope(JobConfig, "partition")
+    partition = option_of(field_named(JobConfig, "partition")).strategies
     add_option(cluster, PartitionConfig, "kind", strategies=partition)
     add_option(cluster, PartitionConfig, "shards", type=positive,
                strategies=partition)
@@ -408,30 +377,11 @@ def add_checkpoint_flags(group) -> None:
 
 def add_reliability_flags(group) -> None:
     """Restart budgets, watchdog, connect timeout, grace period."""
-    group.add_argument("--max-restarts", type=non_negative, default=3,
-                       help="restarts of the coordinator alone (it failed or "
-                       "stalled while every role was healthy); also the "
-                       "default of --max-worker-restarts and "
-                       "--max-ps-restarts (local cluster)")
-    group.add_argument("--max-worker-restarts", type=non_negative,
-                       default=None,
-                       help="restarts of worker tasks (default: "
-                       "--max-restarts)")
-    group.add_argument("--max-ps-restarts", type=non_negative, default=None,
-                       help="restarts of PS tasks, each with the coordinator "
-                       "from the latest checkpoint (default: --max-restarts)")
-    group.add_argument("--max-data-service-restarts", type=non_negative,
-                       default=None,
-                       help="restarts of the local tf.data service process "
-                       "(--input-mode data-service), on its port; the "
-                       "training workers reconnect (default: --max-restarts)")
-    group.add_argument("--restart-budget-refill", type=non_negative_float,
-                       default=600.0,
-                       help="seconds a role runs without failing after which "
-                       "its restart budget is full again; 0: never")
-    group.add_argument("--no-restart-workers", action="store_true",
-                       help="keep training on the remaining workers "
-                       "instead of restarting a lost one")
+    for role in ("coordinator", "worker", "ps", "data_service"):
+        add_option(group, RestartLimits, role, type=non_negative)
+    add_option(group, RestartLimits, "refill_after",
+               type=non_negative_float)
+    add_option(group, SupervisorConfig, "restart_workers")
     add_option(group, JobConfig, "stall_timeout", type=non_negative_float)
     add_option(group, JobConfig, "connect_timeout", type=positive_float)
     add_option(group, JobConfig, "grace_period", type=non_negative_float)
@@ -439,17 +389,7 @@ def add_reliability_flags(group) -> None:
 
 def supervisor_config(args: argparse.Namespace):
     """The :class:`SupervisorConfig` of ``psrec train``'s arguments."""
-    from psrec.launch.supervise.restart_policy import RestartLimits
-    from psrec.launch.supervise.restart_policy import SupervisorConfig
-
-    def given(value):
-        return args.max_restarts if value is None else value
-    return SupervisorConfig(
-        limits=RestartLimits(
-            worker=given(args.max_worker_restarts),
-            ps=given(args.max_ps_restarts), coordinator=args.max_restarts,
-            data_service=given(args.max_data_service_restarts),
-            refill_after=args.restart_budget_refill),
-        restart_workers=not args.no_restart_workers,
-        stall_timeout=args.stall_timeout or None,
-        grace_period=args.grace_period)
+    return option_values(args, SupervisorConfig,
+                         limits=option_values(args, RestartLimits),
+                         stall_timeout=args.stall_timeout or None,
+                         grace_period=args.grace_period)

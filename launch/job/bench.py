@@ -11,7 +11,6 @@ same model and step with no cluster at all.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 
@@ -23,32 +22,13 @@ from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
-from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import BenchConfig
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
-from psrec.options import default_of
 from psrec.ps_cluster.cluster.in_process import in_process_cluster
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchConfig:
-    """Arguments of ``psrec bench`` (see the CLI help). The model, task
-    counts, batch size and steps per closure default to the training job's
-    (their one source: the fields of ``JobConfig``, ``InputConfig`` and
-    ``LoopConfig``)."""
-
-    model: str = default_of(JobConfig, "model_name")
-    workers: int = default_of(JobConfig, "workers")
-    ps: int = default_of(JobConfig, "ps")
-    batch_size: int = default_of(InputConfig, "batch_size")
-    buckets: int = 100_000
-    dim: int = 16
-    steps: int = 300
-    steps_per_closure: int = default_of(LoopConfig, "steps_per_closure")
-    single_process: bool = False
 
 
 def synthetic_dataset_fn(spec: FeatureSpec, batch_size: int,

@@ -7,6 +7,7 @@ model from it with :meth:`JobConfig.from_dict`. Every field is an option
 (``psrec.options``): its default, help, choices and the strategies it
 applies to live on the field; options set under a strategy they do not
 apply to are refused here, naming the field (the CLI names the flag).
+:class:`BenchConfig` is ``psrec bench``'s workload and cluster.
 
 Plain Python: the CLI builds its flags from these fields without
 TensorFlow.
@@ -105,7 +106,9 @@ class StrategyConfig(Codec, where="strategy"):
         "devices (default: no split)")
     allow_remote: bool = option(
         False, flag="--allow-remote",
-        help="accept non-loopback hosts (TF_CONFIG / --cluster)")
+        help="permit non-loopback hosts; TF gRPC servers accept "
+        "unauthenticated, unencrypted connections on all interfaces: "
+        "isolated networks only")
     ps_memory: int | None = option(
         None, flag="--ps-memory", strategies=("ps",),
         help="bytes one PS task may hold (table shards, their optimizer "
@@ -353,3 +356,26 @@ class JobConfig:
                 "directory (psrec train writes job.json beside its "
                 "checkpoints).")
         return cls.from_dict(json.loads(path.read_text()))
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """The workload and cluster ``psrec bench`` measures. The model, task
+    counts, batch size and steps per closure are the training job's options
+    (their one source, and their flags: the fields of ``JobConfig``,
+    ``InputConfig`` and ``LoopConfig``), defaulting as they do there."""
+
+    model: str = default_of(JobConfig, "model_name")
+    workers: int = default_of(JobConfig, "workers")
+    ps: int = default_of(JobConfig, "ps")
+    batch_size: int = default_of(InputConfig, "batch_size")
+    buckets: int = option(100_000, flag="--buckets",
+                          help="hash buckets per synthetic table")
+    dim: int = option(16, flag="--dim", help="embedding dimension")
+    steps: int = option(
+        300, flag="--steps",
+        help="training steps (the run ends at this global step)")
+    steps_per_closure: int = default_of(LoopConfig, "steps_per_closure")
+    single_process: bool = option(
+        False, flag="--single-process",
+        help="no cluster: train in this process (baseline)")

@@ -15,12 +15,16 @@ coordinator's metrics port only from pods of the monitoring namespace.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from dataclasses import field
 from typing import Any
+
+from psrec.options import option
 
 #: The container name the Kubeflow training operator requires (it reads
 #: the port and the exit code of the container with this name).
 CONTAINER = "tensorflow"
+#: The ``psrec k8s render --backend`` choices: a Kubeflow TFJob, or plain
+#: Kubernetes objects.
+BACKENDS = ("tfjob", "plain")
 #: The operator's default TF port and the container port name it reads.
 TF_PORT = 2222
 TF_PORT_NAME = "tfjob-port"
@@ -45,28 +49,48 @@ _SERVER_LIVENESS = {"periodSeconds": 20, "failureThreshold": 3,
 @dataclass(frozen=True)
 class K8sJob:
     """Everything the rendered objects depend on (validated by
-    :func:`psrec.launch.k8s.render.job_from_args`).
+    :func:`psrec.launch.k8s.render.job_from_args`)."""
 
-    ``ps_memory``/``worker_memory`` are Kubernetes quantities (``"4Gi"``);
-    ``train_args`` are extra ``psrec train`` arguments for the coordinator;
-    ``data`` None trains on generated synthetic data.
-    """
-
-    name: str
-    image: str
-    workers: int
-    ps: int
-    workdir: str
-    ps_memory: str
-    data: str | None = None
-    namespace: str = "default"
-    gpus_per_worker: int = 0
-    worker_memory: str | None = None
-    metrics_port: int = 9090
-    monitoring_namespace: str = "monitoring"
-    backoff_limit: int = 6
-    pvc: str | None = None
-    train_args: tuple[str, ...] = field(default_factory=tuple)
+    name: str = option(flag="--name", help="job name (DNS label)")
+    image: str = option(
+        flag="--image", help="psrec image (see Dockerfile), ideally by digest")
+    workdir: str = option(
+        flag="--workdir",
+        help="URI every pod can write (checkpoints, exports)")
+    ps_memory: str = option(
+        flag="--ps-memory",
+        help="memory of each PS task, e.g. 8Gi (default: planned from the "
+        "spec and model by the sharding planner)")
+    namespace: str = option("default", flag="--namespace",
+                            help="namespace of every object")
+    workers: int = option(2, flag="--workers", help="worker tasks")
+    ps: int = option(1, flag="--ps", help="parameter-server tasks")
+    data: str | None = option(
+        None, flag="--data",
+        help="manifest URI of converted data every pod can read (default: "
+        "synthetic data generated into --workdir)")
+    gpus_per_worker: int = option(
+        0, flag="--gpus-per-worker",
+        help="nvidia.com/gpu limit of each worker")
+    worker_memory: str | None = option(
+        None, flag="--worker-memory",
+        help="memory of each worker, e.g. 4Gi (default: none set)")
+    metrics_port: int = option(
+        9090, flag="--metrics-port",
+        help="the coordinator's Prometheus /metrics and /healthz port")
+    monitoring_namespace: str = option(
+        "monitoring", flag="--monitoring-namespace",
+        help="the only namespace admitted to the metrics port")
+    backoff_limit: int = option(
+        6, flag="--backoff-limit",
+        help="restarts on retryable exit codes before the job fails")
+    pvc: str | None = option(
+        None, flag="--pvc",
+        help="a PersistentVolumeClaim mounted at /mnt/psrec in every pod "
+        "(for local --data/--workdir paths)")
+    train_args: tuple[str, ...] = option(
+        default_factory=tuple,
+        help="extra `psrec train` arguments for the coordinator")
 
 
 def labels(job: K8sJob, component: str | None = None) -> dict[str, str]:

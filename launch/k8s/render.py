@@ -29,15 +29,17 @@ from psrec.data.format.manifest import Manifest
 from psrec.data.format.manifest import spec_for
 from psrec.errors import ConfigError
 from psrec.errors import check
+from psrec.launch.k8s.objects import BACKENDS
 from psrec.launch.k8s.objects import K8sJob
 from psrec.launch.k8s.plain import render_plain
 from psrec.launch.k8s.tfjob import render_tfjob
 from psrec.launch.monitor.dashboard import grafana_dashboard
 from psrec.models.ranking.config import model_config
+from psrec.options import option_values
 from psrec.ps_cluster.planner.plan import plan
 from psrec.uri import is_uri
 
-BACKENDS = {"tfjob": render_tfjob, "plain": render_plain}
+_RENDERERS = dict(zip(BACKENDS, (render_tfjob, render_plain)))
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 #: Flags render sets itself; repeating them after ``--`` is refused.
@@ -134,23 +136,18 @@ def job_from_args(args: argparse.Namespace, add_train_command) -> K8sJob:
     if not args.image.strip() or any(c.isspace() for c in args.image):
         raise ConfigError(f"`--image` = {args.image!r} must be an image "
                           "reference such as registry/psrec:1.0.")
-    return K8sJob(
-        name=check_name("--name", args.name, longest=40),
+    return option_values(
+        args, K8sJob, name=check_name("--name", args.name, longest=40),
         namespace=check_name("--namespace", args.namespace),
-        image=args.image, workers=args.workers, ps=args.ps,
-        data=args.data, workdir=args.workdir, ps_memory=ps_memory,
-        gpus_per_worker=args.gpus_per_worker,
+        ps_memory=ps_memory, train_args=train_args,
         worker_memory=check_quantity("--worker-memory", args.worker_memory),
-        metrics_port=args.metrics_port,
         monitoring_namespace=check_name("--monitoring-namespace",
-                                        args.monitoring_namespace),
-        backoff_limit=args.backoff_limit, pvc=args.pvc,
-        train_args=train_args)
+                                        args.monitoring_namespace))
 
 
 def render(job: K8sJob, backend: str) -> list[dict[str, Any]]:
     """The Kubernetes objects of ``job`` under ``backend``."""
-    return BACKENDS[backend](job)
+    return _RENDERERS[backend](job)
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -15,37 +15,46 @@ import time
 
 from psrec.errors import check_at_least
 from psrec.launch.monitor.heartbeat import ROLES
-
-# The flag that sets each role's budget, for messages.
-BUDGET_FLAGS = {"worker": "--max-worker-restarts", "ps": "--max-ps-restarts",
-                "coordinator": "--max-restarts",
-                "data_service": "--max-data-service-restarts"}
+from psrec.options import option
+from psrec.options import options
 
 
 @dataclasses.dataclass(frozen=True)
 class RestartLimits:
-    """Restarts allowed per role.
+    """Restarts allowed per role; a role's None: the coordinator's."""
 
-    Attributes:
-      worker: restarts of worker tasks (``--max-worker-restarts``).
-      ps: restarts of the PS tasks (with the coordinator, from the latest
-        checkpoint; ``--max-ps-restarts``).
-      coordinator: restarts of the coordinator alone, when it failed or
-        stalled and every role is healthy (``--max-restarts``).
-      data_service: restarts of the local tf.data service process
-        (``--max-data-service-restarts``).
-      refill_after: seconds without a failure of a role after which its
-        budget is full again (0: never refills).
-    """
-
-    worker: int = 3
-    ps: int = 3
-    coordinator: int = 3
-    data_service: int = 3
-    refill_after: float = 600.0
+    worker: int | None = option(
+        None, flag="--max-worker-restarts",
+        help="restarts of worker tasks (default: --max-restarts)")
+    ps: int | None = option(
+        None, flag="--max-ps-restarts",
+        help="restarts of PS tasks, each with the coordinator from the "
+        "latest checkpoint (default: --max-restarts)")
+    coordinator: int = option(
+        3, flag="--max-restarts",
+        help="restarts of the coordinator alone (it failed or stalled while "
+        "every role was healthy); also the default of --max-worker-restarts "
+        "and --max-ps-restarts (local cluster)")
+    data_service: int | None = option(
+        None, flag="--max-data-service-restarts",
+        help="restarts of the local tf.data service process (--input-mode "
+        "data-service), on its port; the training workers reconnect "
+        "(default: --max-restarts)")
+    refill_after: float = option(
+        600.0, flag="--restart-budget-refill",
+        help="seconds a role runs without failing after which its restart "
+        "budget is full again; 0: never")
 
     def __post_init__(self) -> None:
+        for role in ROLES:
+            if getattr(self, role) is None:
+                object.__setattr__(self, role, self.coordinator)
         check_at_least(self, 0, *ROLES, "refill_after")
+
+
+#: The flag that sets each role's budget, for messages.
+BUDGET_FLAGS = {field.name: meta.flag for field, meta in options(RestartLimits)
+                if field.name in ROLES}
 
 
 class RestartBudget:
@@ -86,25 +95,24 @@ class RestartBudget:
 
 @dataclasses.dataclass(frozen=True)
 class SupervisorConfig:
-    """Restart policy.
+    """Restart policy."""
 
-    Attributes:
-      limits: restarts allowed per role, and when a budget refills.
-      restart_workers: restart a worker that died (otherwise training goes
-        on with the remaining workers).
-      backoff: first backoff in seconds, doubled per restart of a role,
-        capped at 60.
-      stall_timeout: seconds without a new heartbeat before the
-        coordinator is declared stalled (None: not watched).
-      grace_period: seconds the coordinator gets after SIGTERM/SIGINT to
-        save a checkpoint and exit before it is killed.
-    """
-
-    limits: RestartLimits = RestartLimits()
-    restart_workers: bool = True
-    backoff: float = 1.0
-    stall_timeout: float | None = None
-    grace_period: float = 30.0
+    limits: RestartLimits = option(
+        RestartLimits(),
+        help="restarts allowed per role, and when a budget refills")
+    restart_workers: bool = option(
+        True, flag="--no-restart-workers",
+        help="keep training on the remaining workers instead of restarting "
+        "a lost one")
+    backoff: float = option(
+        1.0, help="first backoff in seconds, doubled per restart of a role, "
+        "capped at 60")
+    stall_timeout: float | None = option(
+        None, help="seconds without a new heartbeat before the coordinator "
+        "is declared stalled (None: not watched)")
+    grace_period: float = option(
+        30.0, help="seconds the coordinator gets after SIGTERM/SIGINT to "
+        "save a checkpoint and exit before it is killed")
 
     def stall_deadline(self) -> float | None:
         """The supervisor's stall limit: the timeout plus a margin."""

@@ -16,6 +16,7 @@ from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.options import Codec
+from psrec.options import option
 
 if TYPE_CHECKING:
     from psrec.features.spec.spec import FeatureSpec
@@ -33,45 +34,48 @@ class ModelConfigError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(Codec, where="model"):
-    """Architecture of :class:`models.ranking.model.RankingModel`.
+    """Architecture of :class:`models.ranking.model.RankingModel`."""
 
-    Attributes:
-      interaction: ``dot`` (DLRM pairwise dot products), ``cross`` (DCN-v2
-        cross network, ``tfrs.layers.dcn.Cross``), ``fm`` (factorization
-        machine second-order term, DeepFM) or ``concat`` (plain
-        concatenation, Wide & Deep's deep part).
-      bottom_mlp: hidden widths of the dense-feature MLP; for ``dot`` and
-        ``fm`` a final projection to the embedding width is added, since
-        dense and sparse vectors must share a width there. Empty: raw
-        transformed dense features go straight to the interaction.
-      top_mlp: hidden widths of the MLP above the interaction (a final
-        1-unit logit layer is always added).
-      cross_layers: number of cross layers (``cross``).
-      cross_low_rank: optional low-rank projection of the cross layers.
-      wide: add a first-order linear part (one weight per embedding row,
-        sharded like the tables, plus a linear term on dense features).
-      batch_norm: batch normalization after each hidden layer of both MLP
-        towers: ``none`` (default), ``batch`` (per-replica statistics) or
-        ``sync`` (statistics all-reduced across the replicas in sync, for
-        the mirrored strategies; ``psrec train --sync-batch-norm``).
-      init_scale: initialisation scale of the field vectors the interaction
-        combines: the rows of the tables whose spec leaves ``scale`` unset
-        (with the table's ``initializer``) and, for ``dot`` and ``fm``, the
-        kernel of the dense tower's projection to the embedding width
-        (normal, this stddev). None: the defaults
-        (tables ``1/sqrt(dim)``, Glorot). DeepFM sets ``0.01``
-        (:data:`FM_INIT_SCALE`): its second-order term, a sum over all
-        field pairs added to the logit, is then near 0 at the start.
-    """
-
-    interaction: str = "cross"
-    bottom_mlp: tuple[int, ...] = ()
-    top_mlp: tuple[int, ...] = (256, 128)
-    cross_layers: int = 2
-    cross_low_rank: int | None = None
-    wide: bool = False
-    batch_norm: str = "none"
-    init_scale: float | None = None
+    interaction: str = option(
+        "cross", choices=INTERACTIONS,
+        help="``dot`` (DLRM pairwise dot products), ``cross`` (DCN-v2 cross "
+        "network, ``tfrs.layers.dcn.Cross``), ``fm`` (factorization machine "
+        "second-order term, DeepFM) or ``concat`` (plain concatenation, "
+        "Wide & Deep's deep part)")
+    bottom_mlp: tuple[int, ...] = option(
+        (),
+        help="hidden widths of the dense-feature MLP; for ``dot`` and ``fm`` "
+        "a final projection to the embedding width is added, since dense and "
+        "sparse vectors must share a width there. Empty: raw transformed "
+        "dense features go straight to the interaction")
+    top_mlp: tuple[int, ...] = option(
+        (256, 128),
+        help="hidden widths of the MLP above the interaction (a final 1-unit "
+        "logit layer is always added)")
+    cross_layers: int = option(
+        2, help="number of cross layers (``cross``)")
+    cross_low_rank: int | None = option(
+        None, flag="--cross-low-rank",
+        help="rank of the DCN cross layers' low-rank kernels (default: the "
+        "model configuration's)")
+    wide: bool = option(
+        False, help="add a first-order linear part (one weight per embedding "
+        "row, sharded like the tables, plus a linear term on dense features)")
+    batch_norm: str = option(
+        "none", choices=BATCH_NORMS,
+        help="batch normalization after each hidden layer of both MLP "
+        "towers: ``none``, ``batch`` (per-replica statistics) or ``sync`` "
+        "(statistics all-reduced across the replicas in sync, for the "
+        "mirrored strategies; ``psrec train --sync-batch-norm``)")
+    init_scale: float | None = option(
+        None, help="initialisation scale of the field vectors the "
+        "interaction combines: the rows of the tables whose spec leaves "
+        "``scale`` unset (with the table's ``initializer``) and, for ``dot`` "
+        "and ``fm``, the kernel of the dense tower's projection to the "
+        "embedding width (normal, this stddev). None: the defaults (tables "
+        "``1/sqrt(dim)``, Glorot). DeepFM sets ``0.01`` "
+        "(:data:`FM_INIT_SCALE`): its second-order term, a sum over all "
+        "field pairs added to the logit, is then near 0 at the start")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
