@@ -434,7 +434,7 @@ def translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
     import tensorflow as tf
 
     from psrec.data.format.records import corruption_named
-    from psrec.ps_cluster.cluster.errors import ClusterUnavailableError
+    from psrec.ps_cluster.cluster.probe import ClusterUnavailableError
     from psrec.ps_cluster.cluster.probe import lost_task_message
     try:
         with corruption_named(manifest.files("train")

@@ -20,9 +20,15 @@ import socket
 import time
 from typing import Callable
 
-from psrec.ps_cluster.cluster.errors import ClusterUnavailableError
+from psrec.errors import RetryableError
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.cluster.tf_config import TaskInfo
+
+
+class ClusterUnavailableError(RetryableError):
+    """A PS task (or the whole cluster) became unreachable. Retryable: the
+    PS tasks and the coordinator must be restarted, and training resumes
+    from the latest checkpoint (TF cannot recover a lost PS in-process)."""
 
 
 def _served(cluster: ClusterSpec) -> list[TaskInfo]:
