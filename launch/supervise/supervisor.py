@@ -80,7 +80,6 @@ class Supervisor:
       cluster: the (not yet started) local cluster.
       coordinator_command: the coordinator's command line (see
         :func:`supervise`); the supervisor appends ``--cluster FILE``.
-      config: the restart policy.
       workdir: where ``cluster.json`` and role logs go.
     """
 
@@ -209,11 +208,9 @@ class Supervisor:
 
     def _watch(self) -> tuple[int, Failure | None]:
         """Waits for the coordinator, restarting dead workers meanwhile,
-        watching its heartbeat.
-
-        Returns (exit code, the failure when known). A dead PS or a stall
-        stops the coordinator and returns a retryable code.
-        """
+        watching its heartbeat. Returns (exit code, the failure when known);
+        a dead PS or a stall stops the coordinator and returns a retryable
+        code."""
         assert self.coordinator is not None
         deadline = self.config.stall_deadline()
         while True:

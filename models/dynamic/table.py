@@ -24,18 +24,13 @@ placed by an explicit ``tf.device`` (under ``ParameterServerStrategy`` a
 table created in the strategy's scope lands on the coordinator and fails
 when workers use it); without PS tasks everything is local, one shard.
 
-Workers only read the maps (:meth:`DynamicTable.rows`, one lookup per
-shard: an id is in at most one): an unknown id reads the default row, whose
-gradient is dropped, and its count goes up by one per occurrence (a read
-and an insert, not atomic: two closures counting the same id at once may
-lose an increment, which only delays its admission). Hit rows get
-``freq``/``last_seen`` updates by scatter ops on their shard; the counting
-and these updates are ops placed on each shard's PS (the step's ids go
-there once). Rows are
-assigned only by :meth:`DynamicTable.maintain`, launched by the coordinator
-at a join boundary (no closure in flight): it is the only writer of the
-maps, so two ids never share a row. The selection runs as ops on each
-shard's PS (``models.dynamic.select``); only the rows given out come back.
+Workers only read the maps (:meth:`DynamicTable.rows`): an unknown id
+reads the default row, whose gradient is dropped, and its count goes up by
+one per occurrence (a read and an insert, not atomic: two closures counting
+the same id at once may lose an increment, which only delays its
+admission). Rows are assigned only by :meth:`DynamicTable.maintain`, at a
+join boundary (no closure in flight): it is the only writer of the maps,
+so two ids never share a row.
 """
 
 from __future__ import annotations
@@ -135,7 +130,6 @@ class DynamicTable(tf.Module):
     """The id -> row maps, pending counts and row statistics of one table.
 
     Args:
-      config: the ``mode: dynamic`` table.
       layout: its embedding variable's shards (``ShardLayout.of``); None:
         one local shard.
       initializer: ``shape -> values`` of fresh rows (the table's).
@@ -231,8 +225,7 @@ class DynamicTable(tf.Module):
     def _record(self, unique, seen, found, known) -> None:
         """Counts the unknown ids and updates the statistics of the rows
         read, shard by shard, each shard's ops placed on its PS: the ids,
-        counts and rows found are sent there once, and the pending counts
-        are read, summed and written there (not a lookup's result sent
+        counts and rows found are sent there once (not a lookup's result sent
         back to the worker and an insert sent out again)."""
         pending = tf.logical_and(tf.logical_not(known), unique >= 0)
         clock = self.clock.read_value()

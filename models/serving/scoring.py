@@ -61,12 +61,9 @@ class ScoreReport:
 
     Attributes:
       out: the scores file (Parquet, or CSV for a ``.csv`` name).
-      rows: rows scored (= rows of the inputs).
       files: the input Parquet files, in the order read.
-      columns: the columns of ``out``.
       mean_probability: the mean predicted probability (NaN for no rows).
       seconds: wall time in all, loading the model included.
-      load_seconds: the part of it that loading the SavedModel took.
       model: the SavedModel folder used (a version folder of an export).
       version: its version (None: an unversioned SavedModel).
       model_note: how the summary names the model (says which version of
@@ -260,13 +257,11 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     """Scores every row of ``inputs`` with an exported model.
 
     Args:
-      export_dir: an export written by ``psrec export``: a version folder
-        or the versioned root (then its highest version).
+      export_dir: an export written by ``psrec export`` (see above).
       inputs: Parquet files or folders of them (see
         :func:`~psrec.data.convert.inputs.parquet_files`), read in order.
       out: the scores file: CSV when the name ends in ``.csv``, else
         Parquet; written under a temporary name and renamed when complete.
-      batch_rows: rows read and scored at a time.
       label: the label column to copy (required in every input); None:
         copy the export's label column (``psrec_export.json``; ``label``
         when it names none) when every input has it.
