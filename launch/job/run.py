@@ -198,9 +198,7 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
     """Runs the whole job; resumes from the latest checkpoint if any.
 
     Args:
-      config: the job.
       cluster: ``ps``: the cluster to coordinate (None starts a local one).
-      log: where progress lines go.
       data_verified: the data already passed :func:`prepare_data` in this
         workdir (a supervisor or launcher checked it): use the record.
 
