@@ -115,10 +115,6 @@ class RepairReport:
     split_rows: dict[str, int]
 
     @property
-    def scans(self) -> tuple[ScanResult, ...]:
-        return tuple(loss.scan for loss in self.losses)
-
-    @property
     def skipped(self) -> int:
         """Records lost in total (the unit of ``--max-corrupt-records``)."""
         return sum(loss.records_lost for loss in self.losses)

@@ -35,7 +35,6 @@ from psrec.uri import name as uri_name
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
 
-METRICS = ("auc", "logloss", "none")
 BEST_FILE = "best.json"
 BEST_DIR = "best"
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")

@@ -37,7 +37,6 @@ from psrec.ps_cluster.planner.advise_measure import measure_ps
 from psrec.ps_cluster.planner.advise_measure import traffic_bytes
 
 DEFAULT_THRESHOLD = 0.3
-CHOICES = ("single-device", "mirrored", "ps")
 
 
 @dataclasses.dataclass(frozen=True)

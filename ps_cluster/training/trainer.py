@@ -181,7 +181,6 @@ class Trainer:
             prepare_table_grads=self._padding())
         self.executor = self.eval_beat = None  # set by train()
         self.coverage_rows: int | None = None  # set by dataset_fn
-        self.scratch_saves = 0
         # Seconds the last checkpoint save took (None: none yet); an
         # interrupted run's estimate of whether a save fits its grace period.
         self.last_save_seconds: float | None = None
@@ -245,7 +244,6 @@ class Trainer:
             f"{resolver.task_id}-scratch")
         try:
             CheckpointKeeper(scratch, self.checkpoint).save(step)
-            self.scratch_saves += 1
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
