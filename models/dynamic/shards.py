@@ -123,7 +123,6 @@ class ShardedMap(tf.__internal__.tracking.Trackable):
     """One ``MutableHashTable`` (int64 -> int64) per shard, saved as one.
 
     Args:
-      name: the tables' name.
       devices: each shard's device (None: local).
       default_value: what a lookup of a missing key returns.
       route: ``(keys, values) -> shard`` of restored pairs.
