@@ -58,12 +58,9 @@ def heartbeat_path(workdir: str | Path) -> Path:
 
 
 class HeartbeatWriter:
-    """Publishes the coordinator's phase and step.
-
-    Args:
-      path: the heartbeat file.
-      details: returns extra fields (per-worker progress) for each write.
-    """
+    """Publishes the coordinator's phase and step to the heartbeat file
+    ``path``; ``details`` returns extra fields (per-worker progress) for
+    each write."""
 
     def __init__(self, path: str | Path,
                  details: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -123,13 +120,9 @@ def read_heartbeat(path: str | Path) -> dict[str, Any] | None:
 
 
 class HeartbeatMonitor:
-    """Decides when a heartbeat is stale, on the watcher's own clock (see
-    the module): the one staleness judge of psrec.
-
-    Args:
-      path: the heartbeat file.
-      timeout: seconds without a new ``seq`` before :meth:`stale` is true.
-    """
+    """Decides when the heartbeat file ``path`` is stale, on the watcher's
+    own clock (see the module): the one staleness judge of psrec. ``timeout``:
+    seconds without a new ``seq`` before :meth:`stale` is true."""
 
     def __init__(self, path: str | Path, timeout: float) -> None:
         self.path = Path(path)

@@ -132,7 +132,6 @@ class BestTracker:
     """Keeps the best checkpoint of a run (on the chief only).
 
     Args:
-      directory: the checkpoint folder.
       metric: ``auc`` or ``logloss``.
       patience: evaluations without improvement that end the run (0: off).
     """
