@@ -3,13 +3,12 @@
 Per ``mode: dynamic`` table (``features.spec.dynamic``) a :class:`DynamicTable`
 holds, beside the table's ordinary (sharded) embedding variable of
 ``capacity + 1`` rows whose last row is the shared default row, one shard
-of its state per embedding shard (``models.dynamic.shards``), on the PS
-task holding that embedding shard's rows:
+of its state per embedding shard, on the PS task holding that embedding
+shard's rows (which ids each shard holds and admits:
+``models.dynamic.shards``):
 
-* ``map``: ``MutableHashTable`` shards id -> (global) row of the admitted
-  ids, shard ``k`` holding the ids whose row is in shard ``k``'s range;
-* ``counts``: shards id -> times seen of the ids waiting for admission
-  (pending), an id counted by shard ``id mod`` (shards with rows);
+* ``map``: id -> (global) row of the admitted ids;
+* ``counts``: id -> times seen of the ids waiting for admission (pending);
 * ``row_ids`` (the id each row holds, -1: free, -2: the default row -- the
   free list and the reverse map), ``freq`` (times each row was read in
   training, from its admission on) and ``last_seen`` (the step it was last
@@ -17,12 +16,10 @@ task holding that embedding shard's rows:
   colocated with its embedding shard; ``clock`` (the step of the last
   maintenance) and the ``admitted`` / ``evicted`` totals, with shard 0.
 
-Each shard admits its own pending ids into its own rows, evicting its own
-coldest rows: capacity, LFU/TTL and the bound on pending ids (at most a
-shard's capacity after each maintenance) are per shard. Hash tables are
-placed by an explicit ``tf.device`` (under ``ParameterServerStrategy`` a
-table created in the strategy's scope lands on the coordinator and fails
-when workers use it); without PS tasks everything is local, one shard.
+Hash tables are placed by an explicit ``tf.device`` (under
+``ParameterServerStrategy`` a table created in the strategy's scope lands
+on the coordinator and fails when workers use it); without PS tasks
+everything is local, one shard.
 
 Workers only read the maps (:meth:`DynamicTable.rows`): an unknown id
 reads the default row, whose gradient is dropped, and its count goes up by

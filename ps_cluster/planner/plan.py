@@ -403,21 +403,13 @@ def plan_text(result: ShardingPlan) -> str:
     return "\n".join(lines)
 
 
-# The bytes of the dynamic tables' own state, for the sharding planner.
-#
-# A ``mode: dynamic`` table's rows (``capacity + 1``) and their optimizer
-# slots are planned as any table's. Its maps and per-row statistics
-# (``psrec.models.dynamic.table``) come on top, one part per embedding shard,
-# on the PS task that holds that shard (``models.dynamic.shards``), sized by
-# the shard's rows:
-#
-# * the id -> row map shard: at most one entry per row of the shard, an
-#   int64 key and value, about :data:`HASH_ENTRY_BYTES` each with the hash
-#   table's overhead;
-# * the pending counts shard: at most one entry per row after each
-#   maintenance (the least seen are forgotten; between two maintenances it
-#   may grow by the ids of ``maintenance_every`` steps);
-# * ``row_ids``, ``freq`` and ``last_seen``: 8 bytes per row each.
+# The bytes of the dynamic tables' own state, for the sharding planner. A
+# ``mode: dynamic`` table's rows (``capacity + 1``) and their optimizer slots
+# are planned as any table's; its maps and row statistics
+# (``models.dynamic.shards``) come on top, sized by the rows of each shard:
+# the id -> row map and the pending counts hold at most one entry per row
+# (the pending counts after each maintenance, which forgets the least seen;
+# between two they may grow by the ids of ``maintenance_every`` steps).
 
 HASH_ENTRY_BYTES = 32  # int64 key + int64 value, at ~50% load
 ROW_STAT_BYTES = 3 * 8  # row_ids, freq, last_seen
