@@ -168,10 +168,6 @@ def check_inputs(path: str, schema: pa.Schema,
                     f"exported model takes {_describe(inputs[column])}.")
 
 
-def _pad_of(dtype: tf.DType) -> str | int:
-    return MISSING_TOKEN if dtype == tf.string else MISSING_INT
-
-
 def _single(column: pa.Array, spec: tf.TensorSpec) -> np.ndarray:
     """One value a row: nulls -> the missing value of the dtype."""
     if pa.types.is_dictionary(column.type):
@@ -187,7 +183,7 @@ def _single(column: pa.Array, spec: tf.TensorSpec) -> np.ndarray:
 def _padded(column: pa.Array, spec: tf.TensorSpec) -> np.ndarray:
     """Lists as ``[rows, longest]`` padded with ``""``/-1; a null list is
     all padding, a null element is padding."""
-    pad = _pad_of(spec.dtype)
+    pad = MISSING_TOKEN if spec.dtype == tf.string else MISSING_INT
     lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0)
                          .to_numpy(zero_copy_only=False), np.int64)
     values = _single(pc.list_flatten(column), spec)

@@ -51,10 +51,6 @@ def predict_log(inputs: dict[str, np.ndarray], model_name: str) -> bytes:
     return log.SerializeToString()
 
 
-def _head(inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    return {name: values[:rows] for name, values in inputs.items()}
-
-
 def write_warmup(version_dir: str, inputs: dict[str, np.ndarray],
                  model_name: str) -> str:
     """Writes the warmup file into an export's version folder; returns its
@@ -71,7 +67,8 @@ def write_warmup(version_dir: str, inputs: dict[str, np.ndarray],
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.TFRecordWriter(path) as writer:
         for count in sorted({1, rows}):
-            writer.write(predict_log(_head(inputs, count), model_name))
+            head = {name: values[:count] for name, values in inputs.items()}
+            writer.write(predict_log(head, model_name))
     return path
 
 

@@ -22,17 +22,12 @@ from typing import Callable
 
 from psrec.errors import RetryableError
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
-from psrec.ps_cluster.cluster.tf_config import TaskInfo
 
 
 class ClusterUnavailableError(RetryableError):
     """A PS task (or the whole cluster) became unreachable. Retryable: the
     PS tasks and the coordinator must be restarted, and training resumes
     from the latest checkpoint (TF cannot recover a lost PS in-process)."""
-
-
-def _served(cluster: ClusterSpec) -> list[TaskInfo]:
-    return [t for t in cluster.tasks() if t.type in ("ps", "worker")]
 
 
 def accepts(address: str, timeout: float = 1.0) -> bool:
@@ -50,7 +45,7 @@ def unreachable_tasks(cluster: ClusterSpec, timeout: float = 1.0
                       ) -> list[str]:
     """``"ps-0 (127.0.0.1:2222)"`` for each task whose port refuses."""
     return [f"{t.name} ({cluster.address_of(t)})"
-            for t in _served(cluster)
+            for t in cluster.tasks() if t.type in ("ps", "worker")
             if not accepts(cluster.address_of(t), timeout)]
 
 

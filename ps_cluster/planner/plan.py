@@ -390,7 +390,7 @@ def plan_text(result: ShardingPlan) -> str:
     lines += _ps_lines(result)
     lines += _shard_lines(result)
     lines.append(
-        f"largest shard: {largest.table}/part_{largest.index} "
+        f"largest shard: {_shard_name(largest)} "
         f"({largest.rows:,} x {largest.dim}) on PS {largest.ps}: "
         f"{format_bytes(largest.total_bytes)} with its slots")
     verdict = f"most on one PS: {format_bytes(result.max_ps_bytes)}"
