@@ -13,9 +13,8 @@ what TensorFlow itself promises:
   unreachable, stall watchdog, killed), gets the PS tasks and the
   coordinator restarted; the coordinator restores the latest complete
   checkpoint and continues, losing at most one checkpoint interval;
-* after a failure it probes the roles (exited, frozen, port closed) and
-  restarts only what failed: a worker alone, or the failed PS with the
-  coordinator, or the coordinator alone when every role is healthy;
+* after a failure it restarts only the role that failed
+  (:mod:`psrec.launch.supervise.failure` names it);
 * restarts are bounded per role (:class:`RestartLimits`: workers, PS,
   coordinator), each budget refilling after a period of health; past a
   budget it stops with a message and the last failure's exit code;
