@@ -32,7 +32,7 @@ __getattr__ = lazy_getattr("psrec.ps_cluster", {
     "CheckpointFolderError": "psrec.ps_cluster.checkpoint.writers",
     "EvalResult": "psrec.ps_cluster.evaluation.metrics",
     "Watchdog": "psrec.ps_cluster.training.watchdog",
-    "ClusterUnavailableError": "psrec.ps_cluster.cluster.errors",
+    "ClusterUnavailableError": "psrec.ps_cluster.cluster.probe",
     "ShardingPlan": "psrec.ps_cluster.planner.plan",
     "plan": "psrec.ps_cluster.planner.plan",
 })

@@ -50,11 +50,8 @@ def configure_environment() -> None:
 
 
 def role_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Returns an environment for a child role process (ps/worker/coordinator).
-
-    Args:
-      base: environment to start from; defaults to this process's.
-    """
+    """An environment for a child role process (ps/worker/coordinator), from
+    ``base`` (default: this process's)."""
     env = dict(os.environ if base is None else base)
     env.update(_REQUIRED)
     for key, value in _DEFAULTS.items():

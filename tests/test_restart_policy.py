@@ -18,7 +18,7 @@ from psrec.launch.supervise.failure import classify
 from psrec.launch.supervise.failure import is_frozen
 from psrec.launch.supervise.restart_policy import RestartBudget
 from psrec.launch.supervise.restart_policy import RestartLimits
-from psrec.ps_cluster.cluster.errors import ClusterUnavailableError
+from psrec.ps_cluster.cluster.probe import ClusterUnavailableError
 from psrec.ps_cluster.cluster.probe import unreachable_tasks
 from psrec.ps_cluster.cluster.probe import wait_reachable
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec

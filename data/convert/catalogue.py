@@ -40,11 +40,8 @@ TRAIN_COUNT = "train_count"
 
 
 class CatalogueCollector:
-    """Collects the distinct candidates of a conversion, batch by batch.
-
-    Args:
-      spec: a spec with ``towers``.
-    """
+    """Collects the distinct candidates of a conversion, batch by batch
+    (``spec`` has ``towers``)."""
 
     def __init__(self, spec: FeatureSpec) -> None:
         towers = spec.towers

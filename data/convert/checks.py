@@ -58,10 +58,8 @@ _KIND_TEXT = {"number": "an integer or floating column",
 
 def check_schema(path: str, schema: pa.Schema,
                  spec: FeatureSpec) -> tuple[str, ...]:
-    """Checks a file's schema against the spec before any row is read.
-
-    Returns:
-      The extra columns, which are ignored.
+    """Checks a file's schema against the spec before any row is read;
+    returns the extra columns, which are ignored.
 
     Raises:
       SchemaError: naming the file and the first missing or mistyped column.

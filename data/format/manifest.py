@@ -1,13 +1,9 @@
 """``manifest.json``: the commit marker and table of contents of a conversion.
 
 It is written last, under a temporary name and renamed, so its presence
-means every shard it lists was complete. It records the spec (hash, and
-the file beside it that holds the spec: ``spec.yaml``), rows, bytes and
-sha256 of every shard, the split, the count of positive labels per split,
-the bad-row count, the sources and the negative sampling of the train
-split (``neg_sample_rate``, 1.0 when none; the negatives it dropped).
-:func:`spec_for` picks the spec a job reads the data with: the data's own,
-unless overridden.
+means every shard it lists was complete (:class:`Manifest` lists what it
+records). :func:`spec_for` picks the spec a job reads the data with: the
+data's own, unless overridden.
 """
 
 from __future__ import annotations
@@ -55,10 +51,8 @@ class Manifest:
 
     Attributes:
       root: folder holding the manifest and its shards.
-      spec_name: the spec's name.
       spec_hash: ``FeatureSpec.fingerprint()`` of the spec used.
       block_rows: rows per block record.
-      shards: split name -> shards.
       split: how rows were split (mode, eval_fraction; order_by or
         eval_files when used, see ``data.convert.split``).
       bad_rows: rows quarantined.
@@ -177,11 +171,9 @@ class Manifest:
 
     def verify(self, spec_hash: str | None = None, *,
                checksums: bool = True) -> None:
-        """Checks every shard is present with the recorded size and sha256.
-
-        Args:
-          spec_hash: when given, must equal the manifest's spec hash.
-          checksums: also recompute sha256 (reads every byte).
+        """Checks every shard is present with the recorded size and sha256
+        (``checksums``: recomputed, reading every byte) and, when given, that
+        ``spec_hash`` is the manifest's.
 
         Raises:
           ManifestError: naming the first mismatch.

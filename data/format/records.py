@@ -79,11 +79,8 @@ def encode_block(columns: Mapping[str, np.ndarray]) -> bytes:
 
 def decode_blocks(serialized: tf.Tensor,
                   spec: FeatureSpec) -> dict[str, tf.Tensor]:
-    """Parses a vector of block records into one batch of rows.
-
-    Args:
-      serialized: string tensor ``[k]`` of block records.
-      spec: the feature spec the blocks were written with.
+    """Parses a vector ``serialized`` of block records (a string tensor
+    ``[k]``) written with ``spec`` into one batch of rows.
 
     Returns:
       ``{"psrec__id": [n] int64, label: [n] float32, "psrec__dense": [n, D]
@@ -121,11 +118,9 @@ def corruption_named(paths: Sequence[str | Path]) -> Iterator[None]:
 
 
 def locate_corruption(paths: Iterable[str | Path]) -> CorruptRecordError | None:
-    """Reads each file alone and returns an error naming the first bad one.
-
-    tf.data's ``DataLossError`` gives a byte offset but not the file; this is
-    how psrec names it. Returns None when every file reads cleanly.
-    """
+    """Reads each file alone and returns an error naming the first bad one
+    (tf.data's ``DataLossError`` gives a byte offset but not the file), None
+    when every file reads cleanly."""
     for path in paths:
         offset = 0
         try:

@@ -54,7 +54,6 @@ class ScanResult:
     """What a record-level scan of one file found.
 
     Attributes:
-      path: the file.
       good: records whose CRCs match.
       corrupted: records whose data CRC fails (each skipped exactly).
       unreadable_from: byte offset from which the framing itself is broken
@@ -73,13 +72,9 @@ class ScanResult:
 
 def scan_records(path: str | Path, repaired: str | Path | None = None
                  ) -> ScanResult:
-    """Checks every record of ``path``; optionally writes the good ones.
-
-    Args:
-      path: a TFRecord file (uncompressed).
-      repaired: when given, the good records are written there (framed as
-        TFRecords, written under a temporary name and renamed).
-    """
+    """Checks every record of ``path`` (an uncompressed TFRecord file); with
+    ``repaired``, writes the good ones there (framed as TFRecords, under a
+    temporary name and renamed)."""
     data = as_path(path).read_bytes()
     out = bytearray()
     good = corrupted = 0

@@ -88,11 +88,7 @@ def audit_shards(manifest: Manifest, spec: FeatureSpec, pipelines: int, *,
     """Reads one epoch through each PS worker's input and counts ids.
 
     Args:
-      manifest: the converted data.
-      spec: its feature spec.
       pipelines: the number of PS workers (``ps_workers`` of training).
-      split: which split to audit.
-      batch_size: rows per batch read.
       coordinator: a ``ClusterCoordinator`` over a cluster of exactly
         ``pipelines`` workers: the per-worker datasets are created and read
         on those workers. None: in this process (see the module docstring).

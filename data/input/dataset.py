@@ -19,14 +19,12 @@ Two input modes (``InputConfig.mode``):
 * ``static``: the files are split by worker index once; a worker that is
   lost takes its files with it (nobody else reads them), and a restarted
   worker starts its files again.
-* ``data-service``: the tf.data service (a dispatcher and tf.data workers,
-  see :mod:`psrec.ps_cluster.training.data_service`) reads the files and hands out
-  one file (of one epoch) at a time to whichever tf.data worker asks next
-  (``ShardingPolicy.DYNAMIC``); the training workers all consume one shared
-  job. The files nobody has read yet go to whoever asks, so a lost
-  training worker's share is read by the others; what the lost worker (and
-  the pipelines feeding it) held at that moment is not re-read
-  (at-most-once visitation).
+* ``data-service``: the tf.data service
+  (:mod:`psrec.ps_cluster.training.data_service`) hands out one file (of
+  one epoch) at a time to whichever tf.data worker asks next, and the
+  training workers all consume one shared job, so a lost training
+  worker's unread share is read by the others; what it (and the pipelines
+  feeding it) held at that moment is not re-read (at-most-once).
 """
 
 from __future__ import annotations
@@ -138,19 +136,14 @@ def make_train_dataset_fn(manifest: Manifest, spec: FeatureSpec,
     a value bound when the dataset is created on that worker.
 
     Args:
-      manifest: the converted data.
       spec: the feature spec (must match the manifest's spec hash).
-      config: batch size, shuffling, seed.
       epochs: None repeats forever (training); a number gives a finite
         stream with the last partial batch kept (audits).
-      split: which split to read.
       ps_workers: number of PS-strategy workers (see above); None shards by
         ``input_context`` (mirrored strategies, audits, single process).
       data_service: the tf.data service dispatcher (``grpc://host:port``)
         when ``config.mode`` is ``data-service``: every pipeline then reads
-        the one shared job ``job_name`` of the whole train split, files
-        handed out dynamically (no static sharding).
-      job_name: the tf.data service job the pipelines share.
+        the one shared job ``job_name`` of the whole train split.
       first_epoch: the epoch the stream starts at (a resumed run starts at
         the epoch of its step, so its rows are tagged with that epoch).
     """
@@ -224,18 +217,14 @@ def _distributed(dataset: tf.data.Dataset, service: str, job_name: str
                  ) -> tf.data.Dataset:
     """``dataset`` read through the tf.data service: the dispatcher hands
     its source's elements (one file of one epoch each) to the tf.data
-    workers as they ask (``DYNAMIC``), every consumer of ``job_name`` reads
-    from the one shared job; the batch is tagged with the consuming worker's
-    index.
+    workers as they ask (``DYNAMIC``); every consumer of ``job_name`` reads
+    the one shared job; the batch is tagged with the consuming worker's index.
 
-    ``max_outstanding_requests`` stays TensorFlow's (autotuned): a fixed 2
-    or 4 made a killed training worker lose fewer rows (kill epoch 95.2% /
-    93.6% seen instead of 86-88%, tests/test_data_service.py) but after a
-    restart of the tf.data service process training crawled (~10x slower
-    to the end of the run): requests wait on the dead tf.data workers'
-    tasks, which the recovered dispatcher still lists, and a fixed limit of
-    them leaves few or none for the live ones (with 4: 3-5x slower after
-    2 restarts).
+    ``max_outstanding_requests`` stays TensorFlow's (autotuned): a fixed
+    limit made a killed training worker lose fewer rows, but after a restart
+    of the tf.data service process requests wait on the dead tf.data
+    workers' tasks, which the recovered dispatcher still lists, and training
+    crawled (tests/test_data_service.py).
     """
     dataset = dataset.apply(tf.data.experimental.service.distribute(
         processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,

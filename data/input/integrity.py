@@ -82,12 +82,10 @@ class ShardLoss:
 
     Attributes:
       scan: the record-level scan (good, corrupted, where framing broke).
-      split: the shard's split.
       rows: rows the manifest records for the shard.
       kept_rows: rows of the good records (the repaired copy).
-      records_lost: every record not kept: the corrupted ones and, in a
-        truncated file, every record after the cut (counted from the lost
-        rows: every block holds ``block_rows`` rows but the split's last).
+      records_lost: every record not kept, counted from the lost rows (every
+        block holds ``block_rows`` rows but the split's last).
     """
 
     scan: ScanResult
@@ -106,17 +104,12 @@ class RepairReport:
     """Records and rows lost by skipping corrupted records, per file.
 
     Attributes:
-      losses: one entry per repaired shard.
       split_rows: rows of each split in the manifest (the share lost is
         reported against them).
     """
 
     losses: tuple[ShardLoss, ...]
     split_rows: dict[str, int]
-
-    @property
-    def scans(self) -> tuple[ScanResult, ...]:
-        return tuple(loss.scan for loss in self.losses)
 
     @property
     def skipped(self) -> int:
@@ -204,10 +197,8 @@ def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
     """Returns a manifest safe to train on, or raises naming the file.
 
     Args:
-      manifest: the converted data.
       out_dir: where repaired copies are written.
-      max_records: records that may be lost in total (corrupted ones and
-        every record after the cut of a truncated file).
+      max_records: records that may be lost in total.
       checksums: compare sha256 (otherwise only presence and size).
       progress: told the bytes checked by the sha256 pass.
     """

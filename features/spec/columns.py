@@ -1,7 +1,8 @@
 """The parts of a feature spec: the label, dense and categorical features,
-and the embedding tables the categorical features look up. Each checks its
-own values on construction; :class:`features.spec.spec.FeatureSpec` checks how
-they fit together."""
+and the embedding tables the categorical features look up. A feature's (and
+the label's) ``name`` is its column in the Parquet input. Each part checks
+its own values on construction; :class:`features.spec.spec.FeatureSpec`
+checks how they fit together."""
 
 from __future__ import annotations
 
@@ -116,7 +117,6 @@ class DenseFeature:
     """A numeric input column.
 
     Attributes:
-        name: column name in the Parquet input.
         transform: ``none``; ``log1p`` (``log(1 + max(x, 0))``: Criteo's
             counts have a few negatives, which are clipped to 0); or
             ``standardize`` (``(x - mean) / std`` with the stored statistics).
@@ -215,7 +215,6 @@ class CategoricalFeature:
     out-of-vocabulary values, so a vocabulary of V lines uses V + 1 ids).
 
     Attributes:
-        name: column name in the Parquet input.
         table: name of the :class:`TableConfig` this feature looks up.
         dtype: ``string`` or ``int64`` -- the raw type at serving time; ints
             are hashed through their decimal string form.
@@ -332,7 +331,6 @@ class LabelConfig:
     """The training target.
 
     Attributes:
-        name: column name in the Parquet input.
         threshold: when given, label = ``value >= threshold`` (e.g. rating
             >= 4); otherwise the column must hold 0/1 and anything else is a
             bad row.

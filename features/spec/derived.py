@@ -41,7 +41,6 @@ from psrec.features.spec.columns import raise_problems
 
 TIME_KINDS = ("hour_of_day", "day_of_week")
 DERIVED_KINDS = TIME_KINDS + ("bucketize", "cross")
-SOURCE_DTYPES = ("int64", "string", "float32")
 EPOCH_MS = "epoch_ms"
 CROSS_SEPARATOR = "\x1f"  # the ASCII unit separator: not in ordinary ids
 

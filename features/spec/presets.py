@@ -32,10 +32,6 @@ def criteo(buckets: int = 10_000, dim: int = 16) -> FeatureSpec:
     label; I1..I13 counts (log1p); C1..C26 hashed strings, each into its own
     ``buckets`` rows of one shared table (row offsets keep them apart), which
     is the layout of a single giant PS-sharded table.
-
-    Args:
-      buckets: hash buckets per categorical feature.
-      dim: embedding width.
     """
     return FeatureSpec(
         name="criteo",

@@ -65,9 +65,7 @@ class FeatureSpec:
 
     Attributes:
         name: a short name for the dataset (shown in manifests and reports).
-        label: the target column.
-        dense: numeric columns, in model input order.
-        categorical: categorical columns, in model input order.
+        dense, categorical: the input columns, in model input order.
         tables: embedding tables referenced by the categorical features.
         derived: columns computed from raw columns (``features.spec.derived``),
             each used by the categorical feature of its name.
@@ -177,11 +175,9 @@ class FeatureSpec:
         return data
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON form (plus vocabulary contents).
-
-        The canonical form writes an unset ``mean``/``std`` as the neutral
-        0.0/1.0 that specs held before statistics became optional, so those
-        specs (all but ``standardize`` ones) keep their fingerprint.
+        """sha256 of the canonical JSON form (plus vocabulary contents). An
+        unset ``mean``/``std`` is written as the neutral 0.0/1.0 that specs held
+        before statistics became optional, so those specs keep their fingerprint.
         """
         data = self.to_dict()
         for feature in data["dense"]:

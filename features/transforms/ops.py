@@ -60,11 +60,9 @@ def padding_value(dtype: tf.DType) -> str | int:
 
 
 class CategoricalEncoder(tf.Module):
-    """Maps raw categorical values to table row ids, feature by feature.
-
-    The same object is used eagerly by ``psrec convert`` and inside the
-    exported serving function, so training and serving ids are identical.
-    """
+    """Maps raw categorical values to table row ids, feature by feature: the
+    same object serves ``psrec convert`` (eagerly) and the exported serving
+    function."""
 
     def __init__(self, spec: FeatureSpec, name: str | None = None) -> None:
         super().__init__(name=name)
@@ -97,12 +95,8 @@ class CategoricalEncoder(tf.Module):
         return self._features[name]
 
     def encode(self, name: str, values: tf.Tensor) -> tf.Tensor:
-        """Returns int64 row ids of the same shape as ``values``.
-
-        Args:
-          name: the categorical feature's name.
-          values: raw values, string or integer, any shape.
-        """
+        """int64 row ids of feature ``name`` for raw ``values`` (string or
+        integer, any shape), of the same shape."""
         feature = self._features[name]
         strings = as_strings(values)
         if feature.raw_ids:  # a dynamic table: the 64-bit fingerprint itself
@@ -118,16 +112,13 @@ class CategoricalEncoder(tf.Module):
 
     def encode_lists(self, name: str,
                      values: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        """Row ids ``[batch, max_length]`` of multi-hot lists.
+        """Row ids ``[batch, max_length]`` of multi-hot lists of feature ``name``.
 
         Padding elements (:func:`padding_value`) are dropped and the rest
         keep their order; the first ``max_length`` of them are encoded and
-        the remaining slots are :data:`PAD_ID`.
-
-        Args:
-          name: the multi-hot feature's name.
-          values: ``[batch, n]`` raw values, dense (serving: padded rows) or
-            ragged (conversion: one list per row), string or int.
+        the remaining slots are :data:`PAD_ID`. ``values``: ``[batch, n]`` raw
+        values, dense (serving: padded rows) or ragged (conversion: one list per
+        row), string or int.
         """
         feature = self._features[name]
         if not isinstance(values, tf.RaggedTensor):
@@ -153,11 +144,8 @@ def dense_constants(spec: FeatureSpec) -> dict[str, np.ndarray]:
 
 
 def transform_dense(raw: tf.Tensor, spec: FeatureSpec) -> tf.Tensor:
-    """Applies the dense transforms to ``raw`` of shape ``[batch, D]``.
-
-    NaN marks a missing value and becomes the feature's default before the
-    transform. ``log1p`` is ``log(1 + max(x, 0))``.
-    """
+    """Applies the dense transforms to ``raw`` of shape ``[batch, D]``; NaN
+    marks a missing value and becomes the feature's default first."""
     constants = dense_constants(spec)
     raw = tf.cast(raw, tf.float32)
     filled = tf.where(tf.math.is_nan(raw), constants["default"], raw)

@@ -40,16 +40,14 @@ def prepare_data(config: JobConfig, log=print, *,
     """Returns a manifest that is safe to train on; nothing here needs a
     server, so bad data is refused before any role starts.
 
-    Generates and converts the default synthetic data when no data is given
-    (reused when already converted with the same spec, so a rerun resumes
-    instead of regenerating). Then checks: the spec hash, every shard
-    (presence, size, sha256; corrupted shards repaired within
-    ``max_corrupt_records``), that train and eval splits share no example,
-    and that there are enough train shards for the workers. First of all,
-    the checkpoint (and export) folder is checked writable with room for
-    one checkpoint, and ``--data`` on a store TensorFlow reads
-    (:func:`check_output_folders`). ``progress`` shows each
-    pass over the data; None: bars on stderr.
+    First the checkpoint (and export) folders and ``--data``
+    (:func:`check_output_folders`). Generates and converts the default
+    synthetic data when no data is given (reused when already converted with
+    the same spec, so a rerun resumes instead of regenerating). Then checks:
+    the spec hash, every shard (presence, size, sha256; corrupted shards
+    repaired within ``max_corrupt_records``), that train and eval splits share
+    no example, and that there are enough train shards for the workers.
+    ``progress`` shows each pass over the data; None: bars on stderr.
     """
     check_output_folders(config)
     progress = ProgressBar() if progress is None else progress
@@ -104,9 +102,7 @@ VERIFIED_FILE = "verified-data.json"
 def record_verified(config: JobConfig, manifest: Manifest
                     ) -> Path | UriPath:
     """Notes in the workdir that ``manifest`` passed :func:`prepare_data`
-    (with the repaired shards it uses), so the coordinators a supervisor
-    starts -- and restarts after every failure -- do not read all the data
-    again."""
+    (with the repaired shards it uses); see the module docstring."""
     original = Manifest.load(manifest.root)
     replaced = {
         before.file: after.file

@@ -87,9 +87,7 @@ class ExportReport:
 
     Attributes:
       path: the version folder (``root/<version>``), a SavedModel.
-      version: its version number.
       root: the versioned export folder.
-      checkpoint: the checkpoint exported.
       neg_sample_rate: the training data's negative sampling rate (the
         serving logits are corrected by its log).
       warmup: where the warmup requests' rows came from.
@@ -129,10 +127,6 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
         the run recorded one, else the latest.
       manifest: the run's data, for the warmup rows; None: the one its
         ``job.json`` names (:func:`run_manifest`).
-
-    The serving logit and probability are corrected by ``log(R)`` for the
-    training data's ``neg_sample_rate`` R, which ``psrec_export.json``
-    records with the checkpoint.
 
     Raises:
       ConfigError: ``version`` exists already (see

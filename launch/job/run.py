@@ -198,9 +198,7 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
     """Runs the whole job; resumes from the latest checkpoint if any.
 
     Args:
-      config: the job.
       cluster: ``ps``: the cluster to coordinate (None starts a local one).
-      log: where progress lines go.
       data_verified: the data already passed :func:`prepare_data` in this
         workdir (a supervisor or launcher checked it): use the record.
 
@@ -434,7 +432,7 @@ def translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
     import tensorflow as tf
 
     from psrec.data.format.records import corruption_named
-    from psrec.ps_cluster.cluster.errors import ClusterUnavailableError
+    from psrec.ps_cluster.cluster.probe import ClusterUnavailableError
     from psrec.ps_cluster.cluster.probe import lost_task_message
     try:
         with corruption_named(manifest.files("train")

@@ -6,9 +6,8 @@ probe, and a graceful SIGTERM/SIGINT.
   ``restoring`` -> ``training``/``eval``/``checkpoint`` -> ``done``.
 * :class:`StopRequest`: SIGTERM/SIGINT handlers that ask the training loop
   to stop scheduling, drain the closures in flight and save a checkpoint at
-  the step reached -- when the last save's duration says one can finish
-  within ``--grace-period`` (Kubernetes' default is 30 s) -- then end with
-  one line and exit 143 (SIGTERM) or 130 (SIGINT), both retryable.
+  the step reached when one can finish within ``--grace-period``, then end
+  with one line and exit 143 (SIGTERM) or 130 (SIGINT), both retryable.
 """
 
 from __future__ import annotations

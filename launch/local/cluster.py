@@ -8,14 +8,12 @@ cluster spec too (``chief``) so that :meth:`LocalCluster.exposed_warning`
 can name every port.
 
 ``LocalCluster`` starts each role as ``python -m psrec server ...`` (with
-:func:`spawn`, the one way psrec starts a child process) bound to
-a free port on 127.0.0.1, waits until every port accepts connections (it
-polls the port and waits on the process between attempts -- no fixed
-sleeps -- and fails with the role's log tail if a role dies), and stops
-every process it started, by pid, when the ``with`` block exits for any
-reason. Each child also asks the kernel to kill it if the launcher dies
-(``PR_SET_PDEATHSIG``), so not even a SIGKILLed coordinator leaves servers
-behind.
+:func:`spawn`, the one way psrec starts a child process) bound to a free
+port on 127.0.0.1, waits until every port accepts connections (failing
+with the role's log tail if a role dies), and stops every process it
+started, by pid, when the ``with`` block exits for any reason; each child
+also dies with the launcher (``PR_SET_PDEATHSIG``), so not even a
+SIGKILLed coordinator leaves servers behind.
 """
 
 from __future__ import annotations
@@ -153,8 +151,6 @@ class LocalCluster:
     """PS and worker processes on 127.0.0.1, stopped on exit.
 
     Args:
-      num_workers: worker processes.
-      num_ps: PS processes.
       log_dir: where each role writes ``<type>-<index>.log``.
       start_timeout: seconds to wait for all ports to accept connections.
       allow_exposed: start even outside a private network namespace

@@ -58,12 +58,9 @@ def heartbeat_path(workdir: str | Path) -> Path:
 
 
 class HeartbeatWriter:
-    """Publishes the coordinator's phase and step.
-
-    Args:
-      path: the heartbeat file.
-      details: returns extra fields (per-worker progress) for each write.
-    """
+    """Publishes the coordinator's phase and step to the heartbeat file
+    ``path``; ``details`` returns extra fields (per-worker progress) for
+    each write."""
 
     def __init__(self, path: str | Path,
                  details: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -123,13 +120,9 @@ def read_heartbeat(path: str | Path) -> dict[str, Any] | None:
 
 
 class HeartbeatMonitor:
-    """Decides when a heartbeat is stale, on the watcher's own clock (see
-    the module): the one staleness judge of psrec.
-
-    Args:
-      path: the heartbeat file.
-      timeout: seconds without a new ``seq`` before :meth:`stale` is true.
-    """
+    """Decides when the heartbeat file ``path`` is stale, on the watcher's
+    own clock (see the module): the one staleness judge of psrec. ``timeout``:
+    seconds without a new ``seq`` before :meth:`stale` is true."""
 
     def __init__(self, path: str | Path, timeout: float) -> None:
         self.path = Path(path)
@@ -245,22 +238,19 @@ def reporter_fields(reporter) -> dict[str, Any]:
     return data
 
 
-# The local run-state folder of a job: where the files that only this
-# machine's processes share go -- the coordinator's heartbeat, the
-# supervisor's ``cluster.json``, the local cluster's role logs.
-#
-# With a local ``--workdir`` it is the workdir itself (nothing moves). With a
-# remote one (``gs://``, ``ram://``...) those files stay on the local disk,
-# under ``$PSREC_RUN_STATE_DIR`` when set, else
-# ``<tmp>/psrec-run-state/<scheme>/<bucket and path>``: the same folder for
-# every process of the job on this machine (a restarted coordinator finds its
-# supervisor's heartbeat), and never a remote write every second.
-
 STATE_ENV = "PSREC_RUN_STATE_DIR"
 
 
 def run_state_dir(workdir: object) -> Path:
-    """The local folder for ``workdir``'s run state (see the module)."""
+    """The local run-state folder of a job: where the files that only this
+    machine's processes share go (the coordinator's heartbeat, the
+    supervisor's ``cluster.json``, the local cluster's role logs). With a
+    local ``workdir`` it is the workdir itself. With a remote one
+    (``gs://``, ``ram://``...) it is under ``$PSREC_RUN_STATE_DIR`` when
+    set, else ``<tmp>/psrec-run-state/<scheme>/<bucket and path>``: the
+    same folder for every process of the job on this machine (a restarted
+    coordinator finds its supervisor's heartbeat), and never a remote write
+    every second."""
     if not is_uri(workdir):
         return Path(local(workdir))
     base = os.environ.get(STATE_ENV) or os.path.join(

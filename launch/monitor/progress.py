@@ -29,12 +29,10 @@ class ProgressReporter:
       start_step: the step the run starts (resumes) at.
       log_dir: TensorBoard folder, or None for none.
       learning_rates: ``{name: schedule}`` to log at each update.
-      log_every: steps between lines when not on a terminal.
       stream: where to write (default stderr).
       extra: returns text appended to each line (e.g. per-worker counts).
       per_worker: returns the examples trained per worker so far (PS).
       hparams: the run's hyper-parameters (bool, int, float or str values).
-      rate_window: seconds the examples/s rates are measured over.
       clock: seconds (monotonic); tests pass their own.
     """
 
@@ -164,12 +162,8 @@ class ProgressReporter:
 # lasted).
 
 class RateWindow:
-    """The rate of a growing total over (at least) the last ``seconds``.
-
-    Args:
-      seconds: the window.
-      began: when the count was 0 (the first rate is measured from it).
-    """
+    """The rate of a growing total over (at least) the last ``seconds``,
+    the first rate measured from ``began`` (when the count was 0)."""
 
     def __init__(self, seconds: float, began: float) -> None:
         self.seconds = seconds

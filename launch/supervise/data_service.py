@@ -3,12 +3,8 @@
 The local launcher runs the tf.data service as one OS process (``psrec
 data-server --role dispatcher --local-workers N``: the dispatcher and one
 tf.data worker per training worker) on a fixed loopback port that the
-coordinator and the training workers know. The supervisor calls
-:meth:`LocalDataService.keep` in its watch loop: when the process has
-died, it is started again on the same port, within the data service's own
-restart budget (``--max-data-service-restarts``, :mod:`restart_policy`),
-with one log line per restart naming the pid, how it ended and the restart
-count.
+coordinator and the training workers know; the supervisor restarts it
+when it dies (:meth:`LocalDataService.keep`).
 
 The dispatcher runs in fault-tolerant mode with its journal in the run
 state folder (``data-service-journal``, emptied when the launcher starts,
@@ -18,8 +14,8 @@ training workers' iterators reconnect to it by themselves (TF 2.21,
 measured: see ``tests/test_data_service.py``), so the coordinator goes on.
 Without the journal they do not: their next read fails with "Unknown
 iteration client id ... The dispatcher is not configured to be fault
-tolerant" (NotFound) and the coordinator exits 1 (measured). What the dead
-tf.data workers had read ahead is not re-read (at-most-once).
+tolerant" (NotFound) and the coordinator exits 1. What the dead tf.data
+workers had read ahead is not re-read (at-most-once).
 """
 
 from __future__ import annotations
@@ -63,7 +59,6 @@ class LocalDataService:
       state_dir: the run state folder: ``logs/data-dispatcher.log`` and
         the dispatcher's journal go there.
       run_dir: the run's workdir (``psrec data-server --run-dir``).
-      log: status lines.
     """
 
     def __init__(self, workers: int, state_dir: Path, run_dir: str,

@@ -13,9 +13,8 @@ what TensorFlow itself promises:
   unreachable, stall watchdog, killed), gets the PS tasks and the
   coordinator restarted; the coordinator restores the latest complete
   checkpoint and continues, losing at most one checkpoint interval;
-* after a failure it probes the roles (exited, frozen, port closed) and
-  restarts only what failed: a worker alone, or the failed PS with the
-  coordinator, or the coordinator alone when every role is healthy;
+* after a failure it restarts only the role that failed
+  (:mod:`psrec.launch.supervise.failure` names it);
 * restarts are bounded per role (:class:`RestartLimits`: workers, PS,
   coordinator), each budget refilling after a period of health; past a
   budget it stops with a message and the last failure's exit code;
@@ -80,7 +79,6 @@ class Supervisor:
       cluster: the (not yet started) local cluster.
       coordinator_command: the coordinator's command line (see
         :func:`supervise`); the supervisor appends ``--cluster FILE``.
-      config: the restart policy.
       workdir: where ``cluster.json`` and role logs go.
     """
 
@@ -211,11 +209,9 @@ class Supervisor:
 
     def _watch(self) -> tuple[int, Failure | None]:
         """Waits for the coordinator, restarting dead workers meanwhile,
-        watching its heartbeat.
-
-        Returns (exit code, the failure when known). A dead PS or a stall
-        stops the coordinator and returns a retryable code.
-        """
+        watching its heartbeat. Returns (exit code, the failure when known);
+        a dead PS or a stall stops the coordinator and returns a retryable
+        code."""
         assert self.coordinator is not None
         deadline = self.config.stall_deadline()
         while True:

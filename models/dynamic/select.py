@@ -10,16 +10,15 @@ newly admitted ids (O(admitted)) and the number evicted, never the
 statistics themselves: a 100M-row table's ~2.4 GB of statistics do not cross
 the network at every maintenance.
 
-Within a shard the choices are those of the numpy version this replaced
-(checked equal on random streams): ids seen
-``admit_threshold`` times are admitted most seen first (ties: the pending
-table's order) into free rows (lowest first), then into evicted rows:
-``lfu`` takes the rows read least often (ties: least recently), only while
-a row was read less often than the id waiting for it; ``ttl`` takes rows
-not read for more than ``ttl_steps``, the longest unread first. Victims are
-chosen by a top-k of the coldest (:func:`coldest`, k: the ids waiting that
-found no free row), not a sort of the shard's used rows. After it at most
-``capacity`` ids stay pending: the least seen are forgotten.
+Within a shard, ids seen ``admit_threshold`` times are admitted most seen
+first (ties: the pending table's order) into free rows (lowest first), then
+into evicted rows: ``lfu`` takes the rows read least often (ties: least
+recently), only while a row was read less often than the id waiting for
+it; ``ttl`` takes rows not read for more than ``ttl_steps``, the longest
+unread first. Victims are chosen by a top-k of the coldest (:func:`coldest`,
+k: the ids waiting that found no free row), not a sort of the shard's used
+rows. After it at most ``capacity`` ids stay pending: the least seen are
+forgotten.
 """
 
 from __future__ import annotations
@@ -124,10 +123,8 @@ def _prune(shard, keys: tf.Tensor, counts: tf.Tensor) -> None:
 def maintenance_ops(shard, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Admits, evicts and prunes one shard (a ``dynamic_table.Shard``) of a
     dynamic table at ``step``, within its own rows; returns ``(global rows
-    given to admitted ids, rows evicted)``.
-
-    Trace it under the shard's device (``DynamicTable.maintain`` does):
-    every op reads and writes state on that device.
+    given to admitted ids, rows evicted)``. Trace it under the shard's device
+    (``DynamicTable.maintain`` does): every op reads and writes state there.
     """
     keys, counts = (tf.reshape(t, [-1]) for t in shard.counts.export())
     ready_at = tf.where(counts >= shard.config.admit_threshold)[:, 0]

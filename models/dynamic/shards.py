@@ -7,8 +7,10 @@ table's id -> row map holds the admitted ids whose (global) row lies in
 embedding shard ``k``'s range, and its pending table the ids waiting whose
 owner is ``k`` (:func:`owner`: ``id mod`` the number of shards that have
 rows to give). Each shard admits its own pending ids into its own free rows
-(or its own LFU/TTL victims), on its own PS, so no PS holds the whole map
-and maintenance never moves statistics between tasks.
+(or its own LFU/TTL victims), on its own PS: capacity, LFU/TTL and the
+bound on pending ids (at most a shard's capacity after each maintenance)
+are per shard, no PS holds the whole map and maintenance never moves
+statistics between tasks.
 
 :class:`ShardedMap` saves the shards of one map as ONE table (the keys and
 values of all shards, ``<path>/.ATTRIBUTES/table-keys`` / ``table-values``,
@@ -123,7 +125,6 @@ class ShardedMap(tf.__internal__.tracking.Trackable):
     """One ``MutableHashTable`` (int64 -> int64) per shard, saved as one.
 
     Args:
-      name: the tables' name.
       devices: each shard's device (None: local).
       default_value: what a lookup of a missing key returns.
       route: ``(keys, values) -> shard`` of restored pairs.

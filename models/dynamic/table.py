@@ -3,13 +3,12 @@
 Per ``mode: dynamic`` table (``features.spec.dynamic``) a :class:`DynamicTable`
 holds, beside the table's ordinary (sharded) embedding variable of
 ``capacity + 1`` rows whose last row is the shared default row, one shard
-of its state per embedding shard (``models.dynamic.shards``), on the PS
-task holding that embedding shard's rows:
+of its state per embedding shard, on the PS task holding that embedding
+shard's rows (which ids each shard holds and admits:
+``models.dynamic.shards``):
 
-* ``map``: ``MutableHashTable`` shards id -> (global) row of the admitted
-  ids, shard ``k`` holding the ids whose row is in shard ``k``'s range;
-* ``counts``: shards id -> times seen of the ids waiting for admission
-  (pending), an id counted by shard ``id mod`` (shards with rows);
+* ``map``: id -> (global) row of the admitted ids;
+* ``counts``: id -> times seen of the ids waiting for admission (pending);
 * ``row_ids`` (the id each row holds, -1: free, -2: the default row -- the
   free list and the reverse map), ``freq`` (times each row was read in
   training, from its admission on) and ``last_seen`` (the step it was last
@@ -17,25 +16,18 @@ task holding that embedding shard's rows:
   colocated with its embedding shard; ``clock`` (the step of the last
   maintenance) and the ``admitted`` / ``evicted`` totals, with shard 0.
 
-Each shard admits its own pending ids into its own rows, evicting its own
-coldest rows: capacity, LFU/TTL and the bound on pending ids (at most a
-shard's capacity after each maintenance) are per shard. Hash tables are
-placed by an explicit ``tf.device`` (under ``ParameterServerStrategy`` a
-table created in the strategy's scope lands on the coordinator and fails
-when workers use it); without PS tasks everything is local, one shard.
+Hash tables are placed by an explicit ``tf.device`` (under
+``ParameterServerStrategy`` a table created in the strategy's scope lands
+on the coordinator and fails when workers use it); without PS tasks
+everything is local, one shard.
 
-Workers only read the maps (:meth:`DynamicTable.rows`, one lookup per
-shard: an id is in at most one): an unknown id reads the default row, whose
-gradient is dropped, and its count goes up by one per occurrence (a read
-and an insert, not atomic: two closures counting the same id at once may
-lose an increment, which only delays its admission). Hit rows get
-``freq``/``last_seen`` updates by scatter ops on their shard; the counting
-and these updates are ops placed on each shard's PS (the step's ids go
-there once). Rows are
-assigned only by :meth:`DynamicTable.maintain`, launched by the coordinator
-at a join boundary (no closure in flight): it is the only writer of the
-maps, so two ids never share a row. The selection runs as ops on each
-shard's PS (``models.dynamic.select``); only the rows given out come back.
+Workers only read the maps (:meth:`DynamicTable.rows`): an unknown id
+reads the default row, whose gradient is dropped, and its count goes up by
+one per occurrence (a read and an insert, not atomic: two closures counting
+the same id at once may lose an increment, which only delays its
+admission). Rows are assigned only by :meth:`DynamicTable.maintain`, at a
+join boundary (no closure in flight): it is the only writer of the maps,
+so two ids never share a row.
 """
 
 from __future__ import annotations
@@ -135,7 +127,6 @@ class DynamicTable(tf.Module):
     """The id -> row maps, pending counts and row statistics of one table.
 
     Args:
-      config: the ``mode: dynamic`` table.
       layout: its embedding variable's shards (``ShardLayout.of``); None:
         one local shard.
       initializer: ``shape -> values`` of fresh rows (the table's).
@@ -231,8 +222,7 @@ class DynamicTable(tf.Module):
     def _record(self, unique, seen, found, known) -> None:
         """Counts the unknown ids and updates the statistics of the rows
         read, shard by shard, each shard's ops placed on its PS: the ids,
-        counts and rows found are sent there once, and the pending counts
-        are read, summed and written there (not a lookup's result sent
+        counts and rows found are sent there once (not a lookup's result sent
         back to the worker and an insert sent out again)."""
         pending = tf.logical_and(tf.logical_not(known), unique >= 0)
         clock = self.clock.read_value()

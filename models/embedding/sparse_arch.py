@@ -72,11 +72,8 @@ def table_variables(variable) -> list[tf.Variable]:
 
 
 def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
-    """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``.
-
-    Each distinct id is fetched once; ``embedding_lookup`` on a
-    ``ShardedVariable`` issues one gather per shard.
-    """
+    """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``;
+    each distinct id is fetched once, one gather per shard."""
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
     if tf.executing_eagerly() and hasattr(table, "variables"):
@@ -100,7 +97,6 @@ class SparseArch(tf_keras.layers.Layer):
     ``[B]`` when ``wide`` is set (else None).
 
     Args:
-      spec: the feature spec.
       wide: also create a ``[rows, 1]`` first-order weight table per table.
       default_scale: initializer scale of the tables whose spec leaves
         ``scale`` unset (``ModelConfig.init_scale``); None: ``1/sqrt(dim)``.

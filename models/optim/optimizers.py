@@ -26,16 +26,10 @@ from psrec.models.optim.config import batch_scale
 
 
 class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
-    """``lr * batch_scale(...)``, ramped up linearly over ``warmup_steps``
-    steps.
-
-    Args:
-      base_lr: the rate at ``base_batch_size``.
-      batch_size: the rows of one update.
-      base_batch_size: the rows the rate was given for.
-      warmup_steps: steps of the linear ramp from 0.
-      optimizer: whose scaling rule applies (see :func:`batch_scale`).
-    """
+    """The rate ``base_lr`` given for ``base_batch_size`` rows, scaled to the
+    ``batch_size`` rows of one update by ``optimizer``'s rule
+    (:func:`batch_scale`) and ramped up linearly from 0 over ``warmup_steps``
+    steps."""
 
     def __init__(self, base_lr: float, batch_size: int, base_batch_size: int,
                  warmup_steps: int, optimizer: str = "sgd") -> None:

@@ -45,14 +45,7 @@ class ModelTooLargeError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class SizeEstimate:
-    """Bytes one replica of the model needs (float32 variables).
-
-    Attributes:
-      table_bytes: embedding (and wide) tables.
-      table_slot_bytes: the sparse optimizer's slots of the tables.
-      dense_bytes: every other trainable weight.
-      dense_slot_bytes: the dense optimizer's slots.
-    """
+    """Bytes one replica of the model needs (float32 variables)."""
 
     table_bytes: int
     table_slot_bytes: int
@@ -120,8 +113,6 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
     """Bytes of one replica: tables, their slots, dense weights and slots.
 
     Args:
-      spec: the feature spec (tables).
-      model: the architecture (wide tables, dense towers).
       optimizer: which optimizers' slots to count.
       dense_parameters: the dense weight count when known (else counted
         with :func:`dense_parameter_count`).
@@ -145,8 +136,8 @@ class DeviceMemory:
 
     Attributes:
       kind: ``GPU`` or ``CPU``.
-      bytes: memory of one device (for the CPU: the host's physical memory,
-        shared by every logical CPU device).
+      bytes: for the CPU: the host's physical memory, shared by every
+        logical CPU device.
       source: where the figure came from.
     """
 
@@ -213,8 +204,6 @@ def check_fits(estimate: SizeEstimate, memory: DeviceMemory,
     """Stops a replicated run whose tables and slots exceed the budget.
 
     Args:
-      estimate: bytes of one replica.
-      memory: the device memory.
       memory_fraction: share of the device memory the variables may use.
       replicas_sharing_memory: replicas whose copies live in the same
         memory (logical CPU devices all share the host's RAM).

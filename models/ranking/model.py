@@ -43,8 +43,6 @@ class RankingModel(tf_keras.Model):
     (``project_<table>``, a dense variable).
 
     Args:
-      spec: the feature spec (tables, dense and categorical features).
-      config: the architecture.
       positive_rate: the training split's share of positives. When given,
         the untrained model predicts it: the output layer's bias starts at
         ``log(p / (1 - p))`` and the kernels of the layers that add to the
@@ -168,13 +166,8 @@ def build_ranking_model(spec: FeatureSpec, config: ModelConfig,
                         positive_rate: float | None = None
                         ) -> RankingModel:
     """Creates the model and all its variables (call under a strategy scope
-    so that tables are sharded across PS tasks).
-
-    Args:
-      spec: the feature spec.
-      config: the architecture.
-      positive_rate: the training split's share of positives, for the
-        output bias (see :class:`RankingModel`); None: bias 0.
+    so that tables are sharded across PS tasks); ``positive_rate``: see
+    :class:`RankingModel`.
 
     Raises:
       ModelConfigError: a spec the model cannot be built on, or a

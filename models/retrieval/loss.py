@@ -39,14 +39,8 @@ _REMOVED = -1e9
 
 
 class CandidateTables(tf.Module):
-    """The catalogue as variables (create under the strategy scope).
-
-    Args:
-      catalogue: the loaded catalogue.
-      spec: the spec (with ``towers``).
-      dim: the candidate embedding width.
-      chunk_rows: rows per embedding chunk.
-    """
+    """The catalogue as variables (create under the strategy scope); ``spec``
+    has ``towers``, ``dim`` is the candidate embedding width."""
 
     def __init__(self, catalogue: Catalogue, spec: FeatureSpec, dim: int,
                  chunk_rows: int = CHUNK_ROWS) -> None:

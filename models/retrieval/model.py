@@ -36,12 +36,8 @@ def check_retrieval_spec(spec: FeatureSpec) -> None:
 
 
 class RetrievalModel(tf_keras.Model):
-    """Query and candidate towers over shared, PS-sharded tables.
-
-    Args:
-      spec: a spec with ``towers``.
-      config: the towers and loss.
-    """
+    """Query and candidate towers over shared, PS-sharded tables (``spec``
+    has ``towers``)."""
 
     def __init__(self, spec: FeatureSpec, config: RetrievalConfig,
                  **kwargs: object) -> None:

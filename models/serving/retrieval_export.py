@@ -60,15 +60,9 @@ class QueryServing(ServingModule):
 
 
 class TopKServing(QueryServing):
-    """Raw query features -> the ``k`` best catalogue entries.
-
-    Args:
-      model: the trained model (plain variables).
-      spec: its spec.
-      embeddings: ``[N, d]`` catalogue embeddings.
-      raw_ids: ``[N]`` their raw candidate ids.
-      k: candidates returned per query (capped at N).
-    """
+    """Raw query features -> the ``k`` best catalogue entries (``k`` capped
+    at N) of the ``[N, d]`` catalogue ``embeddings`` with their ``[N]``
+    ``raw_ids``; ``model`` has plain variables."""
 
     def __init__(self, model: RetrievalModel, spec: FeatureSpec,
                  embeddings: np.ndarray, raw_ids: np.ndarray, k: int,

@@ -61,12 +61,9 @@ class ScoreReport:
 
     Attributes:
       out: the scores file (Parquet, or CSV for a ``.csv`` name).
-      rows: rows scored (= rows of the inputs).
       files: the input Parquet files, in the order read.
-      columns: the columns of ``out``.
       mean_probability: the mean predicted probability (NaN for no rows).
       seconds: wall time in all, loading the model included.
-      load_seconds: the part of it that loading the SavedModel took.
       model: the SavedModel folder used (a version folder of an export).
       version: its version (None: an unversioned SavedModel).
       model_note: how the summary names the model (says which version of
@@ -171,10 +168,6 @@ def check_inputs(path: str, schema: pa.Schema,
                     f"exported model takes {_describe(inputs[column])}.")
 
 
-def _pad_of(dtype: tf.DType) -> str | int:
-    return MISSING_TOKEN if dtype == tf.string else MISSING_INT
-
-
 def _single(column: pa.Array, spec: tf.TensorSpec) -> np.ndarray:
     """One value a row: nulls -> the missing value of the dtype."""
     if pa.types.is_dictionary(column.type):
@@ -190,7 +183,7 @@ def _single(column: pa.Array, spec: tf.TensorSpec) -> np.ndarray:
 def _padded(column: pa.Array, spec: tf.TensorSpec) -> np.ndarray:
     """Lists as ``[rows, longest]`` padded with ``""``/-1; a null list is
     all padding, a null element is padding."""
-    pad = _pad_of(spec.dtype)
+    pad = MISSING_TOKEN if spec.dtype == tf.string else MISSING_INT
     lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0)
                          .to_numpy(zero_copy_only=False), np.int64)
     values = _single(pc.list_flatten(column), spec)
@@ -260,13 +253,11 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     """Scores every row of ``inputs`` with an exported model.
 
     Args:
-      export_dir: an export written by ``psrec export``: a version folder
-        or the versioned root (then its highest version).
+      export_dir: an export written by ``psrec export`` (see above).
       inputs: Parquet files or folders of them (see
         :func:`~psrec.data.convert.inputs.parquet_files`), read in order.
       out: the scores file: CSV when the name ends in ``.csv``, else
         Parquet; written under a temporary name and renamed when complete.
-      batch_rows: rows read and scored at a time.
       label: the label column to copy (required in every input); None:
         copy the export's label column (``psrec_export.json``; ``label``
         when it names none) when every input has it.

@@ -169,10 +169,8 @@ def check_root(root: str) -> None:
 def publish(root: str, write: Callable[[str], None],
             version: int | None = None) -> ExportVersion:
     """Publishes a new version of ``root``: ``write(folder)`` fills a
-    temporary folder, which then becomes ``root/<version>``.
-
-    Args:
-      version: the version number (>= 1); None: :func:`next_version`.
+    temporary folder, which then becomes ``root/<version>`` (``version``
+    None: :func:`next_version`).
 
     Raises:
       ConfigError: ``version`` exists already, is < 1, or ``root`` is an

@@ -51,29 +51,24 @@ def predict_log(inputs: dict[str, np.ndarray], model_name: str) -> bytes:
     return log.SerializeToString()
 
 
-def _head(inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    return {name: values[:rows] for name, values in inputs.items()}
-
-
 def write_warmup(version_dir: str, inputs: dict[str, np.ndarray],
                  model_name: str) -> str:
-    """Writes the warmup file into an export's version folder.
+    """Writes the warmup file into an export's version folder; returns its
+    path.
 
     Args:
       inputs: the raw serving inputs of the warmup rows (``[rows]`` or
         ``[rows, n]`` arrays, as ``serving_default`` takes them).
       model_name: the name requests carry (TF Serving's ``--model_name``;
         it answers warmup requests whatever name they carry).
-
-    Returns:
-      The file's path.
     """
     rows = len(next(iter(inputs.values())))
     path = os.path.join(version_dir, WARMUP_FILE)
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.TFRecordWriter(path) as writer:
         for count in sorted({1, rows}):
-            writer.write(predict_log(_head(inputs, count), model_name))
+            head = {name: values[:count] for name, values in inputs.items()}
+            writer.write(predict_log(head, model_name))
     return path
 
 
@@ -120,11 +115,10 @@ WARMUP_ROWS = 8
 
 @dataclasses.dataclass(frozen=True)
 class WarmupRows:
-    """Raw serving inputs of the warmup rows and where they came from.
+    """Raw serving inputs of the warmup rows (as ``serving_default`` takes
+    them) and where they came from.
 
     Attributes:
-      inputs: ``{input: [rows] or [rows, n] array}`` as ``serving_default``
-        takes them.
       source: ``"eval rows <ids> of <manifest>"`` or ``"synthetic rows
         (<why>)"``.
       ids: the eval rows' ids (empty for synthetic rows).

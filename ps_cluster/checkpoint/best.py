@@ -35,7 +35,6 @@ from psrec.uri import name as uri_name
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
 
-METRICS = ("auc", "logloss", "none")
 BEST_FILE = "best.json"
 BEST_DIR = "best"
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")
@@ -133,7 +132,6 @@ class BestTracker:
     """Keeps the best checkpoint of a run (on the chief only).
 
     Args:
-      directory: the checkpoint folder.
       metric: ``auc`` or ``logloss``.
       patience: evaluations without improvement that end the run (0: off).
     """

@@ -5,25 +5,19 @@ complete.
 ``tf.train.CheckpointManager`` writes the model, both optimizers (with their
 slots) and the training progress. Its ``checkpoint`` state file is replaced
 atomically after the data files are complete, so a save cut off mid-write is
-never the one ``latest_checkpoint`` names. The ``<prefix>_temp`` folder a
-cut-off or failed save leaves is removed when a keeper starts and when a
-save fails; :func:`check_output_folder` checks a folder is writable with
-room for one checkpoint before any server starts.
+never the one ``latest_checkpoint`` names; the ``<prefix>_temp`` folder it
+leaves is removed when a keeper starts and when a save fails.
 
-A restore is **streamed and verified by value**
-(:mod:`psrec.ps_cluster.checkpoint.verify`). Variables that are plain (PS
-shards, one device) are restored block by block of rows, each block read by
-key and slice (on its own PS when the tasks write, else on the
-coordinator) and written in place on its PS, so a
-multi-GB table is never sent (or held on the coordinator) whole; mirrored
-variables go through TensorFlow's restore. The status object's
+A restore is streamed block by block of rows and verified by value
+(:mod:`psrec.ps_cluster.checkpoint.verify`); mirrored variables go through
+TensorFlow's restore. The status object's
 ``assert_existing_objects_matched()`` passes even when sharded optimizer
 slots silently keep their initial values (measured: a checkpoint from 2 PS
 shards restored into 3), so after restoring, every variable's live value is
-compared, block by block, with the checkpoint's tensor -- nothing is written
-for it; a difference is an error naming the variables, never a silent
-partial restore. Optimizer slots of resharded tables that TensorFlow's
-restore leaves behind are restored by :func:`_restore_resharded_slots`.
+compared with the checkpoint's tensor; a difference is an error naming the
+variables, never a silent partial restore. Optimizer slots of resharded
+tables that TensorFlow's restore leaves behind are restored by
+:func:`_restore_resharded_slots`.
 """
 
 from __future__ import annotations
@@ -109,10 +103,9 @@ def check_output_folder(directory: str | Path, needed_bytes: int,
                         what: str) -> None:
     """Raises :class:`OutputFolderError` unless ``directory`` -- or, when it
     does not exist yet, its nearest existing parent -- is a folder a probe
-    file can be written to (and is removed from), on a file system with
-    ``needed_bytes`` free. Creates nothing. A URI (``gs://``, ``ram://``)
-    must be a store TensorFlow writes; a probe object is written there and
-    removed (a store reports no free space to check)."""
+    file can be written to, with ``needed_bytes`` free. Creates nothing. A
+    URI must be a store TensorFlow writes; a probe object is written there
+    and removed (a store reports no free space to check)."""
     if is_uri(directory):
         _check_remote_folder(str(directory), what)
         return
@@ -159,7 +152,6 @@ class Progress(tf.Module):
 
     Attributes:
       step: steps completed and joined (the resumed run continues from it).
-      examples: examples trained on.
       resumes: how many times the job was resumed; the input pipeline's
         shuffle seed is offset by it, so a resumed run does not replay the
         data order from the start (per-worker iterators cannot be
@@ -194,11 +186,9 @@ def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
                             on_tasks: bool = False) -> list[str]:
     """Keys whose live value differs from ``path``, or that only one side has.
 
-    Streamed (:mod:`psrec.ps_cluster.checkpoint.verify`): each live variable
-    is compared per shard and per block of rows with the checkpoint's tensor
-    read by key and slice; nothing is written, and the extra memory is two
-    blocks. Sharded variables (and their slots) are compared against their
-    full logical tensors, so any sharding compares.
+    Streamed per shard and block of rows (extra memory: two blocks); nothing
+    is written. Sharded variables are compared against their full logical
+    tensors, so any sharding compares.
 
     Args:
       model_only: compare only the model's own variables (not optimizer
@@ -237,13 +227,12 @@ def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
 
     Args:
       bad_keys: keys that differ after the regular restore.
-      optimizers: checkpoint attribute name -> optimizer.
       tables: checkpoint key prefix of a table -> its (sharded) variable.
       io_device: where blocks are read (None: on each shard's task).
 
     Returns:
-      The keys that are not repaired (the repaired ones are checked again
-      by the caller).
+      The keys that are not repaired (the caller checks the repaired ones
+      again).
     """
     live = live_tensors(checkpoint)
     saved, _ = saved_tensors(path)
@@ -273,19 +262,13 @@ class CheckpointKeeper:
     """Saves and restores the state of a PS training job.
 
     Args:
-      directory: checkpoint folder.
       checkpoint: a ``tf.train.Checkpoint`` over model, optimizers, progress.
       optimizers: checkpoint attribute name -> optimizer (for slot repair).
       tables: checkpoint key prefix -> table variable (for slot repair).
-      max_to_keep: checkpoints kept.
       strategy: the training strategy (its PS tasks may write).
-      writers: ``--checkpoint-writers``: ``tasks`` (each PS writes, reads
-        and checks its own shards), ``coordinator`` (every tensor through
-        the coordinator), ``auto`` (``tasks`` where every task surely
-        shares the folder; :mod:`~psrec.ps_cluster.checkpoint.writers`).
-        When the tasks write, each PS is first proven to see the folder
-        (:class:`~psrec.ps_cluster.checkpoint.writers.
-        CheckpointFolderError` otherwise).
+      writers: ``--checkpoint-writers`` (``tasks``, ``coordinator`` or
+        ``auto``; :mod:`~psrec.ps_cluster.checkpoint.writers`). When the
+        tasks write, each PS is first proven to see the folder.
     """
 
     def __init__(self, directory: str | Path, checkpoint: tf.train.Checkpoint,
@@ -335,19 +318,15 @@ class CheckpointKeeper:
     def restore(self, path: str | None = None, *, model_only: bool = False,
                 progress: reporting.Progress | None = None
                 ) -> str | None:
-        """Restores ``path`` (default: the latest) and proves it complete.
-
-        Completeness is checked by value, not with the status object's
-        ``assert_existing_objects_matched()``: that assertion both misses
-        sharded slots that kept their initial values and flags the
-        optimizer's ShardedVariable slot containers, which own no tensor.
+        """Restores ``path`` (default: the latest) and proves it complete, by
+        value: ``assert_existing_objects_matched()`` both misses sharded slots
+        that kept their initial values and flags the optimizer's ShardedVariable
+        slot containers, which own no tensor.
 
         Args:
-          path: a checkpoint prefix; None for the latest.
           model_only: restore and check only ``model/`` keys (export, eval).
-          progress: told the bytes restored and checked (passes
-            ``restore`` and ``verify``) when the state is 1 GiB or more
-            (default: the process's default progress).
+          progress: told the bytes restored and checked when the state is 1 GiB
+            or more (default: the process's default progress).
 
         Returns:
           The restored path, or None when there is no checkpoint.

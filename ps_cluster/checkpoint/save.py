@@ -1,22 +1,15 @@
 """Where a checkpoint is written from, and the progress of a large save.
 
-TensorFlow's sharded save (``MultiDeviceSaver``) writes one file per task:
-each task's ``SaveV2`` runs on the task that holds the variables, unless
+TensorFlow's sharded save (``MultiDeviceSaver``) runs each task's ``SaveV2``
+on the task that holds the variables, unless
 ``CheckpointOptions.experimental_io_device`` names one device, which then
-receives *every* tensor and writes them all. psrec used to name the
-coordinator's CPU, so the coordinator only ever writes files; the price is
-that a save pulls the whole training state (tables and optimizer slots)
-over gRPC into the coordinator: measured 5.32 GiB peak RSS on the
-coordinator for a 2.39 GiB state.
-
-When every task sees the same checkpoint folder -- a local path and a
-cluster whose every address is on this host (the local cluster, the
-in-process test cluster) -- each PS now writes its own shards (no io
-device): the coordinator holds none of the tables, the PS writes from its
-own memory. The checkpoint has the same keys and slices (TensorFlow merges
-the per-task index files into one), so it restores and reshards exactly as
-before. Elsewhere (remote hosts, ``gs://`` or ``ram://`` folders, which a
-PS process may not share) the coordinator stays the only writer, unless
+receives *every* tensor and writes them all: the whole training state
+(tables and optimizer slots) travels over gRPC into it (5.32 GiB peak RSS
+on the coordinator for a 2.39 GiB state). So where every task sees the
+checkpoint folder (:func:`tasks_share_folder`) each PS writes its own
+shards from its own memory; the checkpoint has the same keys and slices
+(TensorFlow merges the per-task index files into one), so it restores and
+reshards alike. Elsewhere the coordinator's CPU is the only writer, unless
 ``--checkpoint-writers tasks`` says the tasks share the folder
 (:mod:`psrec.ps_cluster.checkpoint.writers`, which proves it first).
 """

@@ -47,7 +47,6 @@ class LiveTensor:
       shards: ``(variable, first row)`` of each piece (a plain variable is
         one piece at row 0).
       shape: the full (logical) shape.
-      dtype: the dtype.
     """
 
     shards: tuple[tuple[tf.Variable, int], ...]
@@ -260,12 +259,11 @@ def restore_streamed(root: tf.train.Checkpoint, path: str,
                      progress: Progress = SILENT) -> None:
     """Restores every live variable of ``root`` that checkpoint ``path``
     holds with the same shape and dtype, block by block of rows
-    (:func:`copy_rows`): at most one block is in flight, on the coordinator
-    and on a PS, where TensorFlow's restore sends whole variables (and the
-    PS then briefly holds a variable twice). Any sharding on either side
-    restores, optimizer slots included. Keys that do not fit are left to
-    the caller's check. ``progress`` is told the bytes restored
-    (``restore``) when they are :data:`PROGRESS_BYTES` or more."""
+    (:func:`copy_rows`): at most one block is in flight, where TensorFlow's
+    restore sends whole variables (and the PS then briefly holds a variable
+    twice). Any sharding on either side restores, optimizer slots included;
+    keys that do not fit are left to the caller's check. ``progress`` is told
+    the bytes restored when they are :data:`PROGRESS_BYTES` or more."""
     live = live_tensors(root)
     shapes, dtypes = saved_tensors(path)
     keys = [k for k in sorted(live.keys() & shapes.keys())

@@ -50,10 +50,6 @@ class CheckpointFolderError(ConfigError):
     would be written to (exit 2, before training)."""
 
 
-def _is_ps(strategy) -> bool:
-    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
-
-
 def tasks_write(writers: str, strategy, directory) -> bool:
     """Whether each PS task of ``strategy`` writes and reads its own shards
     of checkpoints in ``directory`` under ``--checkpoint-writers
@@ -62,7 +58,8 @@ def tasks_write(writers: str, strategy, directory) -> bool:
     check_choice("JobConfig.checkpoint_writers", writers, WRITERS)
     if writers == "auto":
         return tasks_share_folder(strategy, directory)
-    return writers == "tasks" and strategy is not None and _is_ps(strategy)
+    return writers == "tasks" and isinstance(
+        strategy, tf.distribute.ParameterServerStrategy)
 
 
 def ps_devices(strategy) -> list[str]:

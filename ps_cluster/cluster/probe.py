@@ -20,13 +20,14 @@ import socket
 import time
 from typing import Callable
 
-from psrec.ps_cluster.cluster.errors import ClusterUnavailableError
+from psrec.errors import RetryableError
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
-from psrec.ps_cluster.cluster.tf_config import TaskInfo
 
 
-def _served(cluster: ClusterSpec) -> list[TaskInfo]:
-    return [t for t in cluster.tasks() if t.type in ("ps", "worker")]
+class ClusterUnavailableError(RetryableError):
+    """A PS task (or the whole cluster) became unreachable. Retryable: the
+    PS tasks and the coordinator must be restarted, and training resumes
+    from the latest checkpoint (TF cannot recover a lost PS in-process)."""
 
 
 def accepts(address: str, timeout: float = 1.0) -> bool:
@@ -44,7 +45,7 @@ def unreachable_tasks(cluster: ClusterSpec, timeout: float = 1.0
                       ) -> list[str]:
     """``"ps-0 (127.0.0.1:2222)"`` for each task whose port refuses."""
     return [f"{t.name} ({cluster.address_of(t)})"
-            for t in _served(cluster)
+            for t in cluster.tasks() if t.type in ("ps", "worker")
             if not accepts(cluster.address_of(t), timeout)]
 
 

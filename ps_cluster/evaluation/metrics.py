@@ -5,11 +5,10 @@ AUC is computed from two histograms (positives, negatives) over
 ``AUC_BINS`` bins uniform in the *logit*, on ``[-AUC_LOGIT_RANGE,
 AUC_LOGIT_RANGE]`` (logits outside are clipped into the end bins). The
 histograms are fixed-size sums, so batches, closures and shards merge by
-addition. Binning in probability space (the former 10,000 uniform bins)
-crowds every prediction of a 0.2%-positive CTR model into the first few
-dozen bins and was off by up to 0.0035; bins of 1/1024 logit keep the
-error far below 0.001 (tests/test_metrics.py measures it against an exact
-rank AUC).
+addition. Bins uniform in probability would crowd every prediction of a
+0.2%-positive CTR model into the first few dozen bins; bins of 1/1024
+logit keep the error far below 0.001 (tests/test_metrics.py measures it
+against an exact rank AUC).
 
 Error bound: the histogram AUC scores every (positive, negative) pair that
 shares a bin as a tie (1/2), so it differs from the exact rank AUC by at

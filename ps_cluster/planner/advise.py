@@ -37,7 +37,6 @@ from psrec.ps_cluster.planner.advise_measure import measure_ps
 from psrec.ps_cluster.planner.advise_measure import traffic_bytes
 
 DEFAULT_THRESHOLD = 0.3
-CHOICES = ("single-device", "mirrored", "ps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +184,6 @@ def advise(spec: FeatureSpec, model_name: str = "dcn", *,
     """Measures this machine and recommends a strategy for the model.
 
     Args:
-      spec: the feature spec.
       model_name: the named configuration (``model`` overrides it).
       batch_size: rows of one replica's (or worker's) step.
       memory_fraction: the size guard's share of device memory.
@@ -193,7 +191,6 @@ def advise(spec: FeatureSpec, model_name: str = "dcn", *,
         to eat the gain.
       repeats: timed repetitions per measurement (median).
       memory: the device memory (default: measured).
-      log: progress lines.
 
     Raises:
       ValueError: ``batch_size`` or ``repeats`` < 1.

@@ -2,25 +2,17 @@
 
 Under ``ParameterServerStrategy`` each embedding table (and the ``[rows, 1]``
 wide table of DeepFM / Wide & Deep) is cut by :class:`TablePartitioner`
-into shards, and the strategy places each shard variable on a PS task
-round-robin: a counter, shared by every variable the strategy creates,
-picks ``/job:ps/task:<counter % ps>``. The model's first variables are the
-three step counters ``tf_keras.Model.__init__`` creates (train, test,
-predict); then come its tables, in spec order, each followed by its wide
-table. Shard ``i`` of a table whose first shard is the strategy's variable
-number ``c`` (from 0) lands on PS ``(c + i) % ps``. A shard's rows follow
-the strategy's "div" split: ``rows // shards`` each, the first ``rows %
-shards`` shards one row more. The sparse optimizer's slots
-(the optimizer registry's, ``models.optim.config.OPTIMIZERS``: Adagrad 1,
-FTRL 2, SGD 0) are created beside
-their shard, each of its size.
-
-The dense towers' weights and their slots are spread one variable at a
-time too; the plan counts them whole on every PS (an upper bound, small
-beside the tables) rather than guessing each one's place.
-
-:func:`plan` returns a :class:`ShardingPlan`; ``plan(...).max_ps_bytes`` is
-the memory one PS task needs for the model's variables.
+into shards, and the strategy places shard variables on PS tasks
+round-robin, with one counter over every variable it creates. The first
+are the three step counters ``tf_keras.Model.__init__`` creates (train,
+test, predict); then come the tables, in spec order, each followed by its
+wide table: shard ``i`` of a table whose first shard is variable number
+``c`` (from 0) lands on PS ``(c + i) % ps``. Rows follow the "div" split:
+``rows // shards`` each, the first ``rows % shards`` shards one row more.
+The sparse optimizer's slots (``models.optim.config.OPTIMIZERS``: Adagrad
+1, FTRL 2, SGD 0) sit beside their shard, each of its size. Dense weights
+and their slots are counted whole on every PS (an upper bound, small beside
+the tables). ``plan(...).max_ps_bytes`` is the memory one PS task needs.
 """
 
 from __future__ import annotations
@@ -74,10 +66,7 @@ class TableShard:
       table: the variable's name (``<table>`` or ``<table>__wide``).
       index: the shard's index in its table (``part_<index>``).
       row_offset: the table row of the shard's first row.
-      rows: rows of the shard.
-      dim: the table's width.
       ps: the PS task that holds the shard and its slots.
-      bytes: the shard's bytes.
       slot_bytes: its optimizer slots' bytes.
     """
 
@@ -100,14 +89,7 @@ class TableShard:
 
 @dataclasses.dataclass(frozen=True)
 class TablePlan:
-    """A table variable and its shards.
-
-    Attributes:
-      name: the variable's name.
-      rows: the table's rows.
-      dim: its width.
-      shards: its shards, in order.
-    """
+    """A table variable (``rows`` x ``dim``) and its shards, in order."""
 
     name: str
     rows: int
@@ -133,9 +115,6 @@ class ShardingPlan:
     """Where every table shard goes and what each PS task holds.
 
     Attributes:
-      ps: PS tasks.
-      optimizer: the tables' (sparse) optimizer.
-      partition: the partitioning.
       tables: every table variable, in creation order.
       dense_bytes: dense weights and their slots, counted on every PS.
       ps_bytes: per PS task: its shards, their slots, ``dense_bytes`` and
@@ -328,10 +307,8 @@ def plan(spec: FeatureSpec, model_config: ModelConfig, ps: int,
     """Plans the tables of ``spec`` on ``ps`` PS tasks.
 
     Args:
-      spec: the feature spec (tables).
       model_config: the architecture (wide tables, dense towers): a
         ranking ``ModelConfig`` or a two-tower ``RetrievalConfig``.
-      ps: PS tasks.
       optimizer: the tables' optimizer (its slots); the dense part's is
         the default (``OptimizerConfig.dense``).
       shards: shards per table (``--table-shards``; default one per PS).
@@ -353,8 +330,7 @@ def check_plan(result: ShardingPlan) -> ShardingPlan:
     """Returns ``result`` when every PS fits its budget.
 
     Raises:
-      PsMemoryError: naming the fullest PS and the smallest PS count that
-        fits.
+      PsMemoryError: naming the fullest PS and the smallest PS count that fits.
     """
     if not result.fits:
         raise PsMemoryError(result.refusal())
@@ -414,7 +390,7 @@ def plan_text(result: ShardingPlan) -> str:
     lines += _ps_lines(result)
     lines += _shard_lines(result)
     lines.append(
-        f"largest shard: {largest.table}/part_{largest.index} "
+        f"largest shard: {_shard_name(largest)} "
         f"({largest.rows:,} x {largest.dim}) on PS {largest.ps}: "
         f"{format_bytes(largest.total_bytes)} with its slots")
     verdict = f"most on one PS: {format_bytes(result.max_ps_bytes)}"
@@ -427,21 +403,13 @@ def plan_text(result: ShardingPlan) -> str:
     return "\n".join(lines)
 
 
-# The bytes of the dynamic tables' own state, for the sharding planner.
-#
-# A ``mode: dynamic`` table's rows (``capacity + 1``) and their optimizer
-# slots are planned as any table's. Its maps and per-row statistics
-# (``psrec.models.dynamic.table``) come on top, one part per embedding shard,
-# on the PS task that holds that shard (``models.dynamic.shards``), sized by
-# the shard's rows:
-#
-# * the id -> row map shard: at most one entry per row of the shard, an
-#   int64 key and value, about :data:`HASH_ENTRY_BYTES` each with the hash
-#   table's overhead;
-# * the pending counts shard: at most one entry per row after each
-#   maintenance (the least seen are forgotten; between two maintenances it
-#   may grow by the ids of ``maintenance_every`` steps);
-# * ``row_ids``, ``freq`` and ``last_seen``: 8 bytes per row each.
+# The bytes of the dynamic tables' own state, for the sharding planner. A
+# ``mode: dynamic`` table's rows (``capacity + 1``) and their optimizer slots
+# are planned as any table's; its maps and row statistics
+# (``models.dynamic.shards``) come on top, sized by the rows of each shard:
+# the id -> row map and the pending counts hold at most one entry per row
+# (the pending counts after each maintenance, which forgets the least seen;
+# between two they may grow by the ids of ``maintenance_every`` steps).
 
 HASH_ENTRY_BYTES = 32  # int64 key + int64 value, at ~50% load
 ROW_STAT_BYTES = 3 * 8  # row_ids, freq, last_seen

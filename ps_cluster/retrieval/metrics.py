@@ -21,7 +21,6 @@ class RetrievalEvalResult:
       count: the pairs evaluated (eval rows with a positive label).
       catalogue: the candidates every pair was ranked against.
       recall: k -> share of pairs whose candidate ranked in the top k.
-      mrr: mean reciprocal rank.
     """
 
     count: int

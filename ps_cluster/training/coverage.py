@@ -29,7 +29,6 @@ class EpochCoverage:
     Attributes:
       epoch: 1-based.
       seen: distinct train rows trained on, tagged with this epoch.
-      rows: train rows of the split.
       repeats: rows trained on more than once in this epoch (a closure
         re-run after a worker loss).
       finished: rows of an epoch two later were trained on too: the stream
@@ -54,11 +53,8 @@ class EpochCoverage:
 
 
 class CoverageTally:
-    """The ids seen per epoch, on the coordinator.
-
-    Args:
-      rows: train rows of the split (the denominator).
-    """
+    """The ids seen per epoch of a split of ``rows`` train rows, on the
+    coordinator."""
 
     def __init__(self, rows: int) -> None:
         self.rows = rows

@@ -11,10 +11,6 @@ tf.data service worker gets restarted while processing a file". A training
 worker that dies loses what it (and the tf.data buffers feeding it) held;
 the files not yet handed out go to whoever asks next, so later epochs are
 read whole (measured: see tests/test_data_service.py).
-
-The dispatcher's address is a parameter (the job's ``data_service``:
-``psrec train --data-service``, or the service the local launcher started),
-passed to :func:`service_options`.
 """
 
 from __future__ import annotations

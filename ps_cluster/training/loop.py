@@ -133,11 +133,8 @@ class ClosureExecutor(_Executor):
     """Schedules the train function as closures on a ClusterCoordinator.
 
     Args:
-      coordinator: the ``ClusterCoordinator``.
       build: ``steps -> tf.function(iterator)``.
-      dataset_fn: the per-worker ``dataset_fn``.
       num_workers: worker count (sets how many closures stay in flight).
-      config: the loop configuration.
       hooks: the trainer's stop check, coverage tally and maintainer.
     """
 

@@ -19,12 +19,8 @@ from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 
 
 class Maintainer:
-    """Maintains the dynamic tables of a model's ``sparse_arch``.
-
-    Args:
-      sparse_arch: the model's ``SparseArch``.
-      optimizer: the sparse optimizer (its slots of reset rows are reset).
-    """
+    """Maintains the dynamic tables of a model's ``sparse_arch``; the slots
+    of reset rows of ``optimizer`` (the sparse one) are reset too."""
 
     def __init__(self, sparse_arch, optimizer) -> None:
         self.sparse_arch = sparse_arch

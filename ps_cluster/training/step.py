@@ -15,14 +15,10 @@ takes the same step size and logs the same loss as one device would.
 
 Mixed float16 (GPU): the loss is scaled by a dynamic loss scale; when any
 gradient of any replica is not finite, the whole update -- tables and dense
-weights, on every replica -- is skipped and the scale halved (it doubles
-after ``growth_steps`` finite updates), as Keras' ``LossScaleOptimizer``
-does for one optimizer.
-
-float32: the same all-finite check covers the loss and every gradient of
-every replica; a non-finite update is not applied, the function stops at
-it and reports its index, and the run ends with exit 2 naming the step
-(:class:`NonFiniteLossError`) -- never a model trained on NaN weights.
+weights, on every replica -- is skipped and the scale halved, as Keras'
+``LossScaleOptimizer`` does for one optimizer. float32: a non-finite loss
+or gradient is never applied; the run ends naming the step
+(:class:`NonFiniteLossError`).
 """
 
 from __future__ import annotations
@@ -68,7 +64,6 @@ class DynamicLossScale(tf.Module):
     """A dynamic loss scale shared by both optimizers (mixed float16).
 
     Args:
-      initial: the first scale.
       growth_steps: finite updates in a row before the scale doubles.
     """
 
@@ -142,7 +137,6 @@ class TrainStep:
     """One optimizer update on one replica (call inside ``strategy.run``).
 
     Args:
-      model: the ranking model.
       sparse_optimizer: trains ``model.embedding_variables()``.
       dense_optimizer: trains ``model.dense_variables()``.
       label: the label column, or the spec's ``LabelConfig`` (its ``loss``
@@ -289,14 +283,12 @@ def make_train_function(strategy: tf.distribute.Strategy, step: TrainStep,
 
     Returns ``(loss_sum, examples, seconds, pipeline, not_run)``: the
     per-update mean losses summed over the updates applied, the rows trained
-    on, the wall time measured where the function ran (on a PS worker: the
-    steps with their PS round trips), the input pipeline (worker) that fed
-    it (-1 unknown) and the updates not applied because one had a
-    non-finite loss or gradient (float32): the function stops at that
-    update, so ``not_run`` counts it and every later one of the call (0:
-    all applied). The caller ends the run (:class:`NonFiniteLossError`
-    names the step ``end - not_run + 1``). With ``with_rows`` it also
-    returns the ids and epochs of the rows of the updates applied
+    on, the wall time where the function ran (on a PS worker: with its PS
+    round trips), the input pipeline (worker) that fed it (-1 unknown) and
+    the updates not applied (float32, a non-finite loss or gradient): the
+    function stops at that update, so ``not_run`` counts it and every later
+    one (0: all applied). With ``with_rows`` it also returns the ids and
+    epochs of the rows of the updates applied
     (``psrec.ps_cluster.training.coverage`` tallies them).
     """
 

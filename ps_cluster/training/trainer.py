@@ -1,9 +1,8 @@
 """The trainer: one model, optimizers, checkpoints and loop for every
-strategy. Only how a step is executed depends on it (see
-:mod:`psrec.ps_cluster.training.loop`): closures on a ``ClusterCoordinator``
+strategy. Only how a step is executed depends on it
+(:mod:`psrec.ps_cluster.training.loop`): closures on a ``ClusterCoordinator``
 under ``ParameterServerStrategy``, direct calls of the same ``tf.function``
-otherwise. The step (:mod:`psrec.ps_cluster.training.step`), rates, evaluation,
-checkpoints and progress reporting are shared."""
+otherwise."""
 
 from __future__ import annotations
 
@@ -102,23 +101,19 @@ class Trainer:
       strategy: a ``ParameterServerStrategy`` (this process coordinates),
         ``MirroredStrategy``, ``MultiWorkerMirroredStrategy`` or
         ``OneDeviceStrategy`` (see :mod:`psrec.ps_cluster.cluster.strategy`).
-      spec: the feature spec.
-      model_config: the architecture.
-      optimizer_config: optimizers and learning rates (scaled to the rows
-        of one update: ``batch_size * micro_batches``).
+      optimizer_config: learning rates are scaled to the rows of one update
+        (``batch_size * micro_batches``).
       input_config: ``batch_size`` is the rows of one step: of one worker's
         step under PS, of the global step under the mirrored strategies.
       micro_batches: batches whose gradients are summed per update.
       precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
       checkpoint_dir: where the chief writes checkpoints (None: none).
-      keep_checkpoints: recent checkpoints kept.
-      checkpoint_writers: who writes checkpoints (the keeper's ``writers``).
-      positive_rate: the train split's share of positives: the model starts
-        predicting it (output bias at its logit); None starts at 0.5.
-      neg_sample_rate: the share of negatives the train data kept
-        (``psrec convert --neg-sample-rate``): evaluation adds
-        ``log(neg_sample_rate)`` to the logits, so logloss and calibration
-        are those of calibrated predictions (AUC is unchanged).
+      checkpoint_writers: the keeper's ``writers``.
+      positive_rate: the train split's share of positives, where the output
+        bias starts (its logit); None starts at 0.5.
+      neg_sample_rate: the share of negatives the train data kept: evaluation
+        adds ``log(neg_sample_rate)`` to the logits, so logloss and
+        calibration are those of calibrated predictions (AUC is unchanged).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, spec: FeatureSpec,
@@ -186,7 +181,6 @@ class Trainer:
             prepare_table_grads=self._padding())
         self.executor = self.eval_beat = None  # set by train()
         self.coverage_rows: int | None = None  # set by dataset_fn
-        self.scratch_saves = 0
         # Seconds the last checkpoint save took (None: none yet); an
         # interrupted run's estimate of whether a save fits its grace period.
         self.last_save_seconds: float | None = None
@@ -250,7 +244,6 @@ class Trainer:
             f"{resolver.task_id}-scratch")
         try:
             CheckpointKeeper(scratch, self.checkpoint).save(step)
-            self.scratch_saves += 1
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
@@ -330,18 +323,15 @@ class Trainer:
 
         Args:
           dataset_fn: training input (see :meth:`dataset_fn`).
-          loop: scheduling, evaluation and checkpoint intervals, the metric
-            of the best checkpoint and the early-stopping patience.
-          eval_manifest: evaluated at eval boundaries and at the end (by
-            the chief only, under a multi-worker strategy); each eval
-            boundary is also a checkpoint, kept as the best when the eval
-            improved ``loop.keep_best``.
+          eval_manifest: evaluated at eval boundaries and at the end (by the
+            chief only, under a multi-worker strategy); each eval boundary is
+            also a checkpoint, kept as the best when the eval improved
+            ``loop.keep_best``.
           on_progress: ``(step, mean loss, examples)`` per finished call.
-          on_boundary: ``(step, eval result or None, checkpoint path or
-            None)`` at each join boundary.
+          on_boundary: ``(step, eval result or None, checkpoint path or None)``
+            at each join boundary.
           heartbeat: ``(phase)`` whenever work completes or a phase
-            (``training``, ``eval``, ``checkpoint``) begins; feeds the stall
-            watchdogs.
+            (``training``, ``eval``, ``checkpoint``) begins.
           on_best: ``(record)`` when a new best checkpoint is recorded.
           should_stop: checked before each call; True (SIGTERM) stops
             scheduling, drains the calls in flight and ends the run there

@@ -3,19 +3,17 @@ making progress, after dumping what it was doing.
 
 The training loop calls :meth:`Watchdog.beat` whenever a closure result,
 an evaluation or a checkpoint completes. If no beat arrives for
-``timeout`` seconds, the watchdog writes every Python thread's stack, a description of the pending work (closures in flight,
-which workers still accept connections) and exits the process with
-``EXIT_RETRYABLE`` -- what a Kubernetes liveness probe or psrec's own
-supervisor needs to restart a hung job instead of waiting forever.
+``timeout`` seconds, the watchdog writes every Python thread's stack and a
+description of the pending work (closures in flight, which workers still
+accept connections) and exits the process with ``EXIT_RETRYABLE``, so a
+Kubernetes liveness probe or psrec's supervisor restarts a hung job.
 
 It is a thread of the process it watches, so it cannot fire while that
 process is frozen (SIGSTOP) or while its main thread blocks in a
-TensorFlow call that holds the GIL. psrec's supervisor therefore also
-watches the coordinator from outside, through the heartbeat file
-(``psrec.launch.monitor.heartbeat``), a few seconds later than this one. This one
-stays for what only it can give: the Python stacks of the stalled
-process, and a watchdog for a coordinator run without the supervisor
-(``psrec train --cluster``).
+TensorFlow call that holds the GIL: the supervisor also watches the
+heartbeat file (``psrec.launch.monitor.heartbeat``), a few seconds later.
+This one gives the Python stacks of the stalled process, and covers a
+coordinator run without the supervisor (``psrec train --cluster``).
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ class Watchdog:
     """Background thread that ends a stalled process.
 
     Args:
-      timeout: seconds without a beat before it fires.
       describe: returns a text about pending work, printed when it fires.
       exit: called with the exit code (default ``os._exit``: a stalled
         process may hold threads that would never join).
