@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 
+
 class OrderColumnError(DataError):
     """The ``order_by`` column holds nulls."""
 

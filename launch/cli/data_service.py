@@ -32,6 +32,7 @@ from psrec.ps_cluster.cluster.tf_config import TFConfig
 from psrec.ps_cluster.training.data_service import start_dispatcher
 from psrec.ps_cluster.training.data_service import start_worker
 
+
 def add_input_flags(group) -> None:
     """``--input-mode`` and ``--data-service`` of ``psrec train``."""
     group.add_argument(

@@ -18,6 +18,7 @@ from psrec.launch.job.config import StrategyConfig
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
 
+
 class UsageError(ConfigError):
     """A command-line argument is invalid; exits with EXIT_USAGE."""
 
