@@ -18,13 +18,18 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/psrec train --workdir runs/demo
 
-# The whole suite (CI: .ci/run), with the 25 slowest tests listed.
+# The whole suite (CI: .ci/run), with the 25 slowest tests listed. Two test
+# processes (CI has 2 cores; a test's OS processes leave a core idle much of
+# the time); each module stays in one of them (--dist loadfile), so its
+# fixtures -- a cluster run shared by several tests -- are made once.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25
+	$(PYTEST) --durations=25
 
 # The inner loop: every test but the slow ones (each over ~10 s on 2 cores).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" --durations=10
+	$(PYTEST) -m "not slow" --durations=10
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/convert_bench.py
