@@ -64,7 +64,6 @@ class HeartbeatCollector:
     each scrape.
 
     Args:
-      path: the heartbeat file.
       restarts: returns restarts per role so far (the supervisor's
         counts), or None where nobody here restarts roles (the metric is
         then listed without samples: the orchestrator counts restarts).
@@ -192,7 +191,6 @@ class MetricsServer:
     Args:
       sock: a bound TCP socket (see
         :func:`psrec.launch.cli.metrics_flags.reserve_metrics_socket`).
-      collector: the run's metrics.
       stall_timeout: ``/healthz``'s limit in seconds (None: any age).
     """
 

@@ -135,11 +135,7 @@ class LocalDataService:
         return self.state_dir / "logs" / "data-dispatcher.log"
 
     def wait_ready(self) -> None:
-        """Blocks until the dispatcher listens.
-
-        Raises:
-          RoleStartError, RoleConfigError: see ``wait_listening``.
-        """
+        """Blocks until the dispatcher listens (see ``wait_listening``)."""
         wait_listening("data-dispatcher", self.process, self.address,
                        self._log_path(), time.monotonic() + START_TIMEOUT,
                        START_TIMEOUT)
