@@ -173,13 +173,8 @@ class HeartbeatMonitor:
         return text
 
 
-# What the coordinator's heartbeat adds for the metrics server
-# (:mod:`psrec.launch.monitor.metrics_http`): examples trained, the last loss and
-# eval, when the latest checkpoint was written and how long the last save
-# took.
-#
-# Written with each heartbeat (at most every 0.5 s), read by whichever
-# process serves ``/metrics``::
+# What the coordinator's heartbeat adds (at most every 0.5 s) for whichever
+# process serves ``/metrics`` (:mod:`psrec.launch.monitor.metrics_http`)::
 #
 #     {"examples": 204800, "loss": 0.4712,
 #      "eval": {"auc": 0.7412, "logloss": 0.4650, "step": 200},
