@@ -92,11 +92,8 @@ class LocalDataService:
         """Restarts the service on its port when it has died (blocking
         until it listens again); True when it did. ``spend(role, why)``
         takes one restart from the ``data_service`` budget and logs the
-        line (the supervisor's ``_spend``); False when it is spent.
-
-        Raises:
-          RetryableError: it died with its restart budget spent.
-        """
+        line (the supervisor's ``_spend``); False when it is spent, and
+        then this raises a RetryableError."""
         if self.process is None or self.process.poll() is None:
             return False
         pid, how = self.process.pid, _describe_exit(self.process.returncode)
