@@ -10,10 +10,8 @@ phase)::
      "pid": 4242, "workers": {"0": {"closures": 9, "last_result_s": 0.4}},
      "checkpoint": "/run/checkpoints/ckpt-50"}
 
-``seq`` grows by one per write. Phases: ``connecting`` (probing the
-cluster, building the strategy, creating variables), ``restoring``,
-``training``, ``eval``, ``checkpoint``, ``done``, ``terminating``,
-``terminated``.
+``seq`` grows by one per write. Phases: :data:`PHASES` (``connecting``:
+probing the cluster, building the strategy, creating variables).
 
 A watcher (the supervisor, and ``/healthz`` with ``/metrics``'
 ``psrec_heartbeat_age_seconds``) reads it with :func:`read_heartbeat` and
