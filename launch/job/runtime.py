@@ -4,8 +4,8 @@ probe, and a graceful SIGTERM/SIGINT.
 * :func:`coordinator_heartbeat`: the ``heartbeat.json`` writer of a run
   (see :mod:`psrec.launch.monitor.heartbeat`); phases ``connecting`` ->
   ``restoring`` -> ``training``/``eval``/``checkpoint`` -> ``done``.
-* :class:`StopRequest`: the SIGTERM/SIGINT of ``--grace-period`` (its
-  help says what follows).
+* :class:`StopRequest`: SIGTERM/SIGINT handlers for the graceful stop
+  that ``--grace-period``'s help describes.
 """
 
 from __future__ import annotations
