@@ -35,7 +35,6 @@ def _typed(convert: Callable[[str], float], allowed: str,
 
 
 integer = _typed(int, "an integer", lambda v: True, "integer")
-"""Any integer."""
 
 positive = _typed(int, "an integer >= 1", lambda v: v >= 1, "positive")
 """An integer >= 1 (counts, sizes, steps)."""
@@ -54,11 +53,9 @@ non_negative_float = _typed(float, "a finite number >= 0",
 
 fraction = _typed(float, "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0,
                   "fraction")
-"""A share in [0, 1]."""
 
 positive_fraction = _typed(float, "a number in (0, 1]",
                            lambda v: 0.0 < v <= 1.0, "positive_fraction")
-"""A share in (0, 1]."""
 
 proper_fraction = _typed(float, "a number in [0, 1)",
                          lambda v: 0.0 <= v < 1.0, "proper_fraction")

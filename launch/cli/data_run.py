@@ -102,7 +102,6 @@ def run_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --label, and the flags registered from InferOptions.
 _INFER_FLAGS = ("label", *(field.name for field, _ in options(InferOptions)))
 
 

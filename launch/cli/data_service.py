@@ -1,16 +1,12 @@
 """``--input-mode data-service`` on the command line: the flags, the
-``psrec data-server`` role command, and the local tf.data service.
-
-The local launcher starts the whole service as one OS process on free
-loopback ports: the dispatcher and one tf.data worker per training worker
-(one TensorFlow import instead of one per role; apart from the training
-workers, so a worker that dies does not take a tf.data worker -- and the
-files it is reading -- with it; it outlives coordinator and role
-restarts, and the supervisor restarts it on its port when it dies:
-:mod:`psrec.launch.supervise.data_service`). Its dispatcher's address is
-the job's ``data_service`` (the supervisor hands the coordinator that job);
-the process is stopped by pid when the job ends (it also dies with the
-launcher, ``PR_SET_PDEATHSIG``).
+``psrec data-server`` role command, and the local tf.data service
+(:mod:`psrec.launch.supervise.data_service`): one process apart from the
+training workers (one TensorFlow import, and a worker that dies takes no
+tf.data worker -- nor the files it is reading -- with it) that outlives
+coordinator and role restarts. Its dispatcher's address is the job's
+``data_service`` (the supervisor hands the coordinator that job); it is
+stopped by pid when the job ends (it also dies with the launcher,
+``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The parser of ``psrec embeddings stats CHECKPOINT``: rows used and free
-per dynamic table and shard, ids admitted, evicted and pending admission --
-read from the checkpoint's files, with no cluster. It imports no
-TensorFlow; what runs it is :mod:`psrec.launch.cli.embeddings_run`,
-imported only when it runs."""
+"""The parser of ``psrec embeddings stats CHECKPOINT`` (its description says
+what it reports). It imports no TensorFlow; what runs it is
+:mod:`psrec.launch.cli.embeddings_run`, imported only when it runs."""
 
 from __future__ import annotations
 

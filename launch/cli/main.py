@@ -240,8 +240,6 @@ def start_process() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``psrec`` console script."""
-    # Before anything imports TensorFlow: the command modules do (at the top),
-    # and they are imported only when their command runs (Command.__call__).
     start_process()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

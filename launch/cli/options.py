@@ -64,16 +64,11 @@ def add_option(group: argparse._ActionsContainer, cls: Any, name: str, *,
     """Registers the flag of field ``name`` of ``cls``.
 
     Args:
-      group: the parser or argument group.
-      cls: the configuration class.
-      name: the field.
-      type: parses the flag's text.
       default: the flag's default (default: the field's); a job's nested
         configuration passes its job default (``JobConfig().loop.steps``).
       help: another phrasing of the field's help for this command.
       strategies: the scope when the field's is its parent's (a
         ``PartitionConfig`` field under ``JobConfig.partition``).
-      **kwargs: more of ``add_argument`` (``metavar``).
     """
     field = field_named(cls, name)
     meta = option_of(field)

@@ -41,11 +41,8 @@ def check_ps_memory(config: JobConfig, cluster: ClusterSpec | None = None
                     ) -> None:
     """The plan of ``config`` on the PS tasks of ``cluster`` (None: the
     ``config.ps`` local ones) fits ``config.strategy.ps_memory`` (no
-    budget: nothing to check). Runs before any server starts.
-
-    Raises:
-      PsMemoryError: a PS task would exceed it (exit 2).
-    """
+    budget: nothing to check), else a PsMemoryError (exit 2). Runs before
+    any server starts."""
     if config.strategy.ps_memory is None:
         return
     # Imported here, not at the top: cli/train.py builds ``psrec train``'s

@@ -57,12 +57,8 @@ def add_retrieval_flags(parser: argparse.ArgumentParser) -> None:
 def retrieval_config(args: argparse.Namespace, spec
                      ) -> RetrievalConfig | None:
     """The :class:`RetrievalConfig` of ``--task retrieval`` (None for
-    ranking).
-
-    Raises:
-      ConfigError: retrieval on a spec without ``towers`` (``--keep-best``
-        is judged with the job: ``launch.job.config.check_keep_best``).
-    """
+    ranking); a ConfigError on a spec without ``towers`` (``--keep-best``
+    is judged with the job: ``launch.job.config.check_keep_best``)."""
     if args.task != "retrieval":
         return None
     if spec.towers is None:

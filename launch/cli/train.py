@@ -359,9 +359,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_data_server_command(sub)
 
 
-# ``psrec train``'s checkpoint options: how often, how many are kept, the
-# best one, early stopping, and who writes the files.
-
 def add_checkpoint_flags(group) -> None:
     """Registers the checkpoint options on ``group``."""
     add_option(group, LoopConfig, "checkpoint_every", type=non_negative,
@@ -371,9 +368,6 @@ def add_checkpoint_flags(group) -> None:
     add_option(group, LoopConfig, "early_stop_patience", type=non_negative)
     add_option(group, JobConfig, "checkpoint_writers")
 
-
-# ``psrec train``'s reliability options and the supervisor's policy built
-# from them.
 
 def add_reliability_flags(group) -> None:
     """Restart budgets, watchdog, connect timeout, grace period."""

@@ -70,7 +70,6 @@ class SyntheticData(Codec, where="synthetic"):
     seed: int = option(0, help="generator seed")
 
 
-
 @dataclasses.dataclass(frozen=True)
 class StrategyConfig(Codec, where="strategy"):
     """How the job is distributed."""
@@ -131,7 +130,6 @@ class StrategyConfig(Codec, where="strategy"):
         return self.kind != "ps"
 
 
-
 def _path(value: str | None) -> Path | UriPath | None:
     return None if value is None else as_path(value)
 
@@ -167,11 +165,7 @@ def check_keep_best(loop: LoopConfig, spec: FeatureSpec,
     (:func:`has_ranking_metrics`), ``LoopConfig.keep_best`` may only be
     ``none`` or its default (which then means ``none``), and
     ``early_stop_patience`` only 0. The CLI applies the same rule to the
-    flags the user gave (``--keep-best auc`` typed is refused).
-
-    Raises:
-      ConfigError: naming the fields and why.
-    """
+    flags the user gave (``--keep-best auc`` typed is refused)."""
     if has_ranking_metrics(spec, retrieval):
         return
     if (loop.keep_best not in ("none", default_of(LoopConfig, "keep_best"))
@@ -330,11 +324,7 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "") -> JobConfig:
-        """Rebuilds a job; an unknown key is an error naming it.
-
-        Raises:
-          ConfigError: unknown keys.
-        """
+        """Rebuilds a job; an unknown key is a ConfigError naming it."""
         return from_dict(cls, data, where)
 
     def write(self, directory: str | Path) -> Path | UriPath:
@@ -344,11 +334,7 @@ class JobConfig:
 
     @classmethod
     def read(cls, directory: str | Path) -> JobConfig:
-        """The job a checkpoint directory was trained with.
-
-        Raises:
-          ConfigError: no ``job.json`` there.
-        """
+        """The job a checkpoint directory was trained with."""
         path = as_path(directory) / JOB_FILE
         if not path.is_file():
             raise ConfigError(

@@ -116,12 +116,8 @@ def record_verified(config: JobConfig, manifest: Manifest
 
 
 def load_verified(config: JobConfig) -> Manifest:
-    """The manifest :func:`record_verified` noted for this job.
-
-    Raises:
-      ManifestError: when there is no record, or it is for another spec or
-        other data than ``config`` names.
-    """
+    """The manifest :func:`record_verified` noted for this job; a
+    ManifestError without a record, or with one of other data or spec."""
     check_output_folders(config)  # again: a restart may find a full disk
     path = as_path(config.workdir) / VERIFIED_FILE
     if not path.is_file():

@@ -57,14 +57,9 @@ from psrec.uri_path import as_path
 def restore_plain_model(checkpoint_dir: str | Path,
                         checkpoint: str | None = None
                         ) -> tuple[RankingModel, JobConfig, str]:
-    """The trained model with plain (unsharded) variables.
-
-    Returns:
-      ``(model, job record, restored checkpoint path)``.
-
-    Raises:
-      FileNotFoundError: no job.json or no checkpoint in the directory.
-    """
+    """The trained model with plain (unsharded) variables, its job record
+    and the restored checkpoint's path; FileNotFoundError without a
+    job.json or a checkpoint."""
     record = JobConfig.read(checkpoint_dir)
     model = build_model(record.spec, record.retrieval or record.model)
     keeper = CheckpointKeeper(checkpoint_dir, tf.train.Checkpoint(model=model))
@@ -223,12 +218,6 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
 
 
 # ``psrec export`` and ``psrec eval`` of a retrieval run.
-#
-# Export: the checkpoint's two-tower model (restored with plain variables by
-# ``launch.job.export``) and the catalogue of the run's data -> one export
-# version holding the top-K SavedModel, the query tower and the candidate
-# embeddings (:mod:`psrec.models.serving.retrieval_export`). Eval: the exact
-# recall@k/MRR of the trainer, on one device, no cluster.
 
 #: Candidates the top-K SavedModel returns per query.
 EXPORT_K = max(RECALL_KS)

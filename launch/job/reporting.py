@@ -68,9 +68,6 @@ def _examples_per_worker(trainer) -> dict[int, int]:
     return dict(executor.examples_per_pipeline) if executor else {}
 
 
-# Reports of a training job beside its summary: ``restore.json`` after a
-# resume, and the per-epoch coverage of the train split.
-
 def write_restore_report(workdir: str | Path, trainer, path: str) -> None:
     """``restore.json``: sha256 of every restored table, so a restore can be
     audited against the checkpoint file independently."""

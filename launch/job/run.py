@@ -419,10 +419,6 @@ def _base_rate(manifest: Manifest) -> float | None:
     return rate if rate is not None and 0.0 < rate < 1.0 else None
 
 
-# TensorFlow errors of a training job turned into psrec errors with exit
-# codes (``psrec.errors``): a lost or reset task is retryable, a corrupted
-# record names its file.
-
 @contextlib.contextmanager
 def translated_errors(manifest: Manifest, cluster: ClusterSpec | None = None
                       ) -> Iterator[None]:

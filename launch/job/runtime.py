@@ -4,10 +4,8 @@ probe, and a graceful SIGTERM/SIGINT.
 * :func:`coordinator_heartbeat`: the ``heartbeat.json`` writer of a run
   (see :mod:`psrec.launch.monitor.heartbeat`); phases ``connecting`` ->
   ``restoring`` -> ``training``/``eval``/``checkpoint`` -> ``done``.
-* :class:`StopRequest`: SIGTERM/SIGINT handlers that ask the training loop
-  to stop scheduling, drain the closures in flight and save a checkpoint at
-  the step reached when one can finish within ``--grace-period``, then end
-  with one line and exit 143 (SIGTERM) or 130 (SIGINT), both retryable.
+* :class:`StopRequest`: SIGTERM/SIGINT handlers for the graceful stop
+  that ``--grace-period``'s help describes.
 """
 
 from __future__ import annotations

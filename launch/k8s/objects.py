@@ -6,10 +6,6 @@ NetworkPolicy that isolates the job.
 Pure Python and plain dicts (no Kubernetes client): :mod:`k8s_tfjob` and
 :mod:`k8s_plain` assemble these into a TFJob or into StatefulSets and a
 Job, :mod:`k8s_render` writes them as YAML.
-
-Isolation: TensorFlow's gRPC servers have no authentication, so the
-NetworkPolicy admits the gRPC port only from the job's own pods and the
-coordinator's metrics port only from pods of the monitoring namespace.
 """
 
 from __future__ import annotations
@@ -22,8 +18,6 @@ from psrec.options import option
 #: The container name the Kubeflow training operator requires (it reads
 #: the port and the exit code of the container with this name).
 CONTAINER = "tensorflow"
-#: The ``psrec k8s render --backend`` choices: a Kubeflow TFJob, or plain
-#: Kubernetes objects.
 BACKENDS = ("tfjob", "plain")
 #: The operator's default TF port and the container port name it reads.
 TF_PORT = 2222
@@ -228,10 +222,10 @@ def pod_template(job: K8sJob, component: str, env: list[dict[str, Any]],
 
 
 def network_policy(job: K8sJob) -> dict[str, Any]:
-    """Ingress to the job's pods: the gRPC port from the job's own pods
-    only, the metrics port from the monitoring namespace only; nothing
-    else (egress stays open: data and checkpoints live in object
-    storage)."""
+    """Ingress to the job's pods (TensorFlow's gRPC servers have no
+    authentication): the gRPC port from the job's own pods only, the
+    metrics port from the monitoring namespace only; nothing else (egress
+    stays open: data and checkpoints live in object storage)."""
     own = {"podSelector": {"matchLabels": labels(job)}}
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",

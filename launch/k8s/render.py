@@ -118,9 +118,8 @@ def planned_ps_memory(args: argparse.Namespace,
 
 
 def job_from_args(args: argparse.Namespace, add_train_command) -> K8sJob:
-    """The :class:`K8sJob` of ``psrec k8s render``'s arguments; the
-    arguments after ``--`` are parsed by the ``psrec train`` parser that
-    ``add_train_command(subparsers)`` adds."""
+    """The :class:`K8sJob` of ``psrec k8s render``'s arguments (those
+    after ``--``: :func:`_train_namespace`)."""
     train_args = tuple(args.train_args)
     train = _train_namespace(train_args, add_train_command)
     if args.spec and train.spec:
@@ -128,9 +127,8 @@ def job_from_args(args: argparse.Namespace, add_train_command) -> K8sJob:
             "give --spec once: as a render option (planning only; the "
             "coordinator reads the spec saved beside --data) or after `--` "
             "(the coordinator's, also planned from).")
-    ps_memory = check_quantity("--ps-memory", args.ps_memory)
-    if ps_memory is None:
-        ps_memory = planned_ps_memory(args, train)
+    ps_memory = (check_quantity("--ps-memory", args.ps_memory)
+                 or planned_ps_memory(args, train))
     check(args.metrics_port <= 65535, "--metrics-port", args.metrics_port,
           "must be a TCP port, 1 to 65535")
     if not args.image.strip() or any(c.isspace() for c in args.image):

@@ -214,15 +214,8 @@ class LocalCluster:
                                 self._gpus)
             if share is not None:
                 env["CUDA_VISIBLE_DEVICES"] = share
-        log = open(self.log_dir / f"{task.name}.log", "ab")
-        # -P: the working directory is not put on sys.path, so no file of
-        # the user's (a models.py, a data.py) can shadow a module psrec or a
-        # library it uses imports.
-        command = [sys.executable, "-P", "-m", "psrec", "server"]
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env,
-                                   preexec_fn=die_with_parent)
-        log.close()
+        process = spawn(psrec_command("psrec", "server"),
+                        self.log_dir / f"{task.name}.log", env)
         self.processes[task] = process
         return process
 

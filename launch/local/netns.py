@@ -19,9 +19,6 @@ Every child inherits the namespace. Where neither is allowed (a container
 without CAP_SYS_ADMIN that forbids user namespaces, not Linux), the local
 cluster is refused unless ``--allow-exposed`` is given, and then a warning
 names every port and who can reach it.
-
-``PSREC_NO_NETNS=1`` in the environment makes psrec behave as if
-namespaces were unavailable (tests of the refusal and of the warning).
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ from typing import Sequence
 from psrec.errors import ConfigError
 from psrec.ps_cluster.cluster.tf_config import TFConfig
 
-#: Set to 1: behave as if network namespaces were unavailable.
+#: Set to 1: behave as if network namespaces were unavailable (tests).
 NO_NETNS_ENV = "PSREC_NO_NETNS"
 #: Set by the re-executed process: "private", or "unavailable: <why>".
 STATE_ENV = "PSREC_NETNS"
@@ -196,11 +193,8 @@ def namespace_failed() -> bool:
 def exposure(allow_exposed: bool, what: str = "the local cluster"
              ) -> str | None:
     """None when this process is in a private network; else the reason,
-    when ``allow_exposed`` -- the caller prints :func:`exposed_warning`.
-
-    Raises:
-      ExposedError: not private and ``allow_exposed`` is False.
-    """
+    when ``allow_exposed`` (the caller prints :func:`exposed_warning`), else
+    :class:`ExposedError`."""
     why = unavailable_reason()
     if why is not None and not allow_exposed:
         raise ExposedError(

@@ -2,13 +2,12 @@
 metrics that ``psrec train --metrics-port`` serves
 (:mod:`psrec.launch.monitor.metrics_http`).
 
-:func:`grafana_dashboard` returns the dashboard JSON (as a dict):
-throughput, loss, AUC, checkpoint age, restarts by role, heartbeat age and
-phase, checkpoint duration. Its ``datasource`` variable picks the
-Prometheus data source at import; its ``job`` variable is the Prometheus
-``job`` label of the scrape (default: the job's name; the list offers every
-scrape job that serves ``psrec_build_info``, as the label depends on the
-scrape configuration). ``psrec k8s render`` writes it beside the
+:func:`grafana_dashboard` returns the dashboard JSON (a dict) of
+:func:`panels`. Its ``datasource`` variable picks the Prometheus data
+source at import; its ``job`` variable is the Prometheus ``job`` label of
+the scrape (default: the job's name; the list offers every scrape job
+that serves ``psrec_build_info``, as the label depends on the scrape
+configuration). ``psrec k8s render`` writes it beside the
 manifests; import it in Grafana (Dashboards -> New -> Import).
 """
 
@@ -19,7 +18,6 @@ from typing import Any
 
 #: The Prometheus ``job`` label selector every query uses.
 SELECTOR = '{job=~"$job"}'
-#: The ``job`` variable's choices: every scrape job with psrec metrics.
 JOB_QUERY = "label_values(psrec_build_info, job)"
 
 

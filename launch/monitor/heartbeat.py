@@ -10,10 +10,8 @@ phase)::
      "pid": 4242, "workers": {"0": {"closures": 9, "last_result_s": 0.4}},
      "checkpoint": "/run/checkpoints/ckpt-50"}
 
-``seq`` grows by one per write. Phases: ``connecting`` (probing the
-cluster, building the strategy, creating variables), ``restoring``,
-``training``, ``eval``, ``checkpoint``, ``done``, ``terminating``,
-``terminated``.
+``seq`` grows by one per write. Phases: :data:`PHASES` (``connecting``:
+probing the cluster, building the strategy, creating variables).
 
 A watcher (the supervisor, and ``/healthz`` with ``/metrics``'
 ``psrec_heartbeat_age_seconds``) reads it with :func:`read_heartbeat` and
@@ -173,13 +171,8 @@ class HeartbeatMonitor:
         return text
 
 
-# What the coordinator's heartbeat adds for the metrics server
-# (:mod:`psrec.launch.monitor.metrics_http`): examples trained, the last loss and
-# eval, when the latest checkpoint was written and how long the last save
-# took.
-#
-# Written with each heartbeat (at most every 0.5 s), read by whichever
-# process serves ``/metrics``::
+# What the coordinator's heartbeat adds (at most every 0.5 s) for whichever
+# process serves ``/metrics`` (:mod:`psrec.launch.monitor.metrics_http`)::
 #
 #     {"examples": 204800, "loss": 0.4712,
 #      "eval": {"auc": 0.7412, "logloss": 0.4650, "step": 200},

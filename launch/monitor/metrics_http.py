@@ -64,7 +64,6 @@ class HeartbeatCollector:
     each scrape.
 
     Args:
-      path: the heartbeat file.
       restarts: returns restarts per role so far (the supervisor's
         counts), or None where nobody here restarts roles (the metric is
         then listed without samples: the orchestrator counts restarts).
@@ -113,7 +112,7 @@ class HeartbeatCollector:
             phase.add_metric([name], 1.0 if beat.get("phase") == name
                              else 0.0)
         yield phase
-        yield from _gauges(beat, [
+        yield from _families(GaugeMetricFamily, [
             ("psrec_heartbeat_age_seconds", "seconds since the coordinator's "
              "last heartbeat", age),
             ("psrec_train_loss", "mean training loss of the last finished "
@@ -141,24 +140,20 @@ def _number(value: Any) -> float | None:
     return value if value == value and abs(value) != float("inf") else None
 
 
-def _gauges(beat: Mapping[str, Any], specs) -> Iterator[GaugeMetricFamily]:
+def _families(kind: type, specs) -> Iterator[Any]:
     for name, text, value in specs:
-        family = GaugeMetricFamily(name, text)
+        family = kind(name, text)
         if (number := _number(value)) is not None:
             family.add_metric([], number)
         yield family
 
 
 def _counters(beat: Mapping[str, Any]) -> Iterator[CounterMetricFamily]:
-    for name, text, value in (
-            ("psrec_train_steps", "the global training step reached",
-             beat.get("step")),
-            ("psrec_train_examples", "examples trained on (restored with "
-             "the checkpoint)", beat.get("examples"))):
-        family = CounterMetricFamily(name, text)
-        if (number := _number(value)) is not None:
-            family.add_metric([], number)
-        yield family
+    yield from _families(CounterMetricFamily, (
+        ("psrec_train_steps", "the global training step reached",
+         beat.get("step")),
+        ("psrec_train_examples", "examples trained on (restored with the "
+         "checkpoint)", beat.get("examples"))))
     closures = CounterMetricFamily(
         "psrec_worker_closures", "closures finished per worker by this "
         "coordinator", labels=["worker"])
@@ -192,7 +187,6 @@ class MetricsServer:
     Args:
       sock: a bound TCP socket (see
         :func:`psrec.launch.cli.metrics_flags.reserve_metrics_socket`).
-      collector: the run's metrics.
       stall_timeout: ``/healthz``'s limit in seconds (None: any age).
     """
 

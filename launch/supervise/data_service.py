@@ -92,11 +92,8 @@ class LocalDataService:
         """Restarts the service on its port when it has died (blocking
         until it listens again); True when it did. ``spend(role, why)``
         takes one restart from the ``data_service`` budget and logs the
-        line (the supervisor's ``_spend``); False when it is spent.
-
-        Raises:
-          RetryableError: it died with its restart budget spent.
-        """
+        line (the supervisor's ``_spend``); False when it is spent, and
+        then this raises a RetryableError."""
         if self.process is None or self.process.poll() is None:
             return False
         pid, how = self.process.pid, _describe_exit(self.process.returncode)
@@ -135,11 +132,7 @@ class LocalDataService:
         return self.state_dir / "logs" / "data-dispatcher.log"
 
     def wait_ready(self) -> None:
-        """Blocks until the dispatcher listens.
-
-        Raises:
-          RoleStartError, RoleConfigError: see ``wait_listening``.
-        """
+        """Blocks until the dispatcher listens (see ``wait_listening``)."""
         wait_listening("data-dispatcher", self.process, self.address,
                        self._log_path(), time.monotonic() + START_TIMEOUT,
                        START_TIMEOUT)
