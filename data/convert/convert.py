@@ -364,4 +364,3 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         extra_columns=extras, truncated_lists=dict(truncated),
         quarantine=quarantine_path, seconds=time.perf_counter() - start,
         warnings=_warnings(rows_written, options))
-

@@ -38,7 +38,6 @@ GIB = float(1 << 30)
 DEFAULT_MEMORY_FRACTION = 0.5
 
 
-
 class ModelTooLargeError(ConfigError):
     """The replicated tables and slots do not fit the device memory budget."""
 
