@@ -30,7 +30,6 @@ import pyarrow.compute as pc
 import tensorflow as tf
 
 from psrec.data.convert.catalogue import CatalogueCollector
-from psrec.data.convert.checks import categorical_values
 from psrec.data.convert.checks import check_schema
 from psrec.data.convert.checks import float_values
 from psrec.data.convert.checks import row_reasons
@@ -137,12 +136,13 @@ def _encode_categorical(column: pa.Array, feature: CategoricalFeature,
     if not feature.multi_hot:
         if len(column) == 0:
             return np.zeros([0], np.int64), 0
-        return encoder.encode(feature.name,
-                              categorical_values(column, feature)).numpy(), 0
+        return encoder.encode(feature.name, serving_values(
+            column, feature.dtype, feature.name)).numpy(), 0
     column = pc.fill_null(column, pa.scalar([], column.type))
     lengths = np.asarray(pc.list_value_length(column).to_numpy(
         zero_copy_only=False), np.int64)
-    values = categorical_values(pc.list_flatten(column), feature)
+    values = serving_values(pc.list_flatten(column), feature.dtype,
+                            feature.name)
     pad = MISSING_INT if feature.dtype == "int64" else MISSING_TOKEN
     rows = np.repeat(np.arange(len(column)), lengths)
     counts = np.bincount(rows[values != pad], minlength=len(column))
