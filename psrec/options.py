@@ -2,20 +2,11 @@
 allowed values and scope.
 
 Every option of a psrec configuration dataclass is one field made with
-:func:`option`. The field holds the default; its metadata (an
-:class:`Option`) holds the help text, the allowed values, the command-line
-flag and the strategies it means something for. From that one place:
-
-* the configuration checks its choices (:func:`check_choices`) and refuses
-  a field set under a strategy it does not apply to
-  (:func:`refuse_out_of_scope`), naming the field (``StrategyConfig.
-  collective``), never a flag;
-* ``job.json`` is written and read (:func:`to_dict`, :func:`known_keys`):
-  each configuration class has ``to_dict``/``from_dict`` beside its fields;
-* the command line (``psrec.launch.cli.options``) registers each flag with
-  the field's default, help and choices, refuses a flag the user gave under
-  a strategy it does not apply to, and translates field names in error
-  lines to flags.
+:func:`option`: the field holds the default, its :class:`Option` the rest.
+From that one place the configuration checks itself, naming the field
+(``StrategyConfig.collective``), never a flag; ``job.json`` is written and
+read (:class:`Codec`); and the command line (``psrec.launch.cli.options``)
+registers each flag and translates field names in error lines to flags.
 
 The rule for "set": the Python API cannot tell a value typed by the caller
 from the default, so a scoped field is refused when it differs from its
