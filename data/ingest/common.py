@@ -133,14 +133,15 @@ def open_input(path: Path) -> Iterator[tuple[pa.NativeFile, pa.NativeFile]]:
             yield raw, stream
 
 
-def first_line(path: Path, limit: int = 1 << 20) -> bytes:
+def first_line(path: Path, limit: int = 1 << 20, what: str = "Input file",
+               fix: str = "the file") -> bytes:
     """The first line of ``path`` (decompressed, without its newline; at
-    most ``limit`` bytes); refuses an empty file."""
+    most ``limit`` bytes); refuses an empty file (``what``: check ``fix``)."""
     with open_input(path) as (_, stream):
         head = stream.read(limit)
     if not head.strip():
-        raise IngestError(f"Input file {str(path)!r} is empty; check the "
-                          "file or remove it from the inputs.")
+        raise IngestError(f"{what} {str(path)!r} is empty; check {fix} or "
+                          "remove it from the inputs.")
     return head.split(b"\n", 1)[0].rstrip(b"\r")
 
 

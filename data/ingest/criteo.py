@@ -18,6 +18,7 @@ from psrec.data.ingest.common import IngestReport
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
 from psrec.data.ingest.common import clip
+from psrec.data.ingest.common import first_line
 from psrec.data.ingest.common import input_task
 from psrec.data.ingest.common import invalid_rows
 from psrec.data.ingest.common import open_input
@@ -56,13 +57,8 @@ def criteo_schema(*, labelled: bool = True) -> pa.Schema:
 def _criteo_is_labelled(path: Path) -> bool:
     """Tells the labelled (40-field) from the unlabelled (39-field) layout by
     the first line; the parser checks every other line against it."""
-    with open_input(path) as (_, stream):  # a local path or a URI
-        head = stream.read(_SNIFF_BYTES)
-    if not head.strip():
-        raise IngestError(f"Criteo file {str(path)!r} is empty; check the "
-                          "download or remove it from the inputs.")
-    first_line = head.split(b"\n", 1)[0].rstrip(b"\r")
-    n_fields = first_line.count(b"\t") + 1
+    line = first_line(path, _SNIFF_BYTES, "Criteo file", "the download")
+    n_fields = line.count(b"\t") + 1
     if n_fields == len(CRITEO_COLUMNS):
         return True
     if n_fields == len(CRITEO_COLUMNS) - 1:
