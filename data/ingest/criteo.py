@@ -91,7 +91,7 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
     schema = criteo_schema(labelled=labelled)
     column_names = schema.names
     bad_rows, on_invalid_row = invalid_rows()
-    rows = positives = 0
+    positives = 0
     with atomic_output(dst) as tmp_path, open_input(src) as (raw, stream):
         meter = ReadMeter(task, src, raw)
         try:
@@ -108,7 +108,6 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
             with pq.ParquetWriter(str(tmp_path), schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
-                    rows += batch.num_rows
                     meter.add(batch.num_rows)
                     if labelled:
                         total = pc.sum(batch.column(CRITEO_LABEL_COLUMN))
@@ -116,12 +115,12 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
             meter.finish()
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
             reason = _describe_csv_error(err, column_names, bad_rows)
-            where = (f"after its first {rows:,} data rows, which parsed fine"
-                     if rows else "within its first block of rows")
+            where = (f"after its first {meter.rows:,} data rows, which parsed "
+                     "fine" if meter.rows else "within its first block of rows")
             raise IngestError(
                 f"Cannot parse Criteo file {str(src)!r} ({where}): {reason}. "
                 f"{_CRITEO_FIX}") from err
-    return rows, (positives if labelled else None)
+    return meter.rows, (positives if labelled else None)
 
 
 def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
