@@ -2,20 +2,11 @@
 allowed values and scope.
 
 Every option of a psrec configuration dataclass is one field made with
-:func:`option`. The field holds the default; its metadata (an
-:class:`Option`) holds the help text, the allowed values, the command-line
-flag and the strategies it means something for. From that one place:
-
-* the configuration checks its choices (:func:`check_choices`) and refuses
-  a field set under a strategy it does not apply to
-  (:func:`refuse_out_of_scope`), naming the field (``StrategyConfig.
-  collective``), never a flag;
-* ``job.json`` is written and read (:func:`to_dict`, :func:`known_keys`):
-  each configuration class has ``to_dict``/``from_dict`` beside its fields;
-* the command line (``psrec.launch.cli.options``) registers each flag with
-  the field's default, help and choices, refuses a flag the user gave under
-  a strategy it does not apply to, and translates field names in error
-  lines to flags.
+:func:`option`: the field holds the default, its :class:`Option` the rest.
+From that one place the configuration checks itself, naming the field
+(``StrategyConfig.collective``), never a flag; ``job.json`` is written and
+read (:class:`Codec`); and the command line (``psrec.launch.cli.options``)
+registers each flag and translates field names in error lines to flags.
 
 The rule for "set": the Python API cannot tell a value typed by the caller
 from the default, so a scoped field is refused when it differs from its
@@ -42,18 +33,13 @@ OPTION = "psrec.option"
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """What a configuration field says about itself.
-
-    Attributes:
-      help: one user-facing sentence (also the ``--help`` text of its flag).
-      flag: its command-line flag (``--grad-accum-steps``); None: the
-        Python API only.
-      choices: the allowed values; None: any value its checks accept.
-      strategies: the ``StrategyConfig.kind`` values it means something
-        for; None: every strategy.
-      decode: rebuilds the value from its ``job.json`` form; None: a nested
-        configuration's ``from_dict`` (when the default is one), else the
-        JSON value itself.
+    """What a configuration field says about itself: one user-facing
+    sentence (also its flag's ``--help``); its flag (None: the Python API
+    only); its choices (None: any value its checks accept); the
+    ``StrategyConfig.kind`` values it means something for (None: every
+    strategy); and ``decode``, which rebuilds the value from its
+    ``job.json`` form (None: a nested configuration's ``from_dict`` when the
+    default is one, else the JSON value itself).
     """
 
     help: str
@@ -127,26 +113,11 @@ def _class_name(cls: Any) -> str:
 
 
 def check_choices(config: Any) -> None:
-    """Every option with choices of ``config`` holds one of them.
-
-    Raises:
-      ConfigError: naming the field, the value and the choices.
-    """
+    """Every option with choices of ``config`` holds one of them."""
     for field, meta in options(config):
         if meta.choices is not None:
             check_choice(qualified(config, field.name),
                          getattr(config, field.name), meta.choices)
-
-
-def out_of_scope(config: Any, strategy: str) -> list[tuple[str, Option]]:
-    """``(Class.field, option)`` of each field of ``config`` set (differing
-    from its default) that does not apply to ``strategy``."""
-    found = []
-    for field, meta in options(config):
-        if (meta.strategies is not None and strategy not in meta.strategies
-                and getattr(config, field.name) != field_default(field)):
-            found.append((qualified(config, field.name), meta))
-    return found
 
 
 def scope_error(name: str, strategy: str, strategies: tuple[str, ...],
@@ -161,9 +132,12 @@ def scope_error(name: str, strategy: str, strategies: tuple[str, ...],
 
 def refuse_out_of_scope(config: Any, strategy: str) -> None:
     """Raises :func:`scope_error` for the first field of ``config`` set
-    under a strategy it does not apply to."""
-    for name, meta in out_of_scope(config, strategy):
-        raise scope_error(name, strategy, meta.strategies)
+    (differing from its default) under a strategy it does not apply to."""
+    for field, meta in options(config):
+        if (meta.strategies is not None and strategy not in meta.strategies
+                and getattr(config, field.name) != field_default(field)):
+            raise scope_error(qualified(config, field.name), strategy,
+                              meta.strategies)
 
 
 def option_values(args: Any, cls: Any, **values: Any) -> Any:
@@ -203,12 +177,8 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def known_keys(cls: Any, data: dict[str, Any], where: str) -> None:
-    """``data`` has only field names of ``cls``.
-
-    Raises:
-      ConfigError: naming the unknown keys (prefixed ``where.``) and the
-        known ones.
-    """
+    """``data`` has only field names of ``cls``; the error names the
+    unknown keys (prefixed ``where.``) and the known ones."""
     known = [field.name for field in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(known))
     if unknown:
@@ -221,11 +191,7 @@ def known_keys(cls: Any, data: dict[str, Any], where: str) -> None:
 def from_dict(cls: Any, data: dict[str, Any], where: str = "") -> Any:
     """Rebuilds ``cls`` from :func:`to_dict`'s data: each field through its
     option's ``decode``, a nested configuration through its class's
-    ``from_dict``; a missing key takes the field default.
-
-    Raises:
-      ConfigError: unknown keys, naming them.
-    """
+    ``from_dict``; a missing key takes the field default."""
     known_keys(cls, data, where)
     fields = {field.name: field for field in dataclasses.fields(cls)}
     values = {}

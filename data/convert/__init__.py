@@ -1,4 +1,4 @@
 """Parquet -> sharded TFRecord conversion (``psrec convert``): its inputs and
-their checks, the eval split, negative sampling, the catalogue, the shard
-writers and the conversion report.
+their checks, the eval split, negative sampling, the catalogue and the shard
+writers.
 """

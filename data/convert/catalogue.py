@@ -110,12 +110,7 @@ class Catalogue:
 
     @classmethod
     def load(cls, root: str | Path, spec: FeatureSpec) -> Catalogue:
-        """Reads ``root/candidates.parquet`` for ``spec``.
-
-        Raises:
-          DataError: no catalogue there (data converted without ``towers``
-            in the spec, or by an older psrec), or one without rows.
-        """
+        """Reads ``root/candidates.parquet`` for ``spec``."""
         path = as_path(root) / CATALOGUE_NAME
         if not path.is_file():
             raise DataError(

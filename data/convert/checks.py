@@ -12,7 +12,6 @@ import pyarrow.compute as pc
 
 from psrec.errors import ConfigError
 from psrec.errors import DataError
-from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.derived import EPOCH_MS
 from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.derived import parse_pattern
@@ -59,11 +58,7 @@ _KIND_TEXT = {"number": "an integer or floating column",
 def check_schema(path: str, schema: pa.Schema,
                  spec: FeatureSpec) -> tuple[str, ...]:
     """Checks a file's schema against the spec before any row is read;
-    returns the extra columns, which are ignored.
-
-    Raises:
-      SchemaError: naming the file and the first missing or mistyped column.
-    """
+    returns the extra columns, which are ignored."""
     for column, (kind, is_list) in _expected_kinds(spec).items():
         index = schema.get_field_index(column)
         if index < 0:
@@ -100,12 +95,6 @@ def float_values(column: pa.Array, fill: float) -> np.ndarray:
         column = column.dictionary_decode()
     return np.asarray(pc.fill_null(pc.cast(column, pa.float64()), fill)
                       .to_numpy(zero_copy_only=False))
-
-
-def categorical_values(column: pa.Array, feature: CategoricalFeature) -> np.ndarray:
-    """Values as the serving function takes them: strings with null -> the
-    missing token ``""``, or int64 with null -> ``MISSING_INT`` (-1)."""
-    return serving_values(column, feature.dtype, feature.name)
 
 
 def serving_values(column: pa.Array, dtype: str, name: str) -> np.ndarray:
@@ -161,9 +150,8 @@ def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
                  f"label {spec.label.name!r} = {value:g} is not 0/1")
     for feature in spec.dense:
         column = batch.column(feature.name)
-        nulls = _null_mask(column)
         if feature.required:
-            flag(nulls, f"null in required field {feature.name!r}")
+            flag(_null_mask(column), f"null in required field {feature.name!r}")
         values = float_values(column, feature.default)
         flag(~np.isfinite(values), f"non-finite value in {feature.name!r}")
         flag(~_finite_float32(values),

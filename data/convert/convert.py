@@ -18,6 +18,7 @@ input is byte-identical.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -29,7 +30,6 @@ import pyarrow.compute as pc
 import tensorflow as tf
 
 from psrec.data.convert.catalogue import CatalogueCollector
-from psrec.data.convert.checks import categorical_values
 from psrec.data.convert.checks import check_schema
 from psrec.data.convert.checks import float_values
 from psrec.data.convert.checks import row_reasons
@@ -38,8 +38,8 @@ from psrec.data.convert.config import ConversionOptions
 from psrec.data.convert.inputs import parquet_batches
 from psrec.data.convert.inputs import parquet_files
 from psrec.data.convert.inputs import read_metadata
-from psrec.data.convert.report import ConversionReport
 from psrec.data.convert.sampling import kept_rows
+from psrec.data.convert.sampling import sampling_summary
 from psrec.data.convert.split import plan_split
 from psrec.data.convert.writer import QUARANTINE_NAME
 from psrec.data.convert.writer import SHARD_NAME_RE
@@ -70,6 +70,62 @@ class BadDataError(DataError):
     """Too many rows failed the row checks."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ConversionReport:
+    """What a conversion did; ``summary()`` is what the CLI prints."""
+
+    manifest: Manifest | None
+    rows_read: int
+    rows_written: dict[str, int]
+    bad_rows: int
+    bad_reasons: dict[str, int]
+    extra_columns: dict[str, tuple[str, ...]]
+    truncated_lists: dict[str, int]
+    quarantine: str | None
+    seconds: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_read / self.seconds if self.seconds else float("inf")
+
+    def to_dict(self) -> dict[str, object]:
+        """The report as JSON-able data; ``manifest`` is the path of the
+        written ``manifest.json`` (None when nothing was published)."""
+        return {
+            "manifest": (str(self.manifest.root / MANIFEST_NAME)
+                         if self.manifest is not None else None),
+            "rows_read": self.rows_read,
+            "rows_written": dict(self.rows_written),
+            "bad_rows": self.bad_rows,
+            "bad_reasons": dict(self.bad_reasons),
+            "extra_columns": {k: list(v)
+                              for k, v in self.extra_columns.items()},
+            "truncated_lists": dict(self.truncated_lists),
+            "quarantine": self.quarantine, "seconds": self.seconds,
+            "warnings": list(self.warnings),
+        }
+
+    def summary(self) -> str:
+        lines = [
+            f"read {self.rows_read} rows in {self.seconds:.2f} s "
+            f"({self.rows_per_second:,.0f} rows/s); wrote "
+            + ", ".join(f"{k} {v}" for k, v in self.rows_written.items()),
+            f"bad rows: {self.bad_rows}"
+            + (f" -> {self.quarantine}" if self.quarantine else ""),
+        ]
+        lines += [f"  {count} x {reason}"
+                  for reason, count in sorted(self.bad_reasons.items())]
+        lines += sampling_summary(self.manifest)
+        for path, extras in self.extra_columns.items():
+            lines.append(f"ignored extra columns in {path}: {', '.join(extras)}")
+        for name, count in self.truncated_lists.items():
+            lines.append(f"multi-hot {name}: {count} lists cut to max_length")
+        if self.manifest is not None:
+            lines.append(f"manifest: {self.manifest.root / MANIFEST_NAME}")
+        return "\n".join(lines)
+
+
 # -- encoding -----------------------------------------------------------------
 
 
@@ -80,12 +136,13 @@ def _encode_categorical(column: pa.Array, feature: CategoricalFeature,
     if not feature.multi_hot:
         if len(column) == 0:
             return np.zeros([0], np.int64), 0
-        return encoder.encode(feature.name,
-                              categorical_values(column, feature)).numpy(), 0
+        return encoder.encode(feature.name, serving_values(
+            column, feature.dtype, feature.name)).numpy(), 0
     column = pc.fill_null(column, pa.scalar([], column.type))
     lengths = np.asarray(pc.list_value_length(column).to_numpy(
         zero_copy_only=False), np.int64)
-    values = categorical_values(pc.list_flatten(column), feature)
+    values = serving_values(pc.list_flatten(column), feature.dtype,
+                            feature.name)
     pad = MISSING_INT if feature.dtype == "int64" else MISSING_TOKEN
     rows = np.repeat(np.arange(len(column)), lengths)
     counts = np.bincount(rows[values != pad], minlength=len(column))
@@ -168,20 +225,12 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
             out_dir: str | Path,
             options: ConversionOptions = ConversionOptions(), *,
             progress: Progress = SILENT) -> ConversionReport:
-    """Converts Parquet files to sharded block TFRecords plus a manifest.
-
-    Args:
-      parquet_paths: input files, read in the given order (row ids follow
-        it), or folders of them (see
-        :func:`~psrec.data.convert.inputs.parquet_files`).
-      spec: the feature spec.
-      out_dir: output folder (created): a local path or a URI TensorFlow
-        writes (``gs://``, ``ram://``; inputs may also be ``s3://``).
-      options: see :class:`ConversionOptions`.
-      progress: told the input rows as they are read (one pass).
-
-    Returns:
-      A report; ``report.manifest`` is the written manifest.
+    """Converts Parquet files (read in the given order, which row ids
+    follow, or folders of them: see
+    :func:`~psrec.data.convert.inputs.parquet_files`) to sharded block
+    TFRecords plus a manifest, under ``out_dir`` (created; a local path or a
+    URI TensorFlow writes: ``gs://``, ``ram://``; inputs may also be
+    ``s3://``). ``progress`` is told the input rows as they are read.
 
     Raises:
       SchemaError: a file's schema does not match the spec (before any row is
@@ -315,4 +364,3 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         extra_columns=extras, truncated_lists=dict(truncated),
         quarantine=quarantine_path, seconds=time.perf_counter() - start,
         warnings=_warnings(rows_written, options))
-

@@ -29,10 +29,6 @@ def parquet_files(paths: Sequence[str | Path]) -> list[str]:
     sorted, skipping names that start with ``.`` or ``_``); files stay in the
     given order. A path may be a URI (``s3://bucket/logs/``): folders are
     listed through ``pyarrow.fs`` (``psrec.uri``).
-
-    Raises:
-      FileNotFoundError: a path does not exist.
-      ConfigError: a folder holds no ``*.parquet`` file.
     """
     files: list[str] = []
     for path in paths:

@@ -155,14 +155,7 @@ def plan_split(paths: Sequence[str], rows: Sequence[int], *, mode: str,
                eval_fraction: float, order_by: str | None = None,
                eval_files: str | None = None) -> EvalSplit:
     """The eval membership of a conversion of ``paths`` (with ``rows``
-    rows each).
-
-    Raises:
-      ConfigError: ``eval_files`` matches no input or every input; the
-        ``order_by`` column is missing, of another type in some input, or
-        not orderable.
-      OrderColumnError: the ``order_by`` column holds nulls.
-    """
+    rows each)."""
     total = int(sum(rows))
     if eval_files is not None:
         file_is_eval = np.array([matches(p, eval_files) for p in paths])

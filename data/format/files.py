@@ -1,10 +1,8 @@
 """Small file helpers shared by psrec's writers: every file is written under
-a hidden temporary name and renamed into place when complete.
-
-A location may be a local path or a URI (``psrec.uri``): local files are
-renamed with :func:`os.replace` (atomic); on a remote store the temporary
-object is renamed by the store (``psrec.uri_path``: on object stores a copy
-of a whole object, so readers still never see part of a file).
+a hidden temporary name and renamed into place when complete
+(:func:`atomic_output`). A location may be a local path or a URI
+(``psrec.uri``); on an object store the rename is a copy of the whole object
+(``psrec.uri_path``), so readers still never see part of a file.
 """
 
 from __future__ import annotations

@@ -50,14 +50,8 @@ class Manifest:
     """A completed conversion.
 
     Attributes:
-      root: folder holding the manifest and its shards.
       spec_hash: ``FeatureSpec.fingerprint()`` of the spec used.
-      block_rows: rows per block record.
-      split: how rows were split (mode, eval_fraction; order_by or
-        eval_files when used, see ``data.convert.split``).
-      bad_rows: rows quarantined.
-      quarantine: file name of the quarantine Parquet, if any.
-      sources: input files and their row counts.
+      split: how rows were split (``data.convert.split``).
       positives: split name -> rows with a positive label; None for a
         manifest written before psrec recorded it.
       spec_file: the spec's file (relative to ``root``); None for a
@@ -173,11 +167,8 @@ class Manifest:
                checksums: bool = True) -> None:
         """Checks every shard is present with the recorded size and sha256
         (``checksums``: recomputed, reading every byte) and, when given, that
-        ``spec_hash`` is the manifest's.
-
-        Raises:
-          ManifestError: naming the first mismatch.
-        """
+        ``spec_hash`` is the manifest's; a ManifestError names the first
+        mismatch."""
         if spec_hash is not None:
             self.check_spec(spec_hash)
         problems = self.mismatches(checksums=checksums, first_only=True)
@@ -265,17 +256,12 @@ def spec_for(manifest: Manifest | None,
     """The spec to read data with, in the form convert fingerprints (see
     :func:`~psrec.features.spec.presets.with_absolute_vocabularies`).
 
-    Args:
-      manifest: the data's manifest; None for data the job generates.
-      override: a preset name, spec file or spec given explicitly.
-      default: the preset used without manifest and override.
-      flag: the option ``override`` came from, named in errors.
-
-    Returns:
-      Without a manifest: ``override``, else ``default``. With a manifest
-      naming its spec file: that spec, or ``override`` when it is the same
-      spec. With an older manifest: ``override``, else the preset whose
-      fingerprint is the recorded spec hash.
+    ``manifest`` is None for data the job generates; ``override`` is a
+    preset name, spec file or spec given explicitly (by ``flag``, named in
+    errors). Without a manifest: ``override``, else ``default``. With a
+    manifest naming its spec file: that spec, or ``override`` when it is the
+    same spec. With an older manifest: ``override``, else the preset whose
+    fingerprint is the recorded spec hash.
 
     Raises:
       ConfigError: ``override`` is another spec than the data's (naming

@@ -4,13 +4,8 @@ Ingest only *parses*: each raw file is read with :mod:`pyarrow.csv` under an
 explicit schema and written to Parquet; nothing is filtered or range-checked
 (conversion quarantines bad values). A row that cannot be parsed stops the
 run with :class:`IngestError`; rows are never skipped silently. Every file is
-written with ``data.format.files.atomic_output`` (under a hidden temporary name,
-renamed into place when complete). No TensorFlow, and no Python loop per
-row. The datasets: ``data.ingest.criteo`` (Kaggle Criteo TSV), ``data.ingest.movielens``
-(MovieLens 100k), and the generic readers ``data.ingest.tabular`` (any delimited
-text), ``data.ingest.libfm`` (libFM/libSVM lines) and ``data.ingest.jsonl`` (JSON lines),
-whose helpers are below; they report the bytes of their inputs read (as
-stored) to a ``psrec.progress.Progress`` (:func:`input_task`).
+written with ``data.format.files.atomic_output``. No TensorFlow, and no
+Python loop per row.
 """
 
 from __future__ import annotations
@@ -38,23 +33,16 @@ class IngestError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class IngestReport:
-    """What one ingest call wrote.
-
-    Attributes:
-      files: Paths of the Parquet files written, in input order.
-      rows: Total number of rows written over all files.
-      positives: Number of positive examples (Criteo: sum of the ``label``
-        column; MovieLens: ratings >= 4), or ``None`` when the inputs carry
-        no label.
-      has_label: False for generic logs (csv, jsonl), whose label column
-        psrec does not know at ingest (the summary does not call them
-        unlabelled).
-    """
+    """What one ingest call wrote: the Parquet files in input order, their
+    rows, and the positive examples (None when the inputs carry no label).
+    ``has_label`` is False for generic logs (csv, jsonl), whose label column
+    psrec does not know at ingest (the summary does not call them
+    unlabelled)."""
 
     files: tuple[str, ...]
     rows: int
     positives: int | None
-    has_label: bool = True  # False: a generic log (csv, jsonl), no label
+    has_label: bool = True
 
     def to_dict(self) -> dict[str, object]:
         """The report as JSON-able data."""
@@ -93,8 +81,6 @@ def require_file(path: Path, what: str) -> None:
         raise IngestError(f"{what} {str(path)!r} does not exist or is not a "
                           "file; check the path.")
 
-
-# -- shared by the generic readers (data.tabular, data.libfm, data.jsonl) ----
 
 # Compression recognised by the input's last suffix; dropped from output names.
 COMPRESSION_BY_SUFFIX = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd",
@@ -147,14 +133,15 @@ def open_input(path: Path) -> Iterator[tuple[pa.NativeFile, pa.NativeFile]]:
             yield raw, stream
 
 
-def first_line(path: Path, limit: int = 1 << 20) -> bytes:
+def first_line(path: Path, limit: int = 1 << 20, what: str = "Input file",
+               fix: str = "the file") -> bytes:
     """The first line of ``path`` (decompressed, without its newline; at
-    most ``limit`` bytes); refuses an empty file."""
+    most ``limit`` bytes); refuses an empty file (``what``: check ``fix``)."""
     with open_input(path) as (_, stream):
         head = stream.read(limit)
     if not head.strip():
-        raise IngestError(f"Input file {str(path)!r} is empty; check the "
-                          "file or remove it from the inputs.")
+        raise IngestError(f"{what} {str(path)!r} is empty; check {fix} or "
+                          "remove it from the inputs.")
     return head.split(b"\n", 1)[0].rstrip(b"\r")
 
 
@@ -180,6 +167,18 @@ def find_line(path: Path, text: str, chunk: int = 8 << 20) -> int | None:
             keep = min(len(buf), len(needle) + 1)
             lines += buf.count(b"\n", 0, len(buf) - keep)
             tail = buf[len(buf) - keep:]
+
+
+def invalid_rows() -> tuple[list, Callable[[object], str]]:
+    """A list and the ``invalid_row_handler`` that fills it: pyarrow calls it
+    only for a row with the wrong number of fields, and the read stops."""
+    bad: list = []
+    return bad, lambda row: bad.append(row) or "error"
+
+
+def clip(text: str) -> str:
+    """``text`` cut to 200 characters for an error message."""
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def input_task(progress: Progress, sources: Sequence[Path]) -> Task:

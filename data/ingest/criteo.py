@@ -17,7 +17,10 @@ from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
+from psrec.data.ingest.common import clip
+from psrec.data.ingest.common import first_line
 from psrec.data.ingest.common import input_task
+from psrec.data.ingest.common import invalid_rows
 from psrec.data.ingest.common import open_input
 from psrec.data.ingest.common import write_each
 from psrec.progress import SILENT
@@ -31,7 +34,6 @@ CRITEO_CATEGORICAL_COLUMNS: tuple[str, ...] = tuple(
 CRITEO_COLUMNS: tuple[str, ...] = (
     (CRITEO_LABEL_COLUMN,) + CRITEO_INTEGER_COLUMNS + CRITEO_CATEGORICAL_COLUMNS)
 
-# Suffixes that pyarrow decompresses transparently; dropped from output names.
 # How much of a file is read to count the fields of its first line.
 _SNIFF_BYTES = 1 << 16
 _CRITEO_FIX = (
@@ -55,13 +57,8 @@ def criteo_schema(*, labelled: bool = True) -> pa.Schema:
 def _criteo_is_labelled(path: Path) -> bool:
     """Tells the labelled (40-field) from the unlabelled (39-field) layout by
     the first line; the parser checks every other line against it."""
-    with open_input(path) as (_, stream):  # a local path or a URI
-        head = stream.read(_SNIFF_BYTES)
-    if not head.strip():
-        raise IngestError(f"Criteo file {str(path)!r} is empty; check the "
-                          "download or remove it from the inputs.")
-    first_line = head.split(b"\n", 1)[0].rstrip(b"\r")
-    n_fields = first_line.count(b"\t") + 1
+    line = first_line(path, _SNIFF_BYTES, "Criteo file", "the download")
+    n_fields = line.count(b"\t") + 1
     if n_fields == len(CRITEO_COLUMNS):
         return True
     if n_fields == len(CRITEO_COLUMNS) - 1:
@@ -77,9 +74,8 @@ def _describe_csv_error(err: Exception, column_names: Sequence[str],
     """Turns a pyarrow CSV error into a precise, readable reason."""
     if bad_rows:
         row = bad_rows[0]
-        text = row.text if len(row.text) <= 200 else row.text[:200] + "..."
         return (f"a line has {row.actual_columns} tab-separated fields "
-                f"instead of {row.expected_columns}: {text!r}")
+                f"instead of {row.expected_columns}: {clip(row.text)!r}")
     reason = str(err)
     match = re.search(r"column #(\d+)", reason)
     if match and int(match.group(1)) < len(column_names):
@@ -94,15 +90,8 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
     positives)`` (``positives`` None when unlabelled)."""
     schema = criteo_schema(labelled=labelled)
     column_names = schema.names
-    # Filled by pyarrow with the rows that have the wrong number of fields;
-    # called only for such rows, so this is not a per-row loop.
-    bad_rows: list[pa_csv.InvalidRow] = []
-
-    def on_invalid_row(row: pa_csv.InvalidRow) -> str:
-        bad_rows.append(row)
-        return "error"
-
-    rows = positives = 0
+    bad_rows, on_invalid_row = invalid_rows()
+    positives = 0
     with atomic_output(dst) as tmp_path, open_input(src) as (raw, stream):
         meter = ReadMeter(task, src, raw)
         try:
@@ -119,7 +108,6 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
             with pq.ParquetWriter(str(tmp_path), schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
-                    rows += batch.num_rows
                     meter.add(batch.num_rows)
                     if labelled:
                         total = pc.sum(batch.column(CRITEO_LABEL_COLUMN))
@@ -127,41 +115,27 @@ def _ingest_criteo_file(src: Path, dst: Path, labelled: bool,
             meter.finish()
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
             reason = _describe_csv_error(err, column_names, bad_rows)
-            where = (f"after its first {rows:,} data rows, which parsed fine"
-                     if rows else "within its first block of rows")
+            where = (f"after its first {meter.rows:,} data rows, which parsed "
+                     "fine" if meter.rows else "within its first block of rows")
             raise IngestError(
                 f"Cannot parse Criteo file {str(src)!r} ({where}): {reason}. "
                 f"{_CRITEO_FIX}") from err
-    return rows, (positives if labelled else None)
+    return meter.rows, (positives if labelled else None)
 
 
 def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
                   block_size_bytes: int = 64 << 20,
                   progress: Progress = SILENT) -> IngestReport:
-    """Converts raw Kaggle Criteo TSV files to Parquet, one file per input.
+    """Converts raw Kaggle Criteo TSV files (all labelled or all not,
+    optionally compressed) to Parquet, one file per input.
 
-    Each input is streamed (never held whole in memory) and written batch by
-    batch to ``out_dir/<input stem>.parquet``: ``label`` (int64, only for
-    the 40-field ``train.txt`` layout), ``I1``..``I13`` (int64) and
+    Each input is streamed and written batch by batch to
+    ``out_dir/<input stem>.parquet`` (replaced if there): ``label`` (int64,
+    only for the 40-field ``train.txt`` layout), ``I1``..``I13`` (int64) and
     ``C1``..``C26`` (string); empty fields become nulls. Values are not
-    range-checked here (a label of 2 is kept as is).
-
-    Args:
-      tsv_paths: Raw TSV files (optionally ``.gz``/``.bz2``/``.zst``/``.lz4``
-        compressed), all labelled or all not.
-      out_dir: Output folder; created if missing. Existing outputs with the
-        same names are replaced.
-      block_size_bytes: Bytes of text parsed per block; bounds the memory
-        used and sets the size of the record batches written.
-      progress: told the bytes of the inputs (as stored) as they are read.
-
-    Returns:
-      An :class:`IngestReport`; ``positives`` is the sum of the label column,
-      or ``None`` for unlabelled inputs.
-
-    Raises:
-      IngestError: if an input is missing or empty, the inputs mix layouts
-        or map to the same output name, or a row does not parse.
+    range-checked here (a label of 2 is kept as is). ``block_size_bytes`` of
+    text are parsed per block (bounding memory and the batches written);
+    ``positives`` is the sum of the label column.
     """
     if block_size_bytes <= 0:
         raise IngestError(f"block_size_bytes must be positive, got "

@@ -150,25 +150,11 @@ def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
                  column_types: Mapping[str, str] | None = None,
                  block_size_bytes: int = 16 << 20,
                  progress: Progress = SILENT) -> IngestReport:
-    """Converts JSON-lines files to Parquet, one file per input
-    (``out_dir/<input stem>.parquet``; the rules are in the module doc).
-
-    Args:
-      paths: Input files, optionally compressed (``.gz``, ...).
-      out_dir: Output folder; created if missing.
-      column_types: ``{top-level field: type}`` (types of
-        ``data.ingest.tabular.COLUMN_TYPES``) overriding the first block's.
-      block_size_bytes: Text parsed per block (bounds memory; a line must
-        fit in one block).
-      progress: Told the bytes of the inputs (as stored) as they are read.
-
-    Returns:
-      An :class:`IngestReport` (``positives`` None: no label is known).
-
-    Raises:
-      IngestError: a missing or empty input, a line that is not a JSON
-        object, a value that does not fit its field's type, a field the
-        first block lacks, or a list of objects.
+    """Converts JSON-lines files (optionally compressed) to Parquet, one
+    file per input (``out_dir/<input stem>.parquet``; the rules are in the
+    module doc). ``column_types`` (``{top-level field: type}`` of
+    ``data.ingest.tabular.COLUMN_TYPES``) override the first block's; a
+    line must fit in one block of ``block_size_bytes``.
     """
     column_types = dict(column_types or {})
     check_column_types(column_types)

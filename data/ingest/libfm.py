@@ -45,6 +45,7 @@ from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
+from psrec.data.ingest.common import clip
 from psrec.data.ingest.common import first_line
 from psrec.data.ingest.common import input_task
 from psrec.data.ingest.common import open_input
@@ -74,9 +75,8 @@ class _FileState:
     non_one: np.ndarray | None = None   # per field: some value != 1
 
     def fail(self, row: int, text: str, why: str, fix: str) -> IngestError:
-        text = text if len(text) <= 200 else text[:200] + "..."
         return IngestError(f"{str(self.src)!r} line {self.lines_before + row + 1:,}"
-                           f" ({text!r}): {why}; {fix}")
+                           f" ({clip(text)!r}): {why}; {fix}")
 
 
 def _labels(lines: pa.Array, tokens: pa.ListArray, st: _FileState) -> np.ndarray:
@@ -280,22 +280,10 @@ def ingest_libfm(paths: Sequence[str | Path], out_dir: str | Path, *,
                  fields: Sequence[str] | None = None,
                  block_size_bytes: int = 16 << 20,
                  progress: Progress = SILENT) -> IngestReport:
-    """Converts libFM/libSVM files to Parquet, one file per input
-    (``out_dir/<input stem>.parquet``; the format is in the module doc).
-
-    Args:
-      paths: Input text files, optionally compressed (``.gz``, ...).
-      out_dir: Output folder; created if missing.
-      fields: Names of fields 0, 1, ...; default ``f0``, ``f1``, ...
-      block_size_bytes: Text parsed per block (bounds memory).
-      progress: Told the bytes of the inputs (as stored) as they are read.
-
-    Returns:
-      An :class:`IngestReport`; ``positives`` counts labels 1.
-
-    Raises:
-      IngestError: a missing or empty input, or a line that does not parse
-        (naming the file, line and fix); nothing is written for that file.
+    """Converts libFM/libSVM files (optionally compressed) to Parquet, one
+    file per input (``out_dir/<input stem>.parquet``; the format, and what
+    ``fields`` names, are in the module doc). ``positives`` counts labels 1;
+    a line that does not parse writes nothing for its file.
     """
     names = _check_fields(fields)
     if block_size_bytes <= 0:

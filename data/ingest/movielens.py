@@ -44,29 +44,22 @@ def _read_table(path: Path, what: str, column_names: Sequence[str],
     require_file(path, what)
     try:
         with open_arrow_input(path) as source:  # local, s3://, gs://, ...
-            return _parse_csv(source, column_names, column_types,
-                              delimiter, encoding)
+            return pa_csv.read_csv(
+                source,
+                read_options=pa_csv.ReadOptions(
+                    column_names=list(column_names), encoding=encoding),
+                parse_options=pa_csv.ParseOptions(delimiter=delimiter,
+                                                  quote_char=False),
+                convert_options=pa_csv.ConvertOptions(
+                    column_types=column_types,
+                    include_columns=list(column_types), null_values=[],
+                    strings_can_be_null=False))
     except (pa.ArrowInvalid, UnicodeDecodeError) as err:
         raise IngestError(
             f"Cannot parse {what} {str(path)!r}: {err}. Expected "
             f"{len(column_names)} {delimiter!r}-separated fields per line "
             f"({', '.join(column_names)}); check that the file is the "
             "original, uncorrupted one.") from err
-
-
-def _parse_csv(source, column_names: Sequence[str],
-               column_types: dict[str, pa.DataType], delimiter: str,
-               encoding: str) -> pa.Table:
-    """A headerless delimited table, strictly under a fixed schema."""
-    return pa_csv.read_csv(
-        source,
-        read_options=pa_csv.ReadOptions(column_names=list(column_names),
-                                        encoding=encoding),
-        parse_options=pa_csv.ParseOptions(delimiter=delimiter,
-                                          quote_char=False),
-        convert_options=pa_csv.ConvertOptions(
-            column_types=column_types, include_columns=list(column_types),
-            null_values=[], strings_can_be_null=False))
 
 
 def movielens_schema() -> pa.Schema:
@@ -147,11 +140,6 @@ def ingest_movielens(ml_dir: str | Path, out_dir: str | Path) -> IngestReport:
     of :func:`movielens_schema`; ``genres`` lists the genres flagged
     1 for the movie, in ``u.genre`` order. ``positives`` of the report
     counts ratings of 4 or more.
-
-    Raises:
-      IngestError: if a file is missing or does not parse, an id is listed
-        twice in ``u.item``/``u.user``, a genre flag is not 0/1, or a rating
-        names a user or item id that ``u.user``/``u.item`` lacks.
     """
     ml = as_path(ml_dir)
     if not ml.is_dir():

@@ -205,14 +205,8 @@ def synthetic_table(spec: FeatureSpec, rows: int, seed: int = 0,
 def write_synthetic_parquet(spec: FeatureSpec, out_dir: str | Path,
                             rows: int, *, files: int = 4,
                             seed: int = 0) -> list[str]:
-    """Writes ``rows`` synthetic rows as ``files`` Parquet files.
-
-    Generation is streamed chunk by chunk; the same arguments give the same
-    files.
-
-    Returns:
-      The file paths, in row order.
-    """
+    """Writes ``rows`` synthetic rows as ``files`` Parquet files, streamed
+    chunk by chunk; returns their paths in row order."""
     check(rows >= 1, "rows", rows, "must be >= 1")
     check(files >= 1, "files", files, "must be >= 1")
     out = as_path(out_dir)  # a local path or a URI

@@ -22,9 +22,11 @@ from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
+from psrec.data.ingest.common import clip
 from psrec.data.ingest.common import find_line
 from psrec.data.ingest.common import first_line
 from psrec.data.ingest.common import input_task
+from psrec.data.ingest.common import invalid_rows
 from psrec.data.ingest.common import open_input
 from psrec.data.ingest.common import write_each
 from psrec.errors import check
@@ -142,12 +144,11 @@ def _describe(err: Exception, src: Path, names: list[str],
     """One sentence: what is wrong with ``src`` and where."""
     if bad_rows:
         row = bad_rows[0]
-        text = row.text if len(row.text) <= 200 else row.text[:200] + "..."
         line = find_line(src, row.text)
         where = f"line {line}" if line else f"after data row {rows:,}"
         return (f"{str(src)!r} {where} has {row.actual_columns} fields "
                 f"instead of {row.expected_columns} ({', '.join(names)}): "
-                f"{text!r}; fix or remove that line, or check --delimiter "
+                f"{clip(row.text)!r}; fix or remove that line, or check --delimiter "
                 "and quoting")
     match = re.search(r"column #(\d+)", str(err))
     if match and int(match.group(1)) < len(names):
@@ -171,13 +172,7 @@ def _ingest_file(src: Path, dst: Path, names: list[str],
     """Streams one delimited file into one Parquet file; returns its rows."""
     schema = pa.schema([(n, types.get(n, pa.string())) for n in names])
     full_types = {n: schema.field(n).type for n in names}
-    # Filled by pyarrow only for rows with the wrong number of fields.
-    bad_rows: list[pa_csv.InvalidRow] = []
-
-    def on_invalid_row(row: pa_csv.InvalidRow) -> str:
-        bad_rows.append(row)
-        return "error"
-
+    bad_rows, on_invalid_row = invalid_rows()
     with atomic_output(dst) as tmp_path, open_input(src) as (raw, stream):
         meter = ReadMeter(task, src, raw)
         try:
@@ -202,32 +197,12 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
                progress: Progress = SILENT) -> IngestReport:
     """Converts delimited text files to Parquet, one file per input.
 
-    Each input (optionally ``.gz``/``.bz2``/``.zst``/``.lz4``, decompressed
-    while streaming) is parsed block by block and written to
-    ``out_dir/<input stem>.parquet``; quoting follows RFC 4180 (``"``).
-
-    Args:
-      paths: The input files; each has its own header (if ``header``).
-      out_dir: Output folder; created if missing; same-named outputs are
-        replaced.
-      delimiter: The one-character field separator.
-      header: Whether line 1 holds column names (it is never data).
-      columns: Column names; they replace the header (when ``header``) or
-        name the fields of a headerless file (default ``f0``, ``f1``, ...).
-      column_types: ``{column: type}`` with types from
-        :data:`COLUMN_TYPES`; untyped columns are strings.
-      block_size_bytes: Text parsed per block (bounds memory; one Parquet
-        row group per block).
-      progress: Told the bytes of the inputs (as stored) as they are read
-        (one pass over all inputs).
-
-    Returns:
-      An :class:`IngestReport` (``positives`` None: no label is known).
-
-    Raises:
-      IngestError: a missing or empty input, a bad delimiter or type name, a
-        typed column that a file lacks, a value that does not convert, or a
-        line with the wrong number of fields (naming file, row and fix).
+    Each input (optionally compressed) is parsed block by block and written
+    to ``out_dir/<input stem>.parquet``; quoting follows RFC 4180 (``"``).
+    Each input has its own header line when ``header`` (never data);
+    ``columns`` replace it, or name the fields of a headerless file (default
+    ``f0``, ``f1``, ...). ``column_types`` maps columns to
+    :data:`COLUMN_TYPES` names; untyped columns are strings.
     """
     column_types = dict(column_types or {})
     _check_options(delimiter, column_types, block_size_bytes)

@@ -36,5 +36,3 @@ class InputConfig(Codec, where="input"):
         check_at_least(self, 1, "batch_size", "shuffle_records",
                        "cycle_length")
         check_choices(self)
-
-

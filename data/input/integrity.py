@@ -196,11 +196,9 @@ def repair_corrupted_shards(manifest: Manifest, out_dir: str | Path,
                             ) -> tuple[Manifest, RepairReport | None]:
     """Returns a manifest safe to train on, or raises naming the file.
 
-    Args:
-      out_dir: where repaired copies are written.
-      max_records: records that may be lost in total.
-      checksums: compare sha256 (otherwise only presence and size).
-      progress: told the bytes checked by the sha256 pass.
+    Repaired copies are written to ``out_dir``; ``max_records`` records may
+    be lost in total; without ``checksums`` only presence and size are
+    compared (``progress`` is told the bytes of the sha256 pass).
     """
     problems = _mismatches(manifest, checksums, progress)
     if not problems:

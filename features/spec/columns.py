@@ -215,11 +215,9 @@ class CategoricalFeature:
     out-of-vocabulary values, so a vocabulary of V lines uses V + 1 ids).
 
     Attributes:
-        table: name of the :class:`TableConfig` this feature looks up.
         dtype: ``string`` or ``int64`` -- the raw type at serving time; ints
             are hashed through their decimal string form.
-        hash_buckets: number of hash buckets (exclusive with vocabulary_file).
-        vocabulary_file: path of a vocabulary, one value per line.
+        hash_buckets: exclusive with ``vocabulary_file`` (one value a line).
         row_offset: first table row used by this feature; None (the usual):
             laid out automatically after the table's other ranges
             (``features.spec.layout``). Ranges of one table must not overlap
@@ -230,7 +228,7 @@ class CategoricalFeature:
         max_length: 1 for a single value; > 1 for a multi-hot list column,
             of which the first ``max_length`` non-padding values are kept
             (null, ``""`` and ``-1`` elements are padding).
-        combiner: how a multi-hot list is reduced: ``sum`` or ``mean``.
+        combiner: ``sum`` or ``mean`` of a multi-hot list.
         required: when true, a null is a bad row; otherwise null is hashed as
             the empty string (its own "missing" bucket).
         raw_ids: the feature's ids are raw 64-bit fingerprints of the value

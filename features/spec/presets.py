@@ -123,11 +123,8 @@ PRESETS: dict[str, Callable[[], FeatureSpec]] = {
 
 
 def resolve_spec(spec: str | Path | FeatureSpec) -> FeatureSpec:
-    """Returns a spec from a preset name, a spec file path or a spec.
-
-    Raises:
-      SpecError: if ``spec`` is neither a preset nor an existing file.
-    """
+    """Returns a spec from a preset name, a spec file path or a spec; a
+    SpecError when ``spec`` is neither a preset nor an existing file."""
     if isinstance(spec, FeatureSpec):
         return spec
     text = str(spec)

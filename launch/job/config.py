@@ -43,7 +43,7 @@ from psrec.options import option
 from psrec.options import qualified
 from psrec.options import refuse_out_of_scope
 from psrec.options import to_dict
-from psrec.ps_cluster.checkpoint.writer_kinds import WRITERS
+from psrec.ps_cluster.checkpoint import WRITERS
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import UriPath

@@ -57,4 +57,3 @@ def add_gradients(total: Sequence[Gradient] | None,
         raise ValueError(f"`grads` has {len(grads)} gradients but the sum "
                          f"has {len(total)}: the variable lists differ.")
     return [add_gradient(a, b) for a, b in zip(total, grads)]
-

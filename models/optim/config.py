@@ -30,17 +30,11 @@ from psrec.options import option
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerKind:
-    """One optimizer.
-
-    Attributes:
-      name: its name in configurations and flags.
-      keras_class: the ``tf_keras.optimizers.legacy`` class that builds it.
-      arguments: keyword arguments of that class beside the learning rate.
-      slots: slot variables per trained variable, each of its size.
-      scaling: ``linear`` or ``sqrt``: how the learning rate given at the
-        base batch size scales to the update size.
-      roles: ``sparse`` (embedding tables: sparse updates on the PS that
-        owns each row) and/or ``dense`` (the towers).
+    """One optimizer: the ``tf_keras.optimizers.legacy`` class that builds
+    it and its arguments beside the learning rate, its slot variables per
+    trained variable (each of its size), its ``scaling`` (``linear`` or
+    ``sqrt``) and the ``roles`` it takes: ``sparse`` (the tables) and/or
+    ``dense`` (the towers).
     """
 
     name: str
@@ -120,5 +114,3 @@ class OptimizerConfig(Codec, where="optimizer"):
                   "must be a finite number > 0")
         check_at_least(self, 1, "base_batch_size")
         check_at_least(self, 0, "warmup_steps")
-
-

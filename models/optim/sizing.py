@@ -38,7 +38,6 @@ GIB = float(1 << 30)
 DEFAULT_MEMORY_FRACTION = 0.5
 
 
-
 class ModelTooLargeError(ConfigError):
     """The replicated tables and slots do not fit the device memory budget."""
 
@@ -72,9 +71,6 @@ def proxy_spec(spec: FeatureSpec, max_ids: int = 1) -> FeatureSpec:
     The dense part of a model does not depend on table rows, so a model
     built from this spec has the same dense weights and the same per-step
     compute as the real one without allocating the real tables.
-
-    Raises:
-      ValueError: if ``max_ids`` < 1.
     """
     check(max_ids >= 1, "max_ids", max_ids, "must be >= 1")
     next_row = {t.name: 0 for t in spec.tables}
@@ -110,13 +106,9 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
                               optimizer: OptimizerConfig = OptimizerConfig(),
                               dense_parameters: int | None = None
                               ) -> SizeEstimate:
-    """Bytes of one replica: tables, their slots, dense weights and slots.
-
-    Args:
-      optimizer: which optimizers' slots to count.
-      dense_parameters: the dense weight count when known (else counted
-        with :func:`dense_parameter_count`).
-    """
+    """Bytes of one replica: tables, their slots, dense weights and slots
+    (``dense_parameters`` counted with :func:`dense_parameter_count` unless
+    known)."""
     rows = sum(t.rows * t.dim for t in spec.tables)
     if model.wide:
         rows += sum(t.rows for t in spec.tables)
@@ -132,14 +124,9 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
 
 @dataclasses.dataclass(frozen=True)
 class DeviceMemory:
-    """Memory of one device that holds a replica.
-
-    Attributes:
-      kind: ``GPU`` or ``CPU``.
-      bytes: for the CPU: the host's physical memory, shared by every
-        logical CPU device.
-      source: where the figure came from.
-    """
+    """Memory of one device that holds a replica (``GPU`` or ``CPU``: the
+    host's physical memory, shared by every logical CPU device) and where
+    the figure came from."""
 
     kind: str
     bytes: int
@@ -183,11 +170,7 @@ def _gpu_memory() -> tuple[int, str] | None:
 
 def device_memory_bytes(kind: str | None = None) -> DeviceMemory:
     """Memory of one replica's device: a GPU when the machine has one (or
-    ``kind="GPU"``), else the host.
-
-    Raises:
-      ValueError: for an unknown ``kind``, or ``GPU`` on a machine without.
-    """
+    ``kind="GPU"``), else the host."""
     check_choice("kind", kind, (None, "GPU", "CPU"))
     if kind in (None, "GPU"):
         gpu = _gpu_memory()
@@ -201,17 +184,11 @@ def device_memory_bytes(kind: str | None = None) -> DeviceMemory:
 def check_fits(estimate: SizeEstimate, memory: DeviceMemory,
                memory_fraction: float = DEFAULT_MEMORY_FRACTION,
                replicas_sharing_memory: int = 1) -> None:
-    """Stops a replicated run whose tables and slots exceed the budget.
-
-    Args:
-      memory_fraction: share of the device memory the variables may use.
-      replicas_sharing_memory: replicas whose copies live in the same
-        memory (logical CPU devices all share the host's RAM).
-
-    Raises:
-      ValueError: ``memory_fraction`` outside (0, 1].
-      ModelTooLargeError: with the size and ``--strategy ps``.
-    """
+    """Stops a replicated run whose tables and slots exceed
+    ``memory_fraction`` of the device memory, shared by
+    ``replicas_sharing_memory`` replicas (logical CPU devices all share the
+    host's RAM): a :class:`ModelTooLargeError` with the size and
+    ``--strategy ps``."""
     check(0.0 < memory_fraction <= 1.0, "memory_fraction", memory_fraction,
           "must be in (0, 1]")
     check(replicas_sharing_memory >= 1, "replicas_sharing_memory",

@@ -104,15 +104,9 @@ class ModelConfig(Codec, where="model"):
               ModelConfigError)
 
 
-
-#: DeepFM's initialisation scale of the field vectors (DeepFM
-#: implementations commonly start embeddings at N(0, 0.01) or less). The FM
-#: term sums the dot products of all F(F-1)/2 field pairs into the logit:
-#: at the tables' default scale ``1/sqrt(dim)``, and with the dense field
-#: (the dense tower's output, Glorot-initialised, norm ~ that of the raw
-#: transformed dense values) among them, it starts with a standard
-#: deviation of several logits on Criteo (27 embeddings + 1 dense field)
-#: and the model first has to unlearn it; at 0.01 it starts near 0.
+#: DeepFM's initialisation scale of the field vectors (``init_scale``): at
+#: the tables' default ``1/sqrt(dim)`` its FM term starts with a standard
+#: deviation of several logits on Criteo, which the model must unlearn.
 FM_INIT_SCALE = 0.01
 
 
@@ -126,11 +120,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 
 
 def model_config(name: str, **overrides: object) -> ModelConfig:
-    """A named configuration, optionally with fields replaced.
-
-    Raises:
-      ModelConfigError: for an unknown name or field.
-    """
+    """A named configuration, optionally with fields replaced; an unknown
+    name or field is a :class:`ModelConfigError`."""
     if name not in MODEL_PRESETS:
         raise ModelConfigError(
             f"`--model` = {name!r} is not one of "
@@ -151,15 +142,8 @@ def check_model_spec(spec: FeatureSpec, config: ModelConfig,
     features (``dot`` and ``fm`` then interact the embeddings only), a
     single categorical feature, multi-hot features, and tables of different
     widths (``dot`` and ``fm`` project each narrower or wider table to the
-    widest table's ``dim`` with a learned linear map).
-
-    Args:
-      spec: the feature spec.
-      config: the architecture.
-      name: the model's name (``--model``), for the message.
-
-    Raises:
-      ModelConfigError: naming the model, the spec problem and the fix.
+    widest table's ``dim`` with a learned linear map). ``name`` is the
+    ``--model`` the message names.
     """
     model = (f"`--model` = {name!r}" if name is not None
              else f"`interaction` = {config.interaction!r}")
@@ -173,11 +157,7 @@ def check_model_spec(spec: FeatureSpec, config: ModelConfig,
 
 def initial_logit(positive_rate: float | None) -> float:
     """The output bias that makes an untrained model predict the base rate:
-    ``log(p / (1 - p))``; 0 when ``positive_rate`` is None.
-
-    Raises:
-      ModelConfigError: unless 0 < ``positive_rate`` < 1.
-    """
+    ``log(p / (1 - p))``; 0 when ``positive_rate`` is None."""
     if positive_rate is None:
         return 0.0
     ok = (isinstance(positive_rate, (int, float))

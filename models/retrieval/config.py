@@ -12,7 +12,7 @@ from psrec.options import Codec
 from psrec.options import option
 
 TASKS = ("ranking", "retrieval")
-#: The cut-offs of the exact evaluation (recall@k), and the largest one.
+#: The cut-offs of the exact evaluation (recall@k).
 RECALL_KS = (1, 5, 10, 50, 100)
 
 
@@ -61,15 +61,10 @@ class RetrievalConfig(Codec, where="retrieval"):
               self.uniform_negatives, "must be >= 0", ModelConfigError)
 
 
-
 def check_no_dynamic_tables(spec) -> None:
     """Two-tower retrieval takes hashed tables only: its catalogue and
     log-q counts index table rows by id, which raw ids of a ``mode:
-    dynamic`` table are not (pure Python, before anything starts).
-
-    Raises:
-      ModelConfigError: naming the dynamic tables and the fix.
-    """
+    dynamic`` table are not (pure Python, before anything starts)."""
     dynamic = [t.name for t in spec.tables if getattr(t, "dynamic", False)]
     if dynamic:
         raise ModelConfigError(

@@ -61,8 +61,7 @@ class ScoreReport:
 
     Attributes:
       out: the scores file (Parquet, or CSV for a ``.csv`` name).
-      files: the input Parquet files, in the order read.
-      mean_probability: the mean predicted probability (NaN for no rows).
+      mean_probability: NaN for no rows.
       seconds: wall time in all, loading the model included.
       model: the SavedModel folder used (a version folder of an export).
       version: its version (None: an unversioned SavedModel).
@@ -103,11 +102,7 @@ class ScoreReport:
 def load_serving(export_dir: str | Path):
     """``(loaded SavedModel, {input name: tf.TensorSpec})`` of an export (a
     version folder, or a versioned root: its highest version); its serving
-    function is ``loaded.signatures["serving_default"]``.
-
-    Raises:
-      ConfigError: ``export_dir`` is no SavedModel with ``serving_default``.
-    """
+    function is ``loaded.signatures["serving_default"]``."""
     path = resolve(str(export_dir)).path
     loaded = tf.saved_model.load(path)
     if "serving_default" not in loaded.signatures:
@@ -147,11 +142,7 @@ def check_inputs(path: str, schema: pa.Schema,
                  inputs: dict[str, tf.TensorSpec],
                  required: Sequence[str] = ()) -> None:
     """Every serving input (and every ``required`` column) is in the file's
-    schema with a type the signature takes.
-
-    Raises:
-      ConfigError: naming the file and the first missing or mistyped column.
-    """
+    schema with a type the signature takes."""
     for column in [*inputs, *required]:
         if schema.get_field_index(column) < 0:
             what = ("the exported model" if column in inputs else

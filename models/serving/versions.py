@@ -39,7 +39,6 @@ class ExportVersion:
     """One SavedModel of an export folder.
 
     Attributes:
-      path: the SavedModel's folder.
       version: its version number (None: an unversioned SavedModel,
         ``saved_model.pb`` directly in the folder given).
       root: the versioned root it was chosen from (None: given directly).

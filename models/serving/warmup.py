@@ -97,18 +97,12 @@ def read_warmup(version_dir: str) -> list[dict[str, np.ndarray]]:
     return requests
 
 
-# The rows an export's warmup requests carry: real eval rows when the
-# run's data can be traced back to its raw rows, else synthetic rows.
-#
 # A converted example keeps its row id (``psrec__id``: the 0-based position
-# over the conversion's input files, in order; see ``psrec convert``), and
-# the manifest lists those inputs with their row counts. So the first eval
-# examples of the manifest lead back to their raw Parquet rows, which are
-# sent to the model as a serving client sends them (the contract of
-# :mod:`psrec.models.serving.scoring`). When the inputs are gone (moved, deleted) or
-# the manifest has no eval split, the rows are synthetic rows of the spec
-# (:func:`psrec.data.ingest.synthetic.synthetic_table`): the requests still warm
-# every op, only with made-up values.
+# over the conversion's input files, in order), and the manifest lists those
+# inputs with their row counts: so the first eval examples lead back to their
+# raw Parquet rows, sent as a serving client sends them (the contract of
+# :mod:`psrec.models.serving.scoring`). Synthetic rows (no manifest, inputs
+# gone, no eval split) still warm every op, only with made-up values.
 
 WARMUP_ROWS = 8
 

@@ -2,3 +2,7 @@
 lookup tables in checkpoints, the best checkpoint of a run and the dynamic
 tables' state read from files.
 """
+
+# The choices of ``JobConfig.checkpoint_writers`` (read without TensorFlow);
+# the writers themselves are ``ps_cluster.checkpoint.writers``.
+WRITERS = ("auto", "tasks", "coordinator")

@@ -48,10 +48,7 @@ class BestRecord:
       checkpoint: its prefix, relative to the checkpoint folder
         (``best/best-<step>``).
       source: the rotated checkpoint it was linked from (``ckpt-<step>``).
-      step: the global step it was saved at.
       metric: ``auc`` (higher is better) or ``logloss`` (lower is better).
-      value: the metric's value at ``step``.
-      auc, logloss, count: the evaluation at ``step``.
       evals_without_improvement: evaluations since (for early stopping).
     """
 
@@ -81,11 +78,8 @@ class BestRecord:
 
 
 def read_best(directory: str | Path) -> BestRecord | None:
-    """The record in ``directory``, None when there is none.
-
-    Raises:
-      DataError: the record is unreadable or names files that are missing.
-    """
+    """The record in ``directory``, None when there is none; a
+    :class:`DataError` when it is unreadable or names missing files."""
     path = as_path(directory) / BEST_FILE
     if not path.is_file():
         return None
@@ -129,12 +123,8 @@ def _link_or_copy(source: Path | UriPath, target: Path | UriPath) -> None:
 
 
 class BestTracker:
-    """Keeps the best checkpoint of a run (on the chief only).
-
-    Args:
-      metric: ``auc`` or ``logloss``.
-      patience: evaluations without improvement that end the run (0: off).
-    """
+    """Keeps the best checkpoint of a run (on the chief only); ``patience``
+    evaluations without improvement end the run (0: off)."""
 
     def __init__(self, directory: str | Path, metric: str,
                  patience: int = 0) -> None:
@@ -189,14 +179,9 @@ class BestTracker:
 
 @dataclasses.dataclass(frozen=True)
 class ChosenCheckpoint:
-    """A checkpoint chosen by :func:`choose_checkpoint`.
-
-    Attributes:
-      path: its prefix.
-      name: how to call it (``best/best-80``, ``ckpt-400``).
-      step: its step (from its name).
-      best: the best record when it is the best checkpoint (its metrics).
-    """
+    """A checkpoint chosen by :func:`choose_checkpoint`: its prefix, its
+    name (``best/best-80``, ``ckpt-400``), its step, and the best record
+    when it is the best checkpoint."""
 
     path: str
     name: str
@@ -213,14 +198,9 @@ class ChosenCheckpoint:
 
 def choose_checkpoint(directory: str | Path, which: str | None = None
                       ) -> ChosenCheckpoint:
-    """``latest``, ``best`` or ``ckpt-N`` of a checkpoint folder.
-
-    Args:
-      which: None: the best when ``best.json`` exists, else the latest.
-
-    Raises:
-      ConfigError: an unknown name, or no such checkpoint (exit 2).
-    """
+    """``latest``, ``best`` or ``ckpt-N`` of a checkpoint folder (None: the
+    best when ``best.json`` exists, else the latest); an unknown name or no
+    such checkpoint is a ConfigError (exit 2)."""
     directory = as_path(directory)
     record = read_best(directory)
     if which is None:

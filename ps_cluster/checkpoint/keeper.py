@@ -193,7 +193,6 @@ def compare_with_checkpoint(checkpoint: tf.train.Checkpoint, path: str,
     Args:
       model_only: compare only the model's own variables (not optimizer
         slots, optimizers or progress), for a model restored alone.
-      progress: told the bytes compared, for a large state.
       on_tasks: read and compare each block on its variable's own task
         (every task sees ``path``): only booleans reach the coordinator.
     """
@@ -230,9 +229,8 @@ def _restore_resharded_slots(checkpoint: tf.train.Checkpoint, path: str,
       tables: checkpoint key prefix of a table -> its (sharded) variable.
       io_device: where blocks are read (None: on each shard's task).
 
-    Returns:
-      The keys that are not repaired (the caller checks the repaired ones
-      again).
+    Returns the keys that are not repaired (the caller checks the repaired
+    ones again).
     """
     live = live_tensors(checkpoint)
     saved, _ = saved_tensors(path)
@@ -265,7 +263,6 @@ class CheckpointKeeper:
       checkpoint: a ``tf.train.Checkpoint`` over model, optimizers, progress.
       optimizers: checkpoint attribute name -> optimizer (for slot repair).
       tables: checkpoint key prefix -> table variable (for slot repair).
-      strategy: the training strategy (its PS tasks may write).
       writers: ``--checkpoint-writers`` (``tasks``, ``coordinator`` or
         ``auto``; :mod:`~psrec.ps_cluster.checkpoint.writers`). When the
         tasks write, each PS is first proven to see the folder.
@@ -323,16 +320,10 @@ class CheckpointKeeper:
         that kept their initial values and flags the optimizer's ShardedVariable
         slot containers, which own no tensor.
 
-        Args:
-          model_only: restore and check only ``model/`` keys (export, eval).
-          progress: told the bytes restored and checked when the state is 1 GiB
-            or more (default: the process's default progress).
-
-        Returns:
-          The restored path, or None when there is no checkpoint.
-
-        Raises:
-          RestoreError: naming the keys that are missing or differ.
+        Returns the restored path, or None when there is no checkpoint.
+        ``model_only`` restores and checks only ``model/`` keys (export,
+        eval); ``progress`` (default: the process's) is told the bytes
+        restored and checked when the state is 1 GiB or more.
         """
         path = path or self.latest
         if path is None:

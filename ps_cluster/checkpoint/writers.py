@@ -34,8 +34,8 @@ import tensorflow as tf
 from psrec.errors import ConfigError
 from psrec.errors import check_choice
 from psrec.errors import one_line
+from psrec.ps_cluster.checkpoint import WRITERS
 from psrec.ps_cluster.checkpoint.save import tasks_share_folder
-from psrec.ps_cluster.checkpoint.writer_kinds import WRITERS
 from psrec.ps_cluster.cluster.strategy import cluster_resolver
 
 PROBE_PREFIX = ".psrec-probe-"

@@ -32,4 +32,3 @@ class PartitionConfig(Codec, where="partition"):
         check_choices(self)
         check(self.shards is None or self.shards >= 1,
               "PartitionConfig.shards", self.shards, "must be >= 1")
-

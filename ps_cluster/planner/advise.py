@@ -128,9 +128,6 @@ def recommend(size: SizeEstimate, memory: DeviceMemory,
     ``local_gpus``, when given and below 2, adds a note to a ``mirrored``
     recommendation: the replicas must be GPUs or machines, since logical
     CPU devices share the same cores.
-
-    Raises:
-      ValueError: ``memory_fraction`` outside (0, 1] or ``threshold`` <= 0.
     """
     check(0.0 < memory_fraction <= 1.0, "memory_fraction", memory_fraction,
           "must be in (0, 1]")
@@ -193,7 +190,6 @@ def advise(spec: FeatureSpec, model_name: str = "dcn", *,
       memory: the device memory (default: measured).
 
     Raises:
-      ValueError: ``batch_size`` or ``repeats`` < 1.
       AdviseError: a measurement subprocess failed.
     """
     check(batch_size >= 1, "batch_size", batch_size, "must be >= 1")

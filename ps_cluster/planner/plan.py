@@ -316,9 +316,6 @@ def plan(spec: FeatureSpec, model_config: ModelConfig, ps: int,
       ps_memory: bytes one PS task may hold; sets ``fits`` and ``min_ps``.
       dense_parameters: the dense weight count when known (else counted,
         ``models.optim.sizing.dense_parameter_count``).
-
-    Raises:
-      ConfigError: an unknown optimizer or partitioner, ``ps`` < 1.
     """
     return plan_partition(spec, model_config, ps,
                           OptimizerConfig(sparse=optimizer),
@@ -327,11 +324,8 @@ def plan(spec: FeatureSpec, model_config: ModelConfig, ps: int,
 
 
 def check_plan(result: ShardingPlan) -> ShardingPlan:
-    """Returns ``result`` when every PS fits its budget.
-
-    Raises:
-      PsMemoryError: naming the fullest PS and the smallest PS count that fits.
-    """
+    """Returns ``result`` when every PS fits its budget; else a
+    :class:`PsMemoryError` naming the fullest PS and the PS count that fits."""
     if not result.fits:
         raise PsMemoryError(result.refusal())
     return result

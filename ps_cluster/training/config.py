@@ -65,7 +65,6 @@ class LoopConfig(Codec, where="loop"):
               "needs a metric to watch: set "
               f"`{qualified(self, 'keep_best')}` to auc or logloss")
 
-
     def resolved(self) -> LoopConfig:
         """This configuration with ``eval_every`` None replaced by a step
         count: about :data:`AUTO_EVALS` evaluations per run, a multiple of

@@ -61,11 +61,8 @@ class NonFiniteLossError(ConfigError):
 
 
 class DynamicLossScale(tf.Module):
-    """A dynamic loss scale shared by both optimizers (mixed float16).
-
-    Args:
-      growth_steps: finite updates in a row before the scale doubles.
-    """
+    """A dynamic loss scale shared by both optimizers (mixed float16); it
+    doubles after ``growth_steps`` finite updates in a row."""
 
     def __init__(self, initial: float = 2.0 ** 15,
                  growth_steps: int = 2000) -> None:

@@ -108,7 +108,6 @@ class Trainer:
       micro_batches: batches whose gradients are summed per update.
       precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
       checkpoint_dir: where the chief writes checkpoints (None: none).
-      checkpoint_writers: the keeper's ``writers``.
       positive_rate: the train split's share of positives, where the output
         bias starts (its logit); None starts at 0.5.
       neg_sample_rate: the share of negatives the train data kept: evaluation
@@ -322,7 +321,6 @@ class Trainer:
         until early stopping ends it.
 
         Args:
-          dataset_fn: training input (see :meth:`dataset_fn`).
           eval_manifest: evaluated at eval boundaries and at the end (by the
             chief only, under a multi-worker strategy); each eval boundary is
             also a checkpoint, kept as the best when the eval improved
