@@ -1,22 +1,13 @@
 """A private network for the local cluster: a Linux network namespace
-whose only interface is loopback.
-
-TensorFlow's gRPC servers listen on every interface (``0.0.0.0``/``[::]``)
-whatever host the cluster spec names, accept connections from anyone and
-run the graphs they are sent. So a local ``psrec train`` runs its whole
-process tree (supervisor, coordinator, PS and worker servers) inside a
-fresh network namespace: the servers still listen on "all interfaces",
-but the namespace has no interface but ``lo``, so nothing outside the
-machine -- nor any other process on it -- can reach them. Files
-(checkpoints, logs, data) are unaffected: only the network is private.
+whose only interface is loopback (why, and what it guarantees:
+``docs/cluster.md``).
 
 How: ``psrec train`` (local cluster, as the ``psrec`` command) re-executes
 itself, same pid, as ``python -c <netns.main()> ARGS``, which calls
 ``unshare(CLONE_NEWNET)`` (root), else ``unshare(CLONE_NEWUSER |
 CLONE_NEWNET)`` with the caller's uid and gid mapped to themselves
 (unprivileged user namespaces), brings ``lo`` up, and runs the command on.
-Every child inherits the namespace. Where neither is allowed (a container
-without CAP_SYS_ADMIN that forbids user namespaces, not Linux), the local
+Every child inherits the namespace. Where neither is allowed, the local
 cluster is refused unless ``--allow-exposed`` is given, and then a warning
 names every port and who can reach it.
 """

@@ -1,36 +1,13 @@
 """The supervisor behind ``psrec train`` on a local cluster.
 
-It runs the PS and worker roles (``LocalCluster``) and the coordinator as
-separate OS processes and keeps the job alive through failures, on top of
-what TensorFlow itself promises:
-
-* a worker that dies is restarted on its port, with backoff; training goes
-  on meanwhile (TF re-runs the lost closures elsewhere and rebuilds the
-  worker's dataset when it is back); with ``restart_workers`` off it stays
-  down, also when the coordinator exited over it (the coordinator restarts
-  on the remaining workers), and with none left the job stops;
-* a PS that dies, or a coordinator that exits with a retryable code (PS
-  unreachable, stall watchdog, killed), gets the PS tasks and the
-  coordinator restarted; the coordinator restores the latest complete
-  checkpoint and continues, losing at most one checkpoint interval;
-* after a failure it restarts only the role that failed
-  (:mod:`psrec.launch.supervise.failure` names it);
-* restarts are bounded per role (:class:`RestartLimits`: workers, PS,
-  coordinator), each budget refilling after a period of health; past a
-  budget it stops with a message and the last failure's exit code;
-* it watches the coordinator's heartbeat file: no new beat for
-  ``stall_timeout`` (+ a small margin, so the coordinator's own watchdog,
-  which dumps stacks, fires first when it can) in any phase -- even when the
-  coordinator is frozen or blocked holding the GIL -- and it prints the
-  phase, last step and per-worker progress, kills the coordinator and
-  restarts what failed;
-* SIGTERM/SIGINT are forwarded to the coordinator, which saves a
-  checkpoint within ``grace_period`` and prints one line; then every role
-  is stopped (exit 143 / 130);
-* the local tf.data service (``data_service``), when its process dies, is
-  restarted on its port within its own budget (``data_service_keeper``);
-* a coordinator exit with a permanent code (bad data, bad arguments, bad
-  checkpoint) stops everything and is passed through.
+It runs the PS and worker roles (``LocalCluster``), the coordinator and
+the local tf.data service as separate OS processes and keeps the job alive
+through failures: it restarts only the role that failed
+(:mod:`psrec.launch.supervise.failure` names it), within per-role budgets
+(:class:`RestartLimits`), watches the coordinator's heartbeat for stalls,
+forwards SIGTERM/SIGINT, and passes a permanent exit code through. What it
+promises in each failure, and the test that proves it:
+``docs/reliability.md``.
 
 Every process it starts is stopped, by pid, on every exit path, and each
 child is also bound to the supervisor's life with ``PR_SET_PDEATHSIG``.
