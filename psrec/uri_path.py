@@ -278,11 +278,9 @@ class UriPath:
 
     def glob(self, pattern: str) -> Iterator[UriPath]:
         """Children whose name matches ``pattern`` (one level)."""
-        if not self.is_dir():
-            return
-        for child in self.iterdir():
-            if fnmatch.fnmatchcase(child.name, pattern):
-                yield child
+        if self.is_dir():
+            yield from (child for child in self.iterdir()
+                        if fnmatch.fnmatchcase(child.name, pattern))
 
     def rglob(self, pattern: str) -> Iterator[UriPath]:
         """Every path below whose name matches ``pattern``."""
@@ -322,12 +320,11 @@ class UriPath:
             return
         store.remove(self._uri)
 
-    def rmdir(self) -> None:
-        _store(self._uri).rmtree(self._uri)
-
     def rmtree(self) -> None:
         """Removes the folder and everything below it."""
         _store(self._uri).rmtree(self._uri)
+
+    rmdir = rmtree
 
     def replace(self, target: object) -> UriPath:
         """Renames onto ``target`` (replacing it); see the module

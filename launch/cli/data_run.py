@@ -163,11 +163,9 @@ def run_tf_config(args: argparse.Namespace) -> int:
         paths = write_tf_config_files(spec, args.out)
         print_result(args, {"files": paths}, "\n".join(map(str, paths)))
     elif args.json:
-        tasks = {}
-        for config in tf_configs_for_all_tasks(spec):
-            data = config.to_dict()
-            tasks[f"{data['task']['type']}-{data['task']['index']}"] = data
-        print_json(tasks)
+        tasks = [config.to_dict() for config in tf_configs_for_all_tasks(spec)]
+        print_json({f"{t['task']['type']}-{t['task']['index']}": t
+                    for t in tasks})
     else:
         for config in tf_configs_for_all_tasks(spec):
             print(config.to_json())

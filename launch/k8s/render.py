@@ -165,14 +165,12 @@ def to_yaml(objects: Sequence[dict[str, Any]]) -> str:
 def storage_warnings(job: K8sJob) -> list[str]:
     """Local paths every pod must share: they need ``--pvc`` (mounted at
     the same path) or an object-store URI."""
-    out = []
-    for flag, value in (("--data", job.data), ("--workdir", job.workdir)):
-        if is_local(value) and job.pvc is None:
-            out.append(
-                f"psrec k8s render: warning: {flag} {value} is a local path: "
-                "every pod must see it (give --pvc CLAIM and a path under "
-                f"/mnt/psrec, or an object-store URI such as gs://...).")
-    return out
+    return [f"psrec k8s render: warning: {flag} {value} is a local path: "
+            "every pod must see it (give --pvc CLAIM and a path under "
+            f"/mnt/psrec, or an object-store URI such as gs://...)."
+            for flag, value in (("--data", job.data),
+                                ("--workdir", job.workdir))
+            if is_local(value) and job.pvc is None]
 
 
 def write_outputs(job: K8sJob, text: str, out: str | None) -> list[str]:

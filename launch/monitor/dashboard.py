@@ -75,11 +75,9 @@ def panels() -> list[dict[str, Any]]:
 
 def grafana_dashboard(job_name: str) -> dict[str, Any]:
     """The Grafana dashboard JSON of the job ``job_name``."""
-    laid_out = []
-    for index, panel in enumerate(panels()):
-        laid_out.append({**panel, "id": index + 1, "gridPos": {
-            "x": 12 * (index % 2), "y": 8 * (index // 2), "w": 12,
-            "h": 8}})
+    laid_out = [{**panel, "id": index + 1, "gridPos": {
+        "x": 12 * (index % 2), "y": 8 * (index // 2), "w": 12, "h": 8}}
+        for index, panel in enumerate(panels())]
     return {
         "title": f"psrec: {job_name}",
         "uid": _uid(job_name), "tags": ["psrec"], "editable": True,

@@ -1,23 +1,13 @@
 """Prometheus ``/metrics`` and ``/healthz`` of a training run, served from
-the coordinator's heartbeat file.
+the coordinator's heartbeat file (which process serves them, and what
+they answer: ``docs/monitoring.md``).
 
-The coordinator already publishes what it is doing in ``heartbeat.json``
-(:mod:`psrec.launch.monitor.heartbeat`): phase, step, examples, last loss, last
-eval, last checkpoint. :class:`HeartbeatCollector` reads that file at each
-scrape (a custom collector on a private registry: no global registry, no
-background state), so the same server works in whichever process can see
-the file:
-
-* the supervisor of a local cluster (it also knows the restarts per role);
-  its socket is bound before the run enters its private network namespace
-  (:mod:`psrec.launch.cli.metrics_flags`), so it stays reachable from outside;
-* the coordinator itself when it coordinates an existing cluster
-  (``TF_CONFIG`` / ``--cluster``: the Kubernetes chief), in a daemon thread.
-
-``/healthz``: 200 while the heartbeat is fresher than the stall timeout (or
-the run finished), else 503 with a one-line reason; heartbeats older than
-the server (a previous run's file) count as missing. Fresh or stale is
-judged as the supervisor judges it (:class:`~psrec.launch.monitor.
+:class:`HeartbeatCollector` reads ``heartbeat.json``
+(:mod:`psrec.launch.monitor.heartbeat`) at each scrape: a custom collector
+on a private registry, no global registry, no background state, so the
+same server works in whichever process can see the file. Heartbeats older
+than the server (a previous run's file) count as missing; fresh or stale
+is judged as the supervisor judges it (:class:`~psrec.launch.monitor.
 heartbeat.HeartbeatMonitor`: the time since this server saw the heartbeat
 change, on its own monotonic clock).
 """
