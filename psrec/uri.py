@@ -5,14 +5,11 @@
 never put through it: :func:`join`, :func:`parent` and :func:`name` keep the
 ``scheme://`` intact, and act as :mod:`os.path` does on a local path.
 
-Two libraries reach remote storage, and each knows other schemes:
-TensorFlow's ``tf.io.gfile`` (TFRecords, checkpoints, TensorBoard, the small
-JSON files of a run: ``gs://`` and ``ram://`` built in, ``s3://`` or
-``hdfs://`` only with a filesystem plugin such as ``tensorflow-io``) and
-``pyarrow.fs`` (Parquet: ``s3://`` -- its endpoint from the standard
-``AWS_ENDPOINT_URL`` -- ``gs://``, ``hdfs://``). :func:`require_tf_filesystem`
-and :func:`arrow_filesystem` turn a scheme the library lacks into a
-one-line :class:`~psrec.errors.ConfigError` naming the URI and the way out.
+Two libraries reach remote storage, each with its own schemes (which
+serves what: docs/kubernetes.md, "Object storage"): ``tf.io.gfile`` and
+``pyarrow.fs``. :func:`require_tf_filesystem` and :func:`arrow_filesystem`
+turn a scheme the library lacks into a one-line
+:class:`~psrec.errors.ConfigError` naming the URI and the way out.
 TensorFlow is imported on first use only.
 """
 

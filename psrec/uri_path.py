@@ -9,11 +9,10 @@ behaviour is exactly pathlib's) and a :class:`UriPath` for a URI. A
 files of one run can sit side by side in one bucket.
 
 Publication: :meth:`UriPath.replace` renames (``tf.io.gfile.rename``, or
-``pyarrow``'s ``move``). On an object store a rename is a server-side copy
-and a delete, not atomic for a folder, but every object appears whole or
-not at all; psrec therefore publishes multi-file outputs with a marker
-written last (``manifest.json`` of a conversion, TensorFlow's ``checkpoint``
-state file, ``best.json``) and readers trust only what a marker lists.
+``pyarrow``'s ``move``). On an object store that is a server-side copy,
+whole per object but not atomic for a folder, so multi-file outputs are
+published with a marker written last (docs/kubernetes.md, "Atomic
+publication").
 """
 
 from __future__ import annotations

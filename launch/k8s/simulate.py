@@ -9,11 +9,9 @@ the container asks for ``nvidia.com/gpu`` (as in Kubernetes). The Service
 hosts of TF_CONFIG are mapped to free loopback ports, one per task, and
 the coordinator's metrics port to another, since every pod shares this
 machine's one network. All pods start at once, as in a cluster: the
-coordinator waits for its tasks itself. Meanwhile the pods' startup and
-liveness probes are tried as the kubelet would (TCP connect, HTTP GET)
-and their first success recorded. When the coordinator exits every other
-pod is stopped (``cleanPodPolicy: Running``); the result is the
-coordinator's exit code. One attempt per pod: no restarts are simulated.
+coordinator waits for its tasks itself. Probes (TCP connect, HTTP GET;
+first success recorded), the stop of every pod when the coordinator exits
+(``cleanPodPolicy: Running``) and the exit code: docs/kubernetes.md.
 
 Run as the ``psrec`` command, the simulation enters a private network
 namespace first (:mod:`psrec.launch.local.netns`), so none of its servers is
