@@ -10,11 +10,7 @@ servers beside it are not. The bound socket crosses the ``exec`` as an
 inherited file descriptor named in ``PSREC_METRICS_FD``, which the
 re-executed process takes (and removes from the environment, so no child
 sees it). Binding first also makes a taken port a one-line error before any
-data is prepared.
-
-Bind address: loopback (``127.0.0.1``) by default, so a local run exposes
-nothing; the Kubernetes manifests pass ``--metrics-host 0.0.0.0`` (the
-NetworkPolicy admits the metrics port only from the monitoring namespace).
+data is prepared. The bind address and what it exposes: docs/monitoring.md.
 """
 
 from __future__ import annotations

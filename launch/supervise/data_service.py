@@ -9,13 +9,9 @@ when it dies (:meth:`LocalDataService.keep`).
 The dispatcher runs in fault-tolerant mode with its journal in the run
 state folder (``data-service-journal``, emptied when the launcher starts,
 so a rerun never joins the jobs of an earlier run): a restarted dispatcher
-recovers the jobs, the iterations and the files it had handed out, and the
-training workers' iterators reconnect to it by themselves (TF 2.21,
-measured: see ``tests/test_data_service.py``), so the coordinator goes on.
-Without the journal they do not: their next read fails with "Unknown
-iteration client id ... The dispatcher is not configured to be fault
-tolerant" (NotFound) and the coordinator exits 1. What the dead tf.data
-workers had read ahead is not re-read (at-most-once).
+recovers its jobs and the training workers' iterators reconnect to it by
+themselves (``tests/test_data_service.py``). What that guarantees, and
+how a run without the journal fails: docs/reliability.md.
 """
 
 from __future__ import annotations
