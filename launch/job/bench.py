@@ -67,12 +67,11 @@ def synthetic_dataset_fn(spec: FeatureSpec, batch_size: int,
             label = tf.cast(tf.random.stateless_uniform(
                 [batch_size], seed=seed + 2) < tf.sigmoid(logit), tf.float32)
             ids = raw + offsets
-            out = {DENSE_COLUMN: dense, spec.label.name: label,
-                   ID_COLUMN: tf.zeros([batch_size], tf.int64),
-                   PIPELINE_COLUMN: pipeline}
-            for j, feature in enumerate(spec.categorical):
-                out[feature.name] = ids[:, j]
-            return out
+            return {DENSE_COLUMN: dense, spec.label.name: label,
+                    ID_COLUMN: tf.zeros([batch_size], tf.int64),
+                    PIPELINE_COLUMN: pipeline,
+                    **{feature.name: ids[:, j]
+                       for j, feature in enumerate(spec.categorical)}}
 
         return tf.data.Dataset.range(2 ** 62).map(
             batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
