@@ -176,24 +176,18 @@ def to_dict(config: Any) -> dict[str, Any]:
             for field in dataclasses.fields(config)}
 
 
-def known_keys(cls: Any, data: dict[str, Any], where: str) -> None:
-    """``data`` has only field names of ``cls``; the error names the
-    unknown keys (prefixed ``where.``) and the known ones."""
-    known = [field.name for field in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(known))
+def from_dict(cls: Any, data: dict[str, Any], where: str = "") -> Any:
+    """Rebuilds ``cls`` from :func:`to_dict`'s data: each field through its
+    option's ``decode``, a nested configuration through its class's
+    ``from_dict``; a missing key takes the field default, an unknown one
+    is refused (named with the prefix ``where.``, beside the known ones)."""
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
         named = [f"{where}.{key}" if where else key for key in unknown]
         scope = f" in {where!r}" if where else ""
         raise ConfigError(f"unknown job keys {named}; known{scope}: "
-                          f"{', '.join(known)}.")
-
-
-def from_dict(cls: Any, data: dict[str, Any], where: str = "") -> Any:
-    """Rebuilds ``cls`` from :func:`to_dict`'s data: each field through its
-    option's ``decode``, a nested configuration through its class's
-    ``from_dict``; a missing key takes the field default."""
-    known_keys(cls, data, where)
-    fields = {field.name: field for field in dataclasses.fields(cls)}
+                          f"{', '.join(fields)}.")
     values = {}
     for key, value in data.items():
         field = fields[key]
