@@ -99,11 +99,8 @@ def given(args: argparse.Namespace, dest: str) -> bool:
 def refuse_given_out_of_scope(args: argparse.Namespace,
                               strategy: str) -> None:
     """A flag the user gave under a strategy it does not apply to is
-    refused, whatever its value (the default too).
-
-    Raises:
-      ConfigError: naming the flag and the strategies it applies to.
-    """
+    refused, whatever its value (the default too): a ConfigError naming
+    the flag and the strategies it applies to."""
     for flag, strategies in getattr(args, _GIVEN, {}).values():
         if strategies is not None and strategy not in strategies:
             raise scope_error(flag, strategy, strategies, "--strategy")

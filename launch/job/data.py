@@ -30,9 +30,8 @@ from psrec.uri_path import as_path
 
 def input_pipelines(config: JobConfig) -> int:
     """Processes that read their own share of the train files."""
-    if config.strategy.kind in ("ps", "multi-worker-mirrored"):
-        return config.workers
-    return 1
+    return (config.workers if config.strategy.kind in (
+        "ps", "multi-worker-mirrored") else 1)
 
 
 def prepare_data(config: JobConfig, log=print, *,

@@ -118,8 +118,7 @@ class ProgressReporter:
         done = (step - self.start_step) / max(1, self.total - self.start_step)
         width = 24
         filled = int(width * min(1.0, done))
-        bar = "=" * filled + (">" if filled < width else "") + " " * max(
-            0, width - filled - 1)
+        bar = ("=" * filled + ">")[:width].ljust(width)
         elapsed = self._clock() - self._began
         eta = elapsed / done - elapsed if done > 0 else float("nan")
         extra = f" {self._extra()}" if self._extra else ""
