@@ -27,9 +27,7 @@ def scheme(path: object) -> str:
     """The URI scheme of ``path`` in lower case; ``""`` for a local path
     (``file://`` URIs included: they are local)."""
     match = _SCHEME_RE.match(str(path))
-    if match is None:
-        return ""
-    found = match.group(1).lower()
+    found = match.group(1).lower() if match else ""
     return "" if found == "file" else found
 
 

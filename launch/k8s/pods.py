@@ -165,10 +165,9 @@ _LABEL_FIELD = re.compile(r"^metadata\.labels\['([^']+)'\]$")
 
 def _field(path: str, pod: str, namespace: str,
            labels: dict[str, str]) -> str:
-    if path == "metadata.name":
-        return pod
-    if path == "metadata.namespace":
-        return namespace
+    fields = {"metadata.name": pod, "metadata.namespace": namespace}
+    if path in fields:
+        return fields[path]
     match = _LABEL_FIELD.match(path)
     if match and match.group(1) in labels:
         return labels[match.group(1)]
