@@ -1,31 +1,15 @@
 """``psrec spec infer``: a feature spec written from the data.
 
-One pass of statistics (``data.infer.stats``) decides each column:
-
-* the ``label`` column: 0/1 (ints, floats or bools) unless a threshold is
-  given;
-* floats, and ints with more than ``CODE_MAX_DISTINCT`` distinct values
-  whose name does not look like an id, are dense: ``log1p`` when
-  non-negative and heavy-tailed (max > 100 x median, or 100 x mean when the
-  median is 0), else ``standardize`` with the computed mean and std;
-* strings, id-named ints and ints with few distinct values are
-  categorical: strings with at most ``vocab_max`` distinct values get a
-  vocabulary file (``vocab/<col>.txt`` beside the spec), the others hash
-  buckets (the next power of two >= 2 x distinct, at most ``max_buckets``);
-* list columns of strings or ints are multi-hot with ``max_length`` = the
-  95th percentile of their lengths (at least 2);
-* time columns (``data.infer.times``) are the sources of derived
-  ``hour_of_day`` and ``day_of_week`` features (vocabularies of their 24
-  and 7 values), not features themselves;
-* constant columns, id-like ones (distinct >= 90% of the non-null rows, at
-  least 20 of them; not floats), bools, other types and ``exclude`` are left
-  out, each with a note.
-
-All categorical features share one table (``categorical``), each in its own
-row range (``row_offset``), the layout of the ``criteo`` preset; its ``dim``
-is ``min(64, 6 x distinct ** 0.25)`` of the largest feature, rounded up to a
-multiple of 4 (at least 8). The spec is written as commented YAML and
-checked by loading it back.
+One pass of statistics (``data.infer.stats``) decides each column by the
+rules of ``docs/data.md`` ("Specs written by psrec"); the details it leaves
+out: ``label`` is 0/1 (ints, floats or bools) unless a threshold is given;
+heavy-tailed is max > 100 x median, or 100 x mean when the median is 0;
+few distinct values is at most ``CODE_MAX_DISTINCT``; a multi-hot
+``max_length`` is at least 2; an id-like column has at least 20 distinct
+values and is not floats. The shared table (``categorical``, the layout of
+the ``criteo`` preset) has the ``dim`` ``min(64, 6 x distinct ** 0.25)`` of
+the largest feature, rounded up to a multiple of 4 (at least 8). The spec
+is written as commented YAML and checked by loading it back.
 """
 
 from __future__ import annotations

@@ -2,17 +2,11 @@
 
 ``make_train_dataset_fn`` returns the ``dataset_fn(input_context)`` that
 ``ClusterCoordinator.create_per_worker_dataset`` and
-``distribute_datasets_from_function`` call once per input pipeline. Files are
-sharded **by file** across pipelines: each pipeline reads only its own
-shards (never every worker reading every file -- the classic failure where
-loss jumps when going from 1 to 4 workers).
-
-Pipeline: shard files -> the files of each epoch in a seeded order, each
-tagged with its epoch -> interleave records -> shuffle records (seeded) ->
-batch block records -> parse the batch (vectorised) and shuffle its rows
-(stateless, seeded) -> rebatch to the per-replica batch size -> prefetch.
-Every row carries its epoch (:data:`EPOCH_COLUMN`) so the coordinator can
-count which train rows each epoch visited.
+``distribute_datasets_from_function`` call once per input pipeline; the
+sharding **by file** and the pipeline's stages: ``docs/data.md``
+("Per-worker input"). Each file is tagged with its epoch, and every row
+carries it (:data:`EPOCH_COLUMN`) so the coordinator can count which train
+rows each epoch visited.
 
 Two input modes (``InputConfig.mode``):
 

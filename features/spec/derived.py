@@ -1,31 +1,11 @@
 """Derived features: columns computed from raw columns by the spec, with the
 same TensorFlow ops at conversion and inside the exported serving function.
 
-A derived feature is named in the spec's ``derived`` list and used by a
-categorical feature of the same name (its values are strings, hashed or
-looked up like any categorical value; ``""`` is missing)::
-
-    derived:
-      - {name: hour, kind: hour_of_day, sources: [ts]}        # epoch seconds
-      - {name: weekday, kind: day_of_week, sources: [hour_ymdh],
-         pattern: YYMMDDHH}                                   # Avazu's hour
-      - {name: price_band, kind: bucketize, sources: [price],
-         boundaries: [1, 10, 100]}
-      - {name: site_x_app, kind: cross, sources: [site_id, app_id]}
-
-* ``hour_of_day`` (0-23) and ``day_of_week`` (0 = Monday .. 6) read a time:
-  epoch seconds (``pattern`` left out; an int64 column, ``-1`` or null is
-  missing; UTC), ``pattern: epoch_ms`` (epoch milliseconds), or a string
-  (or an int's decimal digits) in a fixed-width ``pattern`` made of
-  ``YYYY``, ``YY`` (20YY), ``MM``, ``DD``, ``HH``, ``mm``, ``ss`` and literal
-  characters. A value that does not match is missing.
-* ``bucketize`` gives the index of the bucket of a number: ``i`` when
-  ``boundaries[i-1] <= x < boundaries[i]`` (0 below the first, ``len`` at or
-  above the last); NaN or null is missing. It reads the raw value (before a
-  dense transform).
-* ``cross`` joins the values of two or more single-valued categorical (or
-  earlier derived) features, so each combination hashes to its own bucket:
-  the wide part of Wide & Deep.
+A derived feature is named in the spec's ``derived`` list and used by the
+categorical feature of its name (string values, ``""`` is missing); the
+kinds (``hour_of_day``, ``day_of_week``, ``bucketize``, ``cross``), their
+sources and patterns: ``docs/feature-spec.md``, "Derived features".
+``bucketize`` reads the raw value (before a dense transform).
 """
 
 from __future__ import annotations

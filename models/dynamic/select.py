@@ -2,23 +2,16 @@
 
 :func:`maintenance_ops` is traced into a ``tf.function`` under
 ``tf.device(<the PS holding the shard's map, pending table and row
-statistics>)``, once per shard (``models.dynamic.shards``): the pending
-counts, ``row_ids``, ``freq`` and ``last_seen`` are read, selected from and
-updated where they live. The coordinator only launches the function (at a join
-boundary: it stays the maps' only writer) and receives the rows given to
-newly admitted ids (O(admitted)) and the number evicted, never the
-statistics themselves: a 100M-row table's ~2.4 GB of statistics do not cross
-the network at every maintenance.
+statistics>)``, once per shard (``models.dynamic.shards``); the coordinator
+receives only the rows given out and the numbers evicted (the design:
+``docs/feature-spec.md``, "Dynamic, collisionless tables").
 
-Within a shard, ids seen ``admit_threshold`` times are admitted most seen
-first (ties: the pending table's order) into free rows (lowest first), then
-into evicted rows: ``lfu`` takes the rows read least often (ties: least
-recently), only while a row was read less often than the id waiting for
-it; ``ttl`` takes rows not read for more than ``ttl_steps``, the longest
-unread first. Victims are chosen by a top-k of the coldest (:func:`coldest`,
-k: the ids waiting that found no free row), not a sort of the shard's used
-rows. After it at most ``capacity`` ids stay pending: the least seen are
-forgotten.
+Ids seen ``admit_threshold`` times are admitted most seen first (ties: the
+pending table's order) into free rows (lowest first), then into evicted
+rows: ``lfu`` the least read (ties: least recently), only while read less
+often than the id waiting; ``ttl`` rows unread for more than
+``ttl_steps``, the longest unread first. Victims are a top-k of the
+coldest (:func:`coldest`), not a sort of the shard's used rows.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The shards of a dynamic table: one map, pending table and statistics
 shard per embedding shard, on the PS task holding that shard's rows.
 
-A dynamic table's embedding variable is split by the partitioner into
-shards of consecutive rows (``models.embedding.sparse_arch``). Shard ``k`` of the
-table's id -> row map holds the admitted ids whose (global) row lies in
-embedding shard ``k``'s range, and its pending table the ids waiting whose
-owner is ``k`` (:func:`owner`: ``id mod`` the number of shards that have
-rows to give). Each shard admits its own pending ids into its own free rows
-(or its own LFU/TTL victims), on its own PS: capacity, LFU/TTL and the
-bound on pending ids (at most a shard's capacity after each maintenance)
-are per shard, no PS holds the whole map and maintenance never moves
-statistics between tasks.
+Shard ``k`` of the id -> row map holds the admitted ids whose (global) row
+lies in embedding shard ``k``'s range, its pending table the waiting ids
+whose owner is ``k`` (:func:`owner`); why, and what is per shard:
+``docs/feature-spec.md``, "Dynamic, collisionless tables".
 
 :class:`ShardedMap` saves the shards of one map as ONE table (the keys and
 values of all shards, ``<path>/.ATTRIBUTES/table-keys`` / ``table-values``,
 the form a single ``MutableHashTable`` saves, after a marker pair of key
--1 so that an empty map still saves a tensor): a checkpoint does not depend
-on the shard count, and a restore routes each pair to the shard that owns
-it now (the map: by row; pending counts: by id), so a table restores on
-another PS or shard count.
+-1 so that an empty map still saves a tensor): a restore routes each pair
+to the shard that owns it now (the map: by row; pending counts: by id).
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """A dynamic, collisionless embedding table: raw 64-bit ids admitted to rows.
 
-Per ``mode: dynamic`` table (``features.spec.dynamic``) a :class:`DynamicTable`
-holds, beside the table's ordinary (sharded) embedding variable of
-``capacity + 1`` rows whose last row is the shared default row, one shard
-of its state per embedding shard, on the PS task holding that embedding
-shard's rows (which ids each shard holds and admits:
-``models.dynamic.shards``):
-
-* ``map``: id -> (global) row of the admitted ids;
-* ``counts``: id -> times seen of the ids waiting for admission (pending);
-* ``row_ids`` (the id each row holds, -1: free, -2: the default row -- the
-  free list and the reverse map), ``freq`` (times each row was read in
-  training, from its admission on) and ``last_seen`` (the step it was last
-  read): ``ShardedVariable`` s cut as the embedding is, each shard
-  colocated with its embedding shard; ``clock`` (the step of the last
-  maintenance) and the ``admitted`` / ``evicted`` totals, with shard 0.
-
-Hash tables are placed by an explicit ``tf.device`` (under
-``ParameterServerStrategy`` a table created in the strategy's scope lands
-on the coordinator and fails when workers use it); without PS tasks
-everything is local, one shard.
-
-Workers only read the maps (:meth:`DynamicTable.rows`): an unknown id
-reads the default row, whose gradient is dropped, and its count goes up by
-one per occurrence (a read and an insert, not atomic: two closures counting
-the same id at once may lose an increment, which only delays its
-admission). Rows are assigned only by :meth:`DynamicTable.maintain`, at a
-join boundary (no closure in flight): it is the only writer of the maps,
-so two ids never share a row.
+The design (rows and shards, workers, maintenance, checkpoints) is in
+``docs/feature-spec.md``, "Dynamic, collisionless tables". Per shard of the
+table's embedding variable (``models.dynamic.shards``) a
+:class:`DynamicTable` holds ``map`` (id -> global row of the admitted ids)
+and ``counts`` (pending ids' times seen), and the ``ShardedVariable`` s
+``row_ids`` (-1: free, -2: the default row), ``freq`` and ``last_seen``
+cut as the embedding is; ``clock`` and the ``admitted`` / ``evicted``
+totals live with shard 0. Hash tables are placed by an explicit
+``tf.device`` (one created in the strategy's scope lands on the
+coordinator). Workers only read the maps (:meth:`DynamicTable.rows`);
+:meth:`DynamicTable.maintain`, at a join boundary, is their only writer.
 """
 
 from __future__ import annotations

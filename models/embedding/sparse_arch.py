@@ -205,3 +205,17 @@ class SparseArch(tf_keras.layers.Layer):
         wide_logit = tf.add_n(
             [tf.reshape(wide[f.name], [-1]) for f in self.spec.categorical])
         return ordered, wide_logit
+
+
+class ShardedTablesModel(tf_keras.Model):
+    """A model over a ``sparse_arch`` (:class:`SparseArch`): its variables
+    split between the sparse and the dense optimizer."""
+
+    def embedding_variables(self) -> list[tf.Variable]:
+        """Shard variables of every table: trained by the sparse optimizer."""
+        return self.sparse_arch.table_variables()
+
+    def dense_variables(self) -> list[tf.Variable]:
+        """Every other trainable variable: trained by the dense optimizer."""
+        tables = {id(v) for v in self.embedding_variables()}
+        return [v for v in self.trainable_variables if id(v) not in tables]

@@ -23,6 +23,7 @@ import tf_keras
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import transform_dense
+from psrec.models.embedding.sparse_arch import ShardedTablesModel
 from psrec.models.embedding.sparse_arch import SparseArch
 from psrec.models.ranking.blocks import MLP
 from psrec.models.ranking.config import COMMON_WIDTH_INTERACTIONS
@@ -32,7 +33,7 @@ from psrec.models.ranking.config import initial_logit
 from psrec.models.ranking.interaction import make_interaction
 
 
-class RankingModel(tf_keras.Model):
+class RankingModel(ShardedTablesModel):
     """A CTR ranking model built from a feature spec.
 
     Every named model works on every spec with at least one categorical
@@ -134,15 +135,6 @@ class RankingModel(tf_keras.Model):
             logit += tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
                              tf.float32)
         return logit
-
-    def embedding_variables(self) -> list[tf.Variable]:
-        """Shard variables of every table: trained by the sparse optimizer."""
-        return self.sparse_arch.table_variables()
-
-    def dense_variables(self) -> list[tf.Variable]:
-        """Every other trainable variable: trained by the dense optimizer."""
-        tables = {id(v) for v in self.embedding_variables()}
-        return [v for v in self.trainable_variables if id(v) not in tables]
 
 
 def _mixed_precision() -> bool:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 
 import tensorflow as tf
-import tf_keras
 
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import transform_dense
+from psrec.models.embedding.sparse_arch import ShardedTablesModel
 from psrec.models.embedding.sparse_arch import SparseArch
 from psrec.models.ranking.blocks import MLP
 from psrec.models.ranking.config import ModelConfigError
@@ -35,7 +35,7 @@ def check_retrieval_spec(spec: FeatureSpec) -> None:
             "none: add them (see --spec movielens-retrieval).")
 
 
-class RetrievalModel(tf_keras.Model):
+class RetrievalModel(ShardedTablesModel):
     """Query and candidate towers over shared, PS-sharded tables (``spec``
     has ``towers``)."""
 
@@ -88,15 +88,6 @@ class RetrievalModel(tf_keras.Model):
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
         return (self.query_embedding(batch, training),
                 self.candidate_embedding(batch, training))
-
-    def embedding_variables(self) -> list[tf.Variable]:
-        """Shard variables of every table: trained by the sparse optimizer."""
-        return self.sparse_arch.table_variables()
-
-    def dense_variables(self) -> list[tf.Variable]:
-        """Both towers' weights: trained by the dense optimizer."""
-        tables = {id(v) for v in self.embedding_variables()}
-        return [v for v in self.trainable_variables if id(v) not in tables]
 
 
 def build_retrieval_model(spec: FeatureSpec, config: RetrievalConfig

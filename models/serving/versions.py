@@ -1,22 +1,14 @@
-"""Versioned export folders, as TF Serving expects them.
+"""Versioned export folders, as TF Serving expects them: ``EXPORT_DIR/<n>/``,
+one complete SavedModel per positive integer version.
 
-An export folder (the "versioned root") holds one sub-folder per model
-version, named by a positive integer: ``EXPORT_DIR/1/``, ``EXPORT_DIR/2/``
-... each a complete SavedModel. TF Serving serves the highest version (by
-default) and picks up a new one when its folder appears, so a version is
-published whole or not at all, and never changed once published:
-
-* it is written into a hidden sibling ``EXPORT_DIR/.tmp-<version>-<pid>``
-  (not a version: the name is no integer) and renamed into place -- one
-  atomic rename on a local filesystem;
-* on a store without a directory rename (object stores: ``gs://``,
-  ``s3://``, ``ram://``), its files are copied into place with
-  ``saved_model.pb`` last: a version folder counts as complete only once
-  it holds ``saved_model.pb``, for psrec's readers (:func:`resolve`) and
-  for TF Serving's loader alike;
-* an existing version is never overwritten; on any failure the temporary
-  folder is removed and no version folder remains.
-
+TF Serving picks up a new version when its folder appears, so a version is
+published whole or not at all and never changed: it is written into a
+hidden sibling ``EXPORT_DIR/.tmp-<version>-<pid>`` (no integer: not a
+version) and renamed into place or, on a store without a directory rename
+(``gs://``, ``s3://``, ``ram://``), copied with ``saved_model.pb`` last (a
+folder is complete only once it holds it, for :func:`resolve` and TF
+Serving alike). An existing version is never overwritten; on any failure
+the temporary folder is removed. Numbering: ``docs/checkpoints-and-export.md``.
 All file access is through ``tf.io.gfile``, so every path may be a URI.
 """
 
