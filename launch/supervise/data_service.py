@@ -79,7 +79,7 @@ class LocalDataService:
         local cluster's roles start meanwhile): :meth:`wait_ready` blocks
         until the dispatcher listens."""
         shutil.rmtree(self.journal, ignore_errors=True)
-        self._spawn(wait=False)
+        self._spawn()
         self.log(f"tf.data service: dispatcher {self.address} + "
                  f"{self.workers} tf.data workers, one process (data pid "
                  f"{self.process.pid}; journal {self.journal})")
@@ -101,6 +101,7 @@ class LocalDataService:
                 f"); see {self._log_path()}; rerun to resume from the "
                 "latest checkpoint")
         self._spawn()
+        self.wait_ready()
         self.log(f"psrec supervisor: tf.data service restarted on "
                  f"{self.address} (data pid {self.process.pid}) from its "
                  "journal; the training workers reconnect")
@@ -133,12 +134,10 @@ class LocalDataService:
                        self._log_path(), time.monotonic() + START_TIMEOUT,
                        START_TIMEOUT)
 
-    def _spawn(self, wait: bool = True) -> None:
+    def _spawn(self) -> None:
         path = self._log_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         self.process = spawn(psrec_command(
             "psrec", "data-server", "--role", "dispatcher", "--port",
             str(self.port), "--local-workers", str(self.workers),
             "--work-dir", str(self.journal), "--run-dir", self.run_dir), path)
-        if wait:
-            self.wait_ready()
