@@ -83,8 +83,7 @@ class _Executor:
     def __init__(self, build: Callable[[int], Callable], config: LoopConfig,
                  hooks: LoopHooks) -> None:
         self.config = config
-        self._build = build
-        self._functions: dict[int, Callable] = {}
+        self._build = build  # the caller keeps what it built (Trainer)
         self.closure_seconds: list[float] = []  # where the function ran
         # Calls finished per input pipeline (= per PS worker): shows which
         # workers do the work, e.g. that a restarted worker works again.
@@ -97,11 +96,6 @@ class _Executor:
         self.should_stop = hooks.should_stop
         self.tally = hooks.tally
         self.maintainer = hooks.maintainer
-
-    def _function(self, steps: int) -> Callable:
-        if steps not in self._functions:  # K, and maybe a shorter tail
-            self._functions[steps] = self._build(steps)
-        return self._functions[steps]
 
     def _record(self, step: int, values, on_result: OnResult) -> None:
         loss_sum, examples, seconds, pipeline, not_run, *rows = values
@@ -160,7 +154,7 @@ class ClosureExecutor(_Executor):
         for the others until the next join."""
         reached = start
         for steps, step in self._chunks(start, end):
-            value = self.coordinator.schedule(self._function(steps),
+            value = self.coordinator.schedule(self._build(steps),
                                               args=(self._iterator,))
             self._pending.append(
                 (step, fetched(functools.partial(self._fetch, value))))
@@ -257,7 +251,7 @@ class DirectExecutor(_Executor):
         reached = start
         for steps, step in self._chunks(start, end):
             self.in_flight = 1
-            values = self._function(steps)(self._iterator)
+            values = self._build(steps)(self._iterator)
             self.in_flight = 0
             self._record(step, values, on_result)
             reached = step

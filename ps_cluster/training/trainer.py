@@ -179,6 +179,7 @@ class Trainer:
             spec.label, loss_scale=self.loss_scale,
             prepare_table_grads=self._padding())
         self.executor = self.eval_beat = None  # set by train()
+        self._train_functions: dict[tuple[int, bool], Callable] = {}
         self.coverage_rows: int | None = None  # set by dataset_fn
         # Seconds the last checkpoint save took (None: none yet); an
         # interrupted run's estimate of whether a save fits its grace period.
@@ -286,10 +287,9 @@ class Trainer:
 
     def _executor(self, dataset_fn: DatasetFn, loop: LoopConfig,
                   should_stop: Callable[[], bool] | None):
-        rows = self.coverage_rows is not None  # count rows: psrec's data
         build = functools.partial(
-            make_train_function, self.strategy, self.step,
-            micro_batches=self.micro_batches, with_rows=rows)
+            self._train_function,
+            with_rows=self.coverage_rows is not None)  # count rows: psrec's
         hooks = LoopHooks(should_stop=should_stop or (lambda: False),
                           tally=new_tally(self.coverage_rows),
                           maintainer=dynamic_maintainer(self))
@@ -297,6 +297,18 @@ class Trainer:
             return ClosureExecutor(self.coordinator, build, dataset_fn,
                                    self.num_workers, loop, hooks)
         return DirectExecutor(self.strategy, build, dataset_fn, loop, hooks)
+
+    def _train_function(self, steps: int, with_rows: bool) -> Callable:
+        """The traced train function of ``steps`` steps (``K``, and maybe a
+        shorter tail), kept across :meth:`train` calls: a later call (the
+        timed run of ``psrec bench``, the next partition of a continuous
+        run) reuses the trace and what the workers already hold of it."""
+        key = (steps, with_rows)
+        if key not in self._train_functions:
+            self._train_functions[key] = make_train_function(
+                self.strategy, self.step, steps,
+                micro_batches=self.micro_batches, with_rows=with_rows)
+        return self._train_functions[key]
 
     def best_tracker(self, loop: LoopConfig) -> BestTracker | None:
         """The chief's keeper of the best checkpoint (None: no checkpoints,
