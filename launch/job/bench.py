@@ -80,8 +80,10 @@ def synthetic_dataset_fn(spec: FeatureSpec, batch_size: int,
     return dataset_fn
 
 
-def _workload(config: BenchConfig) -> tuple[FeatureSpec, ModelConfig,
-                                             OptimizerConfig]:
+def workload(config: BenchConfig) -> tuple[FeatureSpec, ModelConfig,
+                                            OptimizerConfig]:
+    """The bench's spec, model and optimizers (also
+    ``benchmarks/repeated_train.py``'s)."""
     spec = criteo(buckets=config.buckets, dim=config.dim)
     model = model_config(config.model)
     optimizer = OptimizerConfig(sparse="adagrad", dense="adagrad",
@@ -110,7 +112,7 @@ def _result(config: BenchConfig, seconds: float, closure_seconds: list[float],
 def _measure(config: BenchConfig, strategy, on_ps_workers: bool) -> dict:
     """Warm-up, then the timed run, of psrec's own trainer and step."""
     from psrec.ps_cluster.training.trainer import Trainer
-    spec, model_cfg, optimizer_cfg = _workload(config)
+    spec, model_cfg, optimizer_cfg = workload(config)
     trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,
                       InputConfig(batch_size=config.batch_size))
     dataset_fn = synthetic_dataset_fn(spec, config.batch_size,
