@@ -35,6 +35,7 @@ from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
 from psrec.errors import one_line
+from psrec.errors import os_error_cause
 from psrec.ps_cluster.checkpoint.save import absolute
 from psrec.ps_cluster.checkpoint.save import save_options
 from psrec.ps_cluster.checkpoint.save import save_progress
@@ -256,6 +257,17 @@ def _does_not_fit(path: str, bad: list[str]) -> RestoreError:
         "partial state.")
 
 
+def _save_cause(error: BaseException) -> str:
+    """Why a save failed, short: the OS error (``Read-only file system
+    (EROFS)``, ``No space left on device (ENOSPC)``) when the storage
+    reported one -- a save through the cluster wraps it in a long,
+    flattened graph stack -- else the TensorFlow error's own line, cut."""
+    cause = os_error_cause(error)
+    if cause is not None:
+        return cause
+    return f"{type(error).__name__}: {one_line(error)[:300]}"
+
+
 class CheckpointKeeper:
     """Saves and restores the state of a PS training job.
 
@@ -307,8 +319,8 @@ class CheckpointKeeper:
             kind = (SaveInterruptedError
                     if isinstance(error, _NETWORK_ERRORS) else SaveError)
             raise kind(
-                f"saving checkpoint {step} in {self.directory} failed "
-                f"({one_line(error)[:600]}); its partial files were "
+                f"saving checkpoint {step} in {self.directory} failed: "
+                f"{_save_cause(error)}; its partial files were "
                 f"removed ({', '.join(removed) or 'none'}), the previous "
                 f"checkpoint ({self.latest}) is intact.") from error
 
