@@ -17,6 +17,7 @@ import tempfile
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 from psrec.data.input.config import InputConfig
 from psrec.features.spec.presets import criteo
@@ -335,8 +336,6 @@ def test_repeated_saves_log_no_retracing_warning(trainer, tmp_path,
     """Every save of PS-placed variables makes a new tf.function inside
     TensorFlow (by design); its retracing detector, fresh here so that the
     saves of earlier tests do not matter, warned from the fifth save on."""
-    from tensorflow.python.eager.polymorphic_function import (
-        polymorphic_function)
     monkeypatch.setattr(polymorphic_function,
                         "_frequent_tracing_detector_manager",
                         polymorphic_function._FrequentTracingDetectorManager())

@@ -291,7 +291,10 @@ class Trainer:
             make_train_function, self.strategy, self.step,
             micro_batches=self.micro_batches, with_rows=rows)
         hooks = LoopHooks(should_stop=should_stop or (lambda: False),
-                          tally=new_tally(self.coverage_rows),
+                          tally=new_tally(
+                              self.coverage_rows,
+                              self.input_config.batch_size
+                              * self.micro_batches, self.num_workers),
                           maintainer=dynamic_maintainer(self))
         if self.is_ps:
             return ClosureExecutor(self.coordinator, build, dataset_fn,
