@@ -23,6 +23,9 @@ code   kind       meaning
 
 from __future__ import annotations
 
+import errno
+import os
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -102,3 +105,26 @@ def one_line(error: BaseException) -> str:
         line.startswith("Detected at node") or "stack traces unavailable"
         in line or line.strip().endswith("error:")))
     return kept or type(error).__name__
+
+
+# The OS errors a storage write reports (their strerror text, as
+# TensorFlow's file systems put it in a status message), longest first so
+# that no text matches inside a longer one.
+_OS_ERRORS = sorted(((os.strerror(code), name)
+                     for code, name in errno.errorcode.items()
+                     if not os.strerror(code).startswith("Unknown error")),
+                    key=lambda pair: -len(pair[0]))
+
+
+def os_error_cause(error: BaseException) -> str | None:
+    """The operating system's reason in ``error``, as ``"Read-only file
+    system (EROFS)"``: from an ``OSError``'s errno, or the strerror text a
+    TensorFlow error carries somewhere in its (possibly long, flattened)
+    message. None when it names no OS error."""
+    if isinstance(error, OSError) and error.errno in errno.errorcode:
+        return f"{os.strerror(error.errno)} ({errno.errorcode[error.errno]})"
+    message = getattr(error, "message", None) or str(error)
+    for text, name in _OS_ERRORS:
+        if text in message:
+            return f"{text} ({name})"
+    return None

@@ -318,6 +318,41 @@ def test_failed_save_leaves_no_temp_and_keeps_the_last_checkpoint(tmp_path):
     assert tf.train.load_checkpoint(first) is not None
 
 
+def test_a_save_the_folder_refuses_names_the_os_cause_and_folder(tmp_path):
+    """The save's own write fails at the OS (tests may run as root, which
+    chmod does not stop: the save's ``ckpt-2_temp`` is taken by a regular
+    file, so creating a file inside it fails with ENOTDIR -- the same path
+    through TensorFlow's file system as EROFS or ENOSPC)."""
+    from psrec.ps_cluster.checkpoint.keeper import SaveError
+    folder = tmp_path / "ckpt"
+    keeper = _keeper(folder)
+    first = keeper.save(1)
+    (folder / "ckpt-2_temp").write_text("not a folder")
+    with pytest.raises(SaveError) as failed:
+        keeper.save(2)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"saving checkpoint 2 in {folder} failed: "
+                              "Not a directory (ENOTDIR); "), message
+    assert "function_node" not in message and "[Op:" not in message
+    assert failed.value.exit_code == 1
+    assert not list(folder.glob("*_temp*")) and keeper.latest == first
+
+
+def test_the_os_cause_is_found_in_a_flattened_cluster_stack():
+    from psrec.errors import os_error_cause
+    stack = ("Graph execution error: " + "Detected at node x defined at "
+             "(most recent call last): File a.py, line 1 " * 40
+             + "/w/ckpt/ckpt-8_temp/part-00001-of-00002.data; Read-only "
+             "file system [[{{node SaveV2}}]] [Op:__inference_save_fn_93]")
+    assert len(stack) > 600
+    error = tf.errors.PermissionDeniedError(None, None, stack)
+    assert os_error_cause(error) == "Read-only file system (EROFS)"
+    assert os_error_cause(OSError(28, "x")) == (
+        "No space left on device (ENOSPC)")
+    assert os_error_cause(ValueError("a shape mismatch")) is None
+
+
 def test_partial_save_of_a_killed_run_is_removed_at_start(tmp_path):
     keeper = _keeper(tmp_path / "ckpt")
     keeper.save(1)

@@ -10,12 +10,14 @@ tiny table spans many of them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 from psrec.data.input.config import InputConfig
 from psrec.features.spec.presets import criteo
@@ -327,3 +329,32 @@ def test_progress_goes_to_the_default_only_for_large_state(
         ("init categorical", "rows", True, True),
         ("restore", "bytes", True, True), ("verify", "bytes", True, True)]
     assert recorder.tasks[0].total == rows
+
+
+def test_repeated_saves_log_no_retracing_warning(trainer, tmp_path,
+                                                 monkeypatch):
+    """Every save of PS-placed variables makes a new tf.function inside
+    TensorFlow (by design); its retracing detector, fresh here so that the
+    saves of earlier tests do not matter, warned from the fifth save on."""
+    monkeypatch.setattr(polymorphic_function,
+                        "_frequent_tracing_detector_manager",
+                        polymorphic_function._FrequentTracingDetectorManager())
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = tf.get_logger()
+    logger.addHandler(handler)
+    try:
+        keeper = CheckpointKeeper(tmp_path / "ckpt", trainer.checkpoint,
+                                  strategy=trainer.strategy)
+        assert keeper.tasks_write  # as in training: each PS writes
+        for step in range(1, 9):
+            keeper.save(step)
+        # Other warnings still pass (the filter is gone after the save).
+        logger.warning("psrec-probe: triggered tf.function retracing")
+    finally:
+        logger.removeHandler(handler)
+    messages = [r.getMessage() for r in records]
+    assert not [m for m in messages if "MultiDeviceSaver" in m], messages
+    assert "psrec-probe: triggered tf.function retracing" in messages
+    assert keeper.latest.endswith("ckpt-8")

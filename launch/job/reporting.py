@@ -114,7 +114,7 @@ def coverage_lines(summary) -> list[str]:
         if c["repeats"]:
             text += f", {c['repeats']} seen twice or more"
         if not c["finished"]:
-            text += " (not judged: mixed with the next epoch at the end)"
+            text += " (not judged: in progress when the run stopped)"
         lines.append(text)
     if summary.coverage_warning:
         lines.append(f"  WARNING: {summary.coverage_warning}")

@@ -22,6 +22,8 @@ tables that TensorFlow's restore leaves behind are restored by
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import shutil
@@ -35,6 +37,7 @@ from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import RetryableError
 from psrec.errors import one_line
+from psrec.errors import os_error_cause
 from psrec.ps_cluster.checkpoint.save import absolute
 from psrec.ps_cluster.checkpoint.save import save_options
 from psrec.ps_cluster.checkpoint.save import save_progress
@@ -256,6 +259,50 @@ def _does_not_fit(path: str, bad: list[str]) -> RestoreError:
         "partial state.")
 
 
+class _SaveRetraceFilter(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning about
+    its own per-save function (see :func:`_no_save_retrace_warning`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message
+                    and _SAVE_FUNCTION in message)
+
+
+_SAVE_FUNCTION = "MultiDeviceSaver.save.<locals>.tf_function_save"
+
+
+@contextlib.contextmanager
+def _no_save_retrace_warning():
+    """During a save, TensorFlow's retracing warning for the save function
+    is not logged. An eager save of variables on more than one task (every
+    save under ParameterServerStrategy) makes a new ``tf.function`` each
+    time, by design (TensorFlow's ``MultiDeviceSaver.save``: "this will
+    cause a function re-trace on each save ... needed to pick up the latest
+    values of options"); from the fifth save in a process, TensorFlow's
+    frequent-retracing detector called each one a user mistake (~400
+    characters, printed at each checkpoint). The retrace is TensorFlow's,
+    needed and cheap next to the save; nothing of psrec retraces."""
+    logger = tf.get_logger()
+    quiet = _SaveRetraceFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _save_cause(error: BaseException) -> str:
+    """Why a save failed, short: the OS error (``Read-only file system
+    (EROFS)``, ``No space left on device (ENOSPC)``) when the storage
+    reported one -- a save through the cluster wraps it in a long,
+    flattened graph stack -- else the TensorFlow error's own line, cut."""
+    cause = os_error_cause(error)
+    if cause is not None:
+        return cause
+    return f"{type(error).__name__}: {one_line(error)[:300]}"
+
+
 class CheckpointKeeper:
     """Saves and restores the state of a PS training job.
 
@@ -298,7 +345,7 @@ class CheckpointKeeper:
                     for t in live_tensors(self.checkpoint).values())
         prefix = f"{self.manager.directory}/ckpt-{step}"
         try:
-            with save_progress(prefix, state):
+            with save_progress(prefix, state), _no_save_retrace_warning():
                 return self.manager.save(
                     checkpoint_number=step,
                     options=save_options(self.tasks_write))
@@ -307,8 +354,8 @@ class CheckpointKeeper:
             kind = (SaveInterruptedError
                     if isinstance(error, _NETWORK_ERRORS) else SaveError)
             raise kind(
-                f"saving checkpoint {step} in {self.directory} failed "
-                f"({one_line(error)[:600]}); its partial files were "
+                f"saving checkpoint {step} in {self.directory} failed: "
+                f"{_save_cause(error)}; its partial files were "
                 f"removed ({', '.join(removed) or 'none'}), the previous "
                 f"checkpoint ({self.latest}) is intact.") from error
 

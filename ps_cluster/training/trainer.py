@@ -291,7 +291,10 @@ class Trainer:
             self._train_function,
             with_rows=self.coverage_rows is not None)  # count rows: psrec's
         hooks = LoopHooks(should_stop=should_stop or (lambda: False),
-                          tally=new_tally(self.coverage_rows),
+                          tally=new_tally(
+                              self.coverage_rows,
+                              self.input_config.batch_size
+                              * self.micro_batches, self.num_workers),
                           maintainer=dynamic_maintainer(self))
         if self.is_ps:
             return ClosureExecutor(self.coordinator, build, dataset_fn,
