@@ -25,6 +25,7 @@ from typing import Any
 from typing import Iterator
 
 from psrec.errors import ConfigError
+from psrec.errors import PsrecError
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.job.config import JOB_FILE
 from psrec.launch.job.config import JobConfig
@@ -217,7 +218,8 @@ def _spec_label(data: Any) -> str:
     try:
         spec = FeatureSpec.from_dict(data)
         return f"{spec.name!r} (fingerprint {spec.fingerprint()[:12]})"
-    except Exception:  # noqa: BLE001  a spec this psrec cannot read
+    except (PsrecError, OSError, TypeError, ValueError, KeyError):
+        # a spec this psrec cannot read (a vocabulary file moved away)
         name = data.get("name") if isinstance(data, dict) else None
         return f"{name!r} (unreadable here)"
 
