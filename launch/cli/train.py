@@ -37,6 +37,7 @@ from psrec.launch.job.config import StrategyConfig
 from psrec.launch.job.config import SyntheticData
 from psrec.launch.job.config import has_ranking_metrics
 from psrec.launch.job.config import keep_best_error
+from psrec.launch.job.workdir import claim_workdir
 from psrec.launch.local.netns import add_allow_exposed_flag
 from psrec.launch.supervise.restart_policy import RestartLimits
 from psrec.launch.supervise.restart_policy import SupervisorConfig
@@ -149,11 +150,35 @@ def _cmd_train(args: argparse.Namespace) -> int:
     TF_CONFIG launches local workers, everything else trains here."""
     # A local cluster: into its namespace before TensorFlow is imported.
     metrics = metrics_flags.isolate_keeping_metrics(args)
+    config = _job_config(args)
+    # Refused before anything is written or started: another job's workdir
+    # (exit 2), or one another psrec train holds (exit 2, its pid named).
+    with claim_workdir(config, lock=_runs_the_job(config)):
+        return _train(args, config, metrics)
+
+
+def _runs_the_job(config: JobConfig) -> bool:
+    """This ``psrec train`` holds the workdir for the run's life: all but a
+    non-chief worker of a multi-worker-mirrored cluster named by
+    ``TF_CONFIG`` (its chief holds it; the processes psrec itself starts are
+    job processes and servers, which never take it)."""
+    from psrec.ps_cluster.cluster.tf_config import TFConfig
+    if config.strategy.kind != "multi-worker-mirrored":
+        return True
+    tf_config = TFConfig.from_env()
+    if tf_config is None or tf_config.task is None:
+        return True
+    task = tf_config.task
+    chief = tf_config.cluster.chief is not None
+    return task.type == "chief" or (
+        not chief and task.type == "worker" and task.index == 0)
+
+
+def _train(args: argparse.Namespace, config: JobConfig, metrics) -> int:
     from psrec.launch.job.data import prepare_data
     from psrec.launch.job.data import record_verified
     from psrec.launch.job.run import JobSummary
     from psrec.ps_cluster.cluster.tf_config import TFConfig
-    config = _job_config(args)
     kind = config.strategy.kind
     if kind == "ps":
         cluster = _existing_cluster(args)
