@@ -177,10 +177,12 @@ def test_data_service_reads_a_killed_workers_files_elsewhere(tmp_path,
     judged = [c for c in summary["coverage"] if c["finished"]]
     assert judged and judged[0]["epoch"] == 1  # the epoch of the kill
     assert len(judged) >= 2, summary["coverage"]
-    last = judged[-1]  # an epoch wholly after the kill
-    assert last["epoch"] >= 3 and last["rows"] == TRAIN_ROWS, judged
-    # worker 1's files are read by worker 0 as well
-    assert last["fraction"] >= 0.99, judged
+    after = [c for c in judged if c["epoch"] >= 3]  # wholly after the kill
+    assert after and all(c["rows"] == TRAIN_ROWS for c in after), judged
+    # worker 1's files are read by worker 0 as well (static mode: ~half);
+    # a finished epoch's last rows may still sit in the read-ahead
+    assert max(c["fraction"] for c in after) >= 0.99, judged
+    assert min(c["fraction"] for c in after) >= 0.95, judged
     assert sum(c["seen"] + c["repeats"] for c in summary["coverage"]) == (
         summary["step"] * BATCH)  # every trained row is counted once
 
