@@ -24,6 +24,7 @@ code   kind       meaning
 from __future__ import annotations
 
 import errno
+import functools
 import os
 
 EXIT_OK = 0
@@ -107,13 +108,16 @@ def one_line(error: BaseException) -> str:
     return kept or type(error).__name__
 
 
-# The OS errors a storage write reports (their strerror text, as
-# TensorFlow's file systems put it in a status message), longest first so
-# that no text matches inside a longer one.
-_OS_ERRORS = sorted(((os.strerror(code), name)
-                     for code, name in errno.errorcode.items()
-                     if not os.strerror(code).startswith("Unknown error")),
-                    key=lambda pair: -len(pair[0]))
+@functools.cache
+def _os_errors() -> list[tuple[str, str]]:
+    """The OS errors a storage write reports (their strerror text, as
+    TensorFlow's file systems put it in a status message), longest first so
+    that no text matches inside a longer one (made at the first failure,
+    not at import)."""
+    return sorted(((os.strerror(code), name)
+                   for code, name in errno.errorcode.items()
+                   if not os.strerror(code).startswith("Unknown error")),
+                  key=lambda pair: -len(pair[0]))
 
 
 def os_error_cause(error: BaseException) -> str | None:
@@ -124,7 +128,7 @@ def os_error_cause(error: BaseException) -> str | None:
     if isinstance(error, OSError) and error.errno in errno.errorcode:
         return f"{os.strerror(error.errno)} ({errno.errorcode[error.errno]})"
     message = getattr(error, "message", None) or str(error)
-    for text, name in _OS_ERRORS:
+    for text, name in _os_errors():
         if text in message:
             return f"{text} ({name})"
     return None

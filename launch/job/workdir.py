@@ -55,11 +55,6 @@ class WorkdirBusyError(ConfigError):
     """Another ``psrec train`` holds the workdir's lock."""
 
 
-def recorded_job_file(config: JobConfig):
-    """Where ``psrec train`` records the job of ``config.workdir``."""
-    return config.checkpoint_dir / JOB_FILE
-
-
 def job_differences(recorded: dict[str, Any], config: JobConfig
                     ) -> list[tuple[str, str, str]]:
     """``(field, recorded, requested)`` for each identity field (see the
@@ -108,7 +103,7 @@ def job_differences(recorded: dict[str, Any], config: JobConfig
 def check_same_job(config: JobConfig) -> None:
     """Refuses ``config`` when its workdir records another job (reads only:
     nothing is written); a workdir without a recorded job passes."""
-    path = recorded_job_file(config)
+    path = config.checkpoint_dir / JOB_FILE  # where psrec train records it
     if not path.is_file():
         return
     try:

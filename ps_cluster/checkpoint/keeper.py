@@ -259,6 +259,9 @@ def _does_not_fit(path: str, bad: list[str]) -> RestoreError:
         "partial state.")
 
 
+_SAVE_FUNCTION = "MultiDeviceSaver.save.<locals>.tf_function_save"
+
+
 class _SaveRetraceFilter(logging.Filter):
     """Drops TensorFlow's "triggered tf.function retracing" warning about
     its own per-save function (see :func:`_no_save_retrace_warning`)."""
@@ -267,9 +270,6 @@ class _SaveRetraceFilter(logging.Filter):
         message = record.getMessage()
         return not ("triggered tf.function retracing" in message
                     and _SAVE_FUNCTION in message)
-
-
-_SAVE_FUNCTION = "MultiDeviceSaver.save.<locals>.tf_function_save"
 
 
 @contextlib.contextmanager
