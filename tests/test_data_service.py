@@ -36,6 +36,7 @@ from psrec.data.input.dataset import make_train_dataset_fn
 from psrec.features import criteo
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.launch.cli.data_service import resolve_input_mode
+from psrec.launch.job.reporting import coverage_lines
 from psrec.ps_cluster.training.coverage import CoverageTally
 from psrec.ps_cluster.training.coverage import coverage_warning
 from psrec.ps_cluster.training.data_service import start_dispatcher
@@ -92,6 +93,46 @@ def test_a_healthy_run_that_stops_mid_epoch_gives_no_warning():
     assert epochs[1].fraction == 0.97 and epochs[3].fraction == 0.2
     for mode in ("static", "data-service"):
         assert coverage_warning(epochs, mode) is None
+
+
+def test_epochs_shorter_than_the_read_ahead_may_all_be_in_it():
+    """Epochs of 100 rows, a read-ahead of 160: 150 rows missing from three
+    finished epochs is what the input can hold (the old cap of one epoch
+    warned here), 170 is more."""
+    rows = np.arange(100)
+    for short, warned in ((rows[50:], False), (rows[70:], True)):
+        tally = CoverageTally(rows=100, read_ahead=8 * 2 * 10)
+        _epochs(tally, rows[50:], rows[50:], short, rows, rows, rows)
+        epochs = tally.epochs()
+        assert [e.finished for e in epochs] == [True] * 4 + [False] * 2
+        assert (coverage_warning(epochs, "data-service") is not None) is (
+            warned)
+
+
+def test_the_summary_lists_only_the_epochs_that_fell_short():
+    """Fifty whole epochs are one line, not fifty; a short or repeated one
+    is listed, the one in progress only when it repeated rows."""
+    rows = np.arange(100)
+    tally = CoverageTally(rows=100, read_ahead=8 * 2 * 10)
+    _epochs(tally, *[rows] * 50, rows[:40])
+    summary = argparse.Namespace(
+        coverage=[c.to_dict() for c in tally.epochs()],
+        input_mode="data-service", coverage_warning=None)
+    assert coverage_lines(summary) == [
+        "  input:       --input-mode data-service; 51 epoch(s) this "
+        "coordinator session, 50 finished, each saw >= 99% of the train rows "
+        "once (per epoch: summary.json)"]
+    tally = CoverageTally(rows=100, read_ahead=8 * 2 * 10)
+    _epochs(tally, rows, rows[:50], rows, rows, rows[:30])
+    tally.add(np.array([3, 4]), np.array([2, 2]))  # two rows twice, epoch 3
+    summary.coverage = [c.to_dict() for c in tally.epochs()]
+    summary.coverage_warning = "train rows not visited: ..."
+    lines = coverage_lines(summary)
+    assert lines[1:] == [
+        "    epoch 2: 50 of 100 train rows seen (50.00%)",
+        "    epoch 3: 100 of 100 train rows seen (100.00%), 2 seen twice or "
+        "more",
+        "  WARNING: train rows not visited: ..."]
 
 
 def test_a_genuine_miss_still_warns():
@@ -199,8 +240,10 @@ def test_static_mode_loses_the_files_and_says_so(tmp_path, manifest_dir):
     assert "train rows not visited" in summary["coverage_warning"]
     out = summary["output"]
     assert "WARNING: train rows not visited" in out
-    assert f"epoch 1: {judged[0]['seen']} of {TRAIN_ROWS} train rows seen" \
-        in out
+    assert f"epoch {judged[1]['epoch']}: {judged[1]['seen']} of {TRAIN_ROWS}" \
+        " train rows seen" in out  # a short epoch is listed ...
+    if judged[0]["fraction"] >= 0.99 and not judged[0]["repeats"]:
+        assert "epoch 1: " not in out  # ... a whole one is not
 
 
 @pytest.mark.cluster

@@ -251,3 +251,60 @@ def test_cli_accepts_mixed_precision_and_accumulation_under_ps(
     assert config.strategy == StrategyConfig(
         kind="ps", mixed_precision=True, grad_accum_steps=2)
     assert config.model.batch_norm == "sync"
+
+
+# -- a run sized from the data ------------------------------------------------------
+
+
+class _Rows:
+    """A manifest's row counts (all ``resolve_loop`` reads of it)."""
+
+    def __init__(self, train: int, eval_rows: int):
+        self.counts = {"train": train, "eval": eval_rows}
+
+    def rows(self, split: str = "train") -> int:
+        return self.counts[split]
+
+
+def _sized(train: int, eval_rows: int, **job) -> LoopConfig:
+    from psrec.launch.job.run import resolve_loop
+    return resolve_loop(JobConfig(**job), _Rows(train, eval_rows))
+
+
+def test_a_small_set_trains_whole_epochs_evaluated_each_and_stops_early():
+    # 8,312 rows of 1,024 a step: 9 steps an epoch; 300 steps would be 34
+    # epochs, the cap is 20
+    loop = _sized(8_312, 2_078)
+    assert (loop.steps, loop.eval_every, loop.early_stop_patience) == (
+        180, 10, 3)
+
+
+def test_a_large_set_trains_the_epochs_that_reach_the_minimum():
+    loop = _sized(200_000, 50_000)  # 196 steps an epoch
+    assert (loop.steps, loop.eval_every, loop.early_stop_patience) == (
+        392, 80, 3)
+    assert _sized(10_000_000, 1_000).steps == 9_766  # one epoch
+
+
+def test_without_an_eval_split_or_a_metric_nothing_stops_early():
+    assert _sized(8_312, 0).early_stop_patience == 0
+    loop = _sized(8_312, 2_078, loop=dataclasses.replace(
+        JobConfig().loop, keep_best="none"))
+    assert (loop.steps, loop.early_stop_patience) == (180, 0)
+    assert _sized(8_312, 2_078, spec=movielens(), retrieval=RetrievalConfig()
+                  ).early_stop_patience == 0  # no AUC to watch
+
+
+def test_given_steps_or_epochs_are_trained_as_given():
+    given = dataclasses.replace(JobConfig().loop, steps=50)
+    loop = _sized(8_312, 2_078, loop=given)
+    assert (loop.steps, loop.eval_every, loop.early_stop_patience) == (
+        50, 10, 0)
+    loop = _sized(8_312, 2_078, epochs=2.0)
+    assert (loop.steps, loop.early_stop_patience) == (18, 0)
+
+
+def test_a_loop_left_to_the_data_is_refused_where_there_is_none():
+    assert JobConfig().loop.steps is None  # psrec train's default
+    with pytest.raises(ConfigError, match="LoopConfig.steps"):
+        LoopConfig(steps=None).resolved()

@@ -204,7 +204,7 @@ class JobConfig:
     input: InputConfig = option(InputConfig(),
                                 help="batch size and shuffling")
     loop: LoopConfig = option(
-        LoopConfig(steps=400, steps_per_closure=10, log_every=50,
+        LoopConfig(steps=None, steps_per_closure=10, log_every=50,
                    eval_every=None, checkpoint_every=200),
         help="steps, steps per call, eval/checkpoint intervals, the best "
         "checkpoint's metric and early stopping")

@@ -14,6 +14,7 @@ import numpy as np
 from psrec.data.format.files import write_json_atomic
 from psrec.launch.job import runtime as job_runtime
 from psrec.launch.monitor.progress import ProgressReporter
+from psrec.ps_cluster.training.coverage import WARN_BELOW
 from psrec.ps_cluster.training.coverage import coverage_warning
 from psrec.ps_cluster.training.data_service import service_options
 from psrec.uri_path import as_path
@@ -103,12 +104,23 @@ def coverage_fields(result, mode: str, log=print) -> dict:
 
 
 def coverage_lines(summary) -> list[str]:
-    """The summary's coverage lines: one per epoch, then the warning."""
+    """The summary's coverage lines: how many epochs, then one line per
+    epoch that finished below :data:`WARN_BELOW` of the train rows or saw
+    rows twice, then the warning (every epoch: ``summary.json``)."""
     if not summary.coverage:
         return []
-    lines = [f"  input:       --input-mode {summary.input_mode}; rows "
-             "trained on per epoch (this coordinator session):"]
-    for c in summary.coverage:
+    listed = [c for c in summary.coverage
+              if c["repeats"] or (c["finished"] and c["fraction"] < WARN_BELOW)]
+    judged = sum(c["finished"] for c in summary.coverage)
+    head = (f"  input:       --input-mode {summary.input_mode}; "
+            f"{len(summary.coverage)} epoch(s) this coordinator session, "
+            f"{judged} finished")
+    if not listed:
+        return [f"{head}, each saw >= {100 * WARN_BELOW:.0f}% of the train "
+                "rows once (per epoch: summary.json)"]
+    lines = [f"{head}; below {100 * WARN_BELOW:.0f}% of the train rows or "
+             "with rows seen twice:"]
+    for c in listed:
         text = (f"    epoch {c['epoch']}: {c['seen']} of {c['rows']} train "
                 f"rows seen ({100 * c['fraction']:.2f}%)")
         if c["repeats"]:

@@ -22,6 +22,7 @@ from psrec.data.format.files import write_json_atomic
 from psrec.data.format.manifest import Manifest
 from psrec.errors import one_line
 from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import has_ranking_metrics
 from psrec.launch.job.data import load_verified
 from psrec.launch.job.data import prepare_data
 from psrec.launch.job.data import record_sampling
@@ -306,13 +307,21 @@ def epoch_steps(config: JobConfig, manifest: Manifest) -> int:
 
 
 def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
-    """The job's loop with ``--epochs`` converted to steps and the default
-    evaluation interval (about 5 per run) made a step count."""
+    """The job's loop with ``--epochs`` converted to steps, ``steps`` None
+    sized from the data (:meth:`LoopConfig.sized`: early stopping where
+    there is an eval split, a metric to watch and a strategy that stops
+    early) and the default evaluation interval (about 5 per run) made a
+    step count."""
     loop = config.loop
+    per_epoch = epoch_steps(config, manifest)
     if config.epochs is not None:
         loop = dataclasses.replace(loop, steps=steps_for_epochs(
-            config.epochs, epoch_steps(config, manifest)))
-    return loop.resolved()
+            config.epochs, per_epoch))
+    early_stop = (manifest.rows("eval") > 0 and loop.keep_best != "none"
+                  and has_ranking_metrics(config.spec, config.retrieval)
+                  and not (config.strategy.kind == "multi-worker-mirrored"
+                           and config.workers > 1))
+    return loop.sized(per_epoch, early_stop=early_stop).resolved()
 
 
 def _train(config: JobConfig, strategy, manifest: Manifest, log,
@@ -343,11 +352,19 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
             strategy, config.spec, config.model, config.optimizer,
             config.input, positive_rate=_base_rate(manifest),
             neg_sample_rate=manifest.neg_sample_rate, **common)
+    requested = config.loop
     config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
-    if config.epochs is not None:
-        log(f"--epochs {config.epochs:g}: {config.loop.steps} steps of "
+    if config.epochs is not None or config.loop.steps != requested.steps:
+        how = (f"--epochs {config.epochs:g}" if config.epochs is not None
+               else "steps sized from the data (--steps or --epochs to "
+               "choose)")
+        log(f"{how}: {config.loop.steps} steps of "
             f"{config.input.batch_size * trainer.micro_batches} rows over "
-            f"{manifest.rows('train'):,} train rows")
+            f"{manifest.rows('train'):,} train rows"
+            + (f", stopping early after {config.loop.early_stop_patience} "
+               "evaluations without improvement"
+               if config.loop.early_stop_patience
+               and not requested.early_stop_patience else ""))
     if trainer.chief:
         config.write(config.checkpoint_dir)
         record_sampling(config.checkpoint_dir, manifest, log)

@@ -15,6 +15,13 @@ from psrec.options import qualified
 
 #: Evaluations per run when ``eval_every`` is None.
 AUTO_EVALS = 5
+#: A run sized from the data (``steps`` None, :meth:`LoopConfig.sized`):
+#: whole epochs, at least this many steps ...
+AUTO_MIN_STEPS = 300
+#: ... and at most this many epochs ...
+AUTO_MAX_EPOCHS = 20
+#: ... stopping after this many evaluations in a row without improvement.
+AUTO_PATIENCE = 3
 KEEP_BEST = ("auc", "logloss", "none")
 
 
@@ -22,10 +29,14 @@ KEEP_BEST = ("auc", "logloss", "none")
 class LoopConfig(Codec, where="loop"):
     """Scheduling of a training run."""
 
-    steps: int = option(
+    steps: int | None = option(
         1000, flag="--steps",
-        help="training steps: the run ends at this global step (unless "
-        "--epochs is given)")
+        help="training steps: the run ends at this global step; a job "
+        "given neither --steps nor --epochs (None) is sized from the train "
+        f"split -- whole epochs, at least {AUTO_MIN_STEPS} "
+        f"steps and at most {AUTO_MAX_EPOCHS} epochs, evaluated about once "
+        f"an epoch, stopping early after {AUTO_PATIENCE} evaluations without "
+        "improvement when there is an eval split")
     steps_per_closure: int = option(
         10, flag="--steps-per-closure",
         help="training steps per scheduled closure (K)")
@@ -53,8 +64,10 @@ class LoopConfig(Codec, where="loop"):
         "--keep-best's metric; 0: never")
 
     def __post_init__(self) -> None:
-        check_at_least(self, 1, "steps", "steps_per_closure",
-                       "in_flight_per_worker", "log_every")
+        check_at_least(self, 1, "steps_per_closure", "in_flight_per_worker",
+                       "log_every")
+        if self.steps is not None:
+            check_at_least(self, 1, "steps")
         check_at_least(self, 0, "checkpoint_every", "early_stop_patience")
         if self.eval_every is not None:
             check_at_least(self, 0, "eval_every")
@@ -65,10 +78,37 @@ class LoopConfig(Codec, where="loop"):
               "needs a metric to watch: set "
               f"`{qualified(self, 'keep_best')}` to auc or logloss")
 
+    def sized(self, epoch_steps: int, *, early_stop: bool) -> LoopConfig:
+        """This configuration with ``steps`` None sized from the data: the
+        whole epochs (of ``epoch_steps`` each) that reach
+        :data:`AUTO_MIN_STEPS`, at most :data:`AUTO_MAX_EPOCHS`; with
+        ``eval_every`` None an evaluation about once an epoch (at least
+        :data:`AUTO_EVALS` per run, a multiple of ``steps_per_closure``);
+        with ``early_stop`` (an eval split and a metric to watch) and no
+        patience set, :data:`AUTO_PATIENCE`. A set ``steps`` is returned
+        as it is."""
+        if self.steps is not None:
+            return self
+        epochs = min(AUTO_MAX_EPOCHS,
+                     max(1, math.ceil(AUTO_MIN_STEPS / epoch_steps)))
+        sized = dataclasses.replace(self, steps=epochs * epoch_steps)
+        if self.eval_every is None:
+            k = self.steps_per_closure
+            per_epoch = max(k, round(epoch_steps / k) * k)
+            sized = dataclasses.replace(sized, eval_every=min(
+                sized.resolved().eval_every, per_epoch))
+        if early_stop and not self.early_stop_patience:
+            sized = dataclasses.replace(sized,
+                                        early_stop_patience=AUTO_PATIENCE)
+        return sized
+
     def resolved(self) -> LoopConfig:
         """This configuration with ``eval_every`` None replaced by a step
         count: about :data:`AUTO_EVALS` evaluations per run, a multiple of
         ``steps_per_closure`` (0 = only at the end stays 0)."""
+        check(self.steps is not None, qualified(self, "steps"), self.steps,
+              "must be a step count here (None, sized from the data, is "
+              "psrec train's: give steps)")
         if self.eval_every is not None:
             return self
         k = self.steps_per_closure
