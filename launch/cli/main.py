@@ -41,6 +41,7 @@ from psrec.launch.cli import k8s
 from psrec.launch.cli import model
 from psrec.launch.cli import plan
 from psrec.launch.cli import retrieval_flags
+from psrec.launch.cli import runs
 from psrec.launch.cli import train as train_commands
 from psrec.launch.monitor.progress_bar import progress_for
 from psrec.progress import SILENT
@@ -146,6 +147,8 @@ COMMANDS: tuple[Command | SelfRunning, ...] = (
     Command("plan", plan.add_plan, f"{_CLI}.plan_run:run_plan"),
     Command("embeddings stats", embeddings.add_stats,
             f"{_CLI}.embeddings_run:run_embeddings_stats"),
+    Command("runs", runs.add_runs, f"{_CLI}.runs_run:run_runs"),
+    Command("show", runs.add_show, f"{_CLI}.runs_run:run_show"),
 )
 
 #: The first words of two-word commands: ``add(sub, name)`` adds the
