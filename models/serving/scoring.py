@@ -282,7 +282,8 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
                 out: str | Path, *, batch_rows: int = 65536,
                 label: str | None = None,
                 keep: Sequence[str] = (),
-                progress: Progress = SILENT) -> ScoreReport:
+                progress: Progress = SILENT,
+                progress_label: str = "score") -> ScoreReport:
     """Scores every row of ``inputs`` with an exported model.
 
     Args:
@@ -296,6 +297,7 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
         when it names none) when every input has it.
       keep: further input columns to copy as they are (e.g. ids).
       progress: told the rows scored (total: the inputs' rows).
+      progress_label: the task's name on ``progress`` (the command's).
 
     Raises:
       ConfigError: a missing or mistyped column (naming file and column),
@@ -332,7 +334,7 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     rows, total = 0, 0.0
     total_rows = sum(read_metadata(path).num_rows for path in files)
     with atomic_output(out) as tmp, progress.task(
-            "score", total_rows, "rows") as task:
+            progress_label, total_rows, "rows") as task:
         writer = _writer(out, tmp, schema)
         try:
             for path in files:
