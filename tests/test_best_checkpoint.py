@@ -343,7 +343,13 @@ def test_summary_says_epochs_best_export_and_early_stop():
         exported_checkpoint="best/best-40", exported_auc=0.7,
         stopped_early_at=80)
     text = summary.summary()
-    assert "\n  AUC 0.6500  logloss 0.5000" in text  # the final evaluation
+    # The exported model's figures lead; the last step's come after.
+    assert text.splitlines()[1] == (
+        "  export:      w/export (from checkpoint best/best-40, eval AUC "
+        "0.7000)")
+    assert text.splitlines()[2].startswith("  best:        step 40, AUC")
+    assert "\n  last eval:   step 80: AUC 0.6500  logloss 0.5000" in text
+    assert "still improving" not in text  # the best is not the last
     assert "2.00 epochs (40 steps each)" in text
     assert "stopped early at step 80" in text
     assert "best:        step 40, AUC 0.7000" in text
@@ -351,6 +357,50 @@ def test_summary_says_epochs_best_export_and_early_stop():
     restored = JobSummary.from_dict(json.loads(json.dumps(
         summary.to_dict())))
     assert restored.best == best and restored.summary() == text
+
+
+def _summary(**fields):
+    from psrec.launch.job.run import JobSummary
+    from psrec.ps_cluster.evaluation.metrics import EvalResult
+    values = dict(
+        strategy="one-device", manifest="m/manifest.json",
+        checkpoint="c/ckpt-80", export=None, tensorboard="w/tb",
+        start_step=0, step=80, executed_steps=80, examples_per_sec=1.0,
+        final_loss=0.5, eval=EvalResult(count=100, positives=25.0,
+                                        logloss=0.5, auc=0.65, id_sum=0),
+        seconds=1.0, workers=1, ps=0, replicas=1, batch_size=32,
+        micro_batches=1, precision="float32", closures_per_worker={})
+    values.update(fields)
+    return JobSummary(**values).summary()
+
+
+def test_summary_without_eval_split_says_there_was_no_evaluation():
+    text = _summary(eval=None, export="w/export/1",
+                    exported_checkpoint="ckpt-80")
+    assert "best: None" not in text and "None" not in text
+    [line] = [li for li in text.splitlines() if li.startswith("  best:")]
+    assert "no evaluation ran (the data has no eval split)" in line
+    assert "--eval-fraction 0.1" in line  # how to get one
+    assert "last eval" not in text
+    assert "export:      none" in _summary(eval=None)
+
+
+def test_summary_says_when_the_best_is_the_last_checkpoint():
+    from psrec.ps_cluster.checkpoint.best import BestRecord
+    best = BestRecord(checkpoint="best/best-80", source="ckpt-80", step=80,
+                      metric="auc", value=0.65, auc=0.65, logloss=0.5,
+                      count=100)
+    text = _summary(best=best, export="w/export/1",
+                    exported_checkpoint="best/best-80", exported_auc=0.65)
+    assert ("the best checkpoint is the last one (step 80): the model was "
+            "still improving; more steps (--steps, --epochs) may help"
+            ) in text
+    earlier = dataclasses.replace(best, step=40, checkpoint="best/best-40")
+    assert "still improving" not in _summary(best=earlier)
+    # No best tracked: said plainly, not "None".
+    text = _summary(best=None)
+    assert "best:        not tracked (--keep-best none)" in text
+    assert "None" not in text
 
 
 def test_early_stopping_needs_a_metric():

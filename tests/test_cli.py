@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,52 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
                 assert f"(default: {action.default})" in entry, entry
                 shown += 1
     assert shown >= 40  # the check above did run over the real defaults
+
+
+def _every_parser(parser=None, words=()):
+    """``(words, parser)`` of every command and command group."""
+    parser = parser or build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield (*words, name), child
+                yield from _every_parser(child, (*words, name))
+
+
+def test_every_command_s_help_ends_with_an_example_that_parses(capsys):
+    every = list(_every_parser())
+    assert len(every) >= 20
+    for words, parser in every:
+        text = parser.format_help()
+        last = text.strip().splitlines()[-1]
+        assert last.startswith(f"example: psrec {' '.join(words)}"), (
+            words, last)
+        example = last[len("example: psrec "):].split()
+        try:
+            build_parser().parse_args(example)
+        except SystemExit as error:  # pragma: no cover - the failure
+            pytest.fail(f"{words}: {last}: {capsys.readouterr().err}"
+                        f" (exit {error.code})")
+
+
+def test_the_command_list_is_grouped_each_command_once(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for group in ("data:", "train:", "serve:", "inspect:"):
+        assert f"\n  {group}\n" in text, group
+    listed = [line.split()[0] for line in text.splitlines()
+              if line.startswith("    ") and not line.startswith("     ")]
+    assert sorted(listed) == sorted(_commands()), listed
+    assert "{" not in text  # no flat {ingest,convert,...} list
+
+
+def test_no_option_shows_its_default_twice():
+    for words, parser in _every_parser():
+        for action in _options(parser):
+            if shows_default(action):  # the formatter appends the default
+                assert not re.search(r"\(default\b", action.help or ""), (
+                    words, action.option_strings, action.help)
 
 
 @pytest.mark.parametrize("command, flag, default", [

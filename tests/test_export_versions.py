@@ -232,6 +232,11 @@ def test_predict_uses_the_highest_version_and_says_so(run, versions_3_and_5,
     assert main(["score", str(out), str(files[0]), "--out", str(scores)]) == 0
     assert (f"model {out / '5'} (version 5, the highest of {out})"
             in capsys.readouterr().out)
+    # The progress line names the command typed.
+    assert main(["predict", "--model", str(out), "--data", str(files[0]),
+                 "--out", str(scores)]) == 0
+    err = capsys.readouterr().err
+    assert "predict (rows)" in err and "score (rows)" not in err
     # Progress: the rows of every batch, against the inputs' total.
     recorder = Recorder()
     score_files(out, files, scores, batch_rows=64, progress=recorder)

@@ -107,6 +107,9 @@ def first_run(workdir):
     return code, run
 
 
+#: The final evaluation's AUC in the summary.
+_LAST_AUC = r"\n  last eval:   step \d+: AUC (\d\.\d+)  logloss"
+
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_train_end_to_end(first_run, workdir):
@@ -114,7 +117,7 @@ def test_train_end_to_end(first_run, workdir):
     assert code == 0, run.output[-4000:]
     output = run.output
     assert "psrec train summary (ps):" in output
-    auc = float(_summary_value(output, r"\n  AUC (\d\.\d+)  logloss").group(1))
+    auc = float(_summary_value(output, _LAST_AUC).group(1))
     print(f"\nAUC after {STEPS} steps: {auc:.4f}")
     assert MIN_AUC <= auc <= 1.0
     _summary_value(output, rf"steps 0 -> {STEPS} \(optimizer updates "
@@ -170,7 +173,7 @@ def test_a_model_that_learned_nothing_stays_below_the_auc_bar(first_run,
     code, run = first_run
     assert code == 0, run.output[-4000:]
     reported = float(_summary_value(run.output,
-                                    r"\n  AUC (\d\.\d+)  logloss").group(1))
+                                    _LAST_AUC).group(1))
     trained, _, _ = restore_plain_model(
         workdir / "checkpoints",
         str(workdir / "checkpoints" / f"ckpt-{STEPS}"))

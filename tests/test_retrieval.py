@@ -210,12 +210,18 @@ def test_inline_top_k_runs_inside_a_ps_closure(ps_run):
 # -- export ---------------------------------------------------------------------------
 
 
-def test_export_round_trip(ps_run, data, tmp_path):
+@pytest.fixture(scope="module")
+def retrieval_export(ps_run, data, tmp_path_factory):
+    _, _, ckpt = ps_run
+    manifest, _ = data
+    return export_checkpoint(ckpt, tmp_path_factory.mktemp("r-export")
+                             / "export", "latest", manifest=manifest)
+
+
+def test_export_round_trip(ps_run, data, retrieval_export):
     _, result, ckpt = ps_run
     manifest, parquet = data
-    report = export_checkpoint(ckpt, tmp_path / "export", "latest",
-                               manifest=manifest)
-    folder = report.path
+    folder = retrieval_export.path
     top = tf.saved_model.load(folder).signatures["serving_default"]
     tower = tf.saved_model.load(
         f"{folder}/query_tower").signatures["serving_default"]
@@ -246,6 +252,38 @@ def test_export_round_trip(ps_run, data, tmp_path):
     info = json.loads(open(f"{folder}/psrec_export.json").read())
     assert info["task"] == "retrieval"
     assert info["catalogue"] == catalogue_size() == result.eval.catalogue
+
+
+def test_predict_scores_a_retrieval_export_top_k(retrieval_export, data,
+                                                 tmp_path, capsys):
+    from psrec.launch.cli.main import main
+    _, parquet = data
+    folder = retrieval_export.path
+    out = tmp_path / "top.parquet"
+    assert main(["predict", "--model", folder, "--data", str(parquet),
+                 "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    table = pq.read_table(out)
+    rows = pq.read_table(parquet)
+    assert report["rows"] == table.num_rows == rows.num_rows
+    assert table.column_names[0] == "row"
+    assert table.column_names[-2:] == ["candidate_ids", "scores"]
+    # Each row: the export's own top-K for that query row.
+    first = rows.slice(0, 8).to_pydict()
+    served = tf.saved_model.load(folder).signatures["serving_default"](
+        user_id=tf.constant(first["user_id"], tf.int64),
+        user_group=tf.constant(first["user_group"]))
+    got = table.slice(0, 8).to_pydict()
+    np.testing.assert_array_equal(np.asarray(got["candidate_ids"]),
+                                  served["candidate_ids"].numpy())
+    np.testing.assert_allclose(np.asarray(got["scores"]),
+                               served["scores"].numpy(), rtol=1e-5)
+    # CSV cannot hold the lists: one line, exit 2, naming the export.
+    assert main(["predict", "--model", folder, "--data", str(parquet),
+                 "--out", str(tmp_path / "top.csv")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("psrec predict: error: ")
+    assert "is a retrieval export" in line and "top.parquet" in line
 
 
 if __name__ == "__main__":

@@ -60,8 +60,8 @@ class ConversionOptions:
         1.0, flag="--neg-sample-rate",
         help="keep every positive and this share of the train negatives "
         "(stable hash of the row id; the eval split is not sampled); "
-        "training, eval and the export correct the logits by log(R) "
-        "(default 1: keep all)")
+        "training, eval and the export correct the logits by log(R); 1: "
+        "keep all")
 
     def __post_init__(self) -> None:
         name = functools.partial(qualified, self)

@@ -178,11 +178,11 @@ class InferOptions:
         "rating)")
     max_buckets: int = option(
         2 ** 20, flag="--max-buckets",
-        help="most hash buckets per feature (default 2**20)")
+        help="most hash buckets per feature")
     vocab_max: int = option(
         1000, flag="--vocab-max",
         help="string columns with at most this many distinct values get a "
-        "vocabulary file (default 1000; 0: hash all)")
+        "vocabulary file (0: hash all)")
     exclude: tuple[str, ...] = option((), flag="--exclude",
                                       help="columns to leave out")
 

@@ -38,7 +38,7 @@ def add_input_flags(group) -> None:
         "again); data-service: a tf.data service hands out one file at a "
         "time to whichever worker asks, so a lost worker's remaining files "
         "are read by the others (--strategy ps; local runs start the "
-        "service); auto (default): data-service where psrec starts the "
+        "service); auto: data-service where psrec starts the "
         "cluster itself with >= 2 workers or a dispatcher is given "
         "(--data-service), static otherwise (one worker, an existing "
         "cluster without --data-service, the other strategies)")

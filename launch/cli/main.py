@@ -41,6 +41,7 @@ from psrec.launch.cli import k8s
 from psrec.launch.cli import model
 from psrec.launch.cli import plan
 from psrec.launch.cli import retrieval_flags
+from psrec.launch.cli import runs
 from psrec.launch.cli import train as train_commands
 from psrec.launch.monitor.progress_bar import progress_for
 from psrec.progress import SILENT
@@ -52,7 +53,13 @@ from psrec.runtime import configure_environment
 
 class HelpFormatter(argparse.HelpFormatter):
     """Appends ``(default: X)`` to every option that has a default worth
-    showing (not None, not the False of a switch, not a required option)."""
+    showing (not None, not the False of a switch, not a required option);
+    an ``example:`` epilog stays one line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example: "):  # one line, to copy as it is
+            return indent + text
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -146,7 +153,53 @@ COMMANDS: tuple[Command | SelfRunning, ...] = (
     Command("plan", plan.add_plan, f"{_CLI}.plan_run:run_plan"),
     Command("embeddings stats", embeddings.add_stats,
             f"{_CLI}.embeddings_run:run_embeddings_stats"),
+    Command("runs", runs.add_runs, f"{_CLI}.runs_run:run_runs"),
+    Command("show", runs.add_show, f"{_CLI}.runs_run:run_show"),
 )
+
+#: How ``psrec --help`` groups the commands (each top-level command in one
+#: group), in this order.
+COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
+    "data": ("ingest", "convert", "audit-shards", "spec", "synth"),
+    "train": ("train", "advise", "plan", "bench", "server", "data-server",
+              "tf-config", "k8s"),
+    "serve": ("export", "predict", "score"),
+    "inspect": ("runs", "show", "eval", "embeddings"),
+}
+
+#: One example per command, shown at the end of its ``--help``
+#: (``example: psrec ...``); every one parses (tests/test_cli.py).
+EXAMPLES: dict[str, str] = {
+    "ingest": "psrec ingest criteo train.txt --out raw/",
+    "convert": "psrec convert raw/ --spec spec.yaml --out data/ --shards 8 "
+               "--eval-fraction 0.1",
+    "audit-shards": "psrec audit-shards data/manifest.json --pipelines 2",
+    "spec": "psrec spec infer raw/ --label label --out spec.yaml",
+    "synth": "psrec synth --spec criteo --rows 10000 --out raw/",
+    "tf-config": "psrec tf-config --ps-hosts ps0:2222 --worker-hosts "
+                 "w0:2222,w1:2222 --out tf-config/",
+    "train": "psrec train --data data/ --model dcn --steps 2000 --workdir "
+             "runs/dcn",
+    "advise": "psrec advise --spec criteo --model dcn",
+    "server": "psrec server --cluster cluster.json --role ps --index 0",
+    "data-server": "psrec data-server --role dispatcher --port 5050",
+    "export": "psrec export runs/dcn/checkpoints --out model/",
+    "eval": "psrec eval runs/dcn/checkpoints --data data/",
+    "predict": "psrec predict --model model/ --data raw/ --out "
+               "scores.parquet",
+    "score": "psrec score model/ raw/ --out scores.parquet",
+    "bench": "psrec bench --model dlrm --workers 2 --ps 1",
+    "k8s": "psrec k8s render --backend tfjob --name ctr --image "
+           "psrec:latest --workdir gs://bucket/runs/ctr --out job.yaml",
+    "k8s render": "psrec k8s render --backend tfjob --name ctr --image "
+                  "psrec:latest --workdir gs://bucket/runs/ctr --out job.yaml",
+    "k8s simulate": "psrec k8s simulate job.yaml",
+    "plan": "psrec plan --data data/ --ps 2 --ps-memory 8GiB",
+    "embeddings": "psrec embeddings stats runs/dcn/checkpoints",
+    "embeddings stats": "psrec embeddings stats runs/dcn/checkpoints",
+    "runs": "psrec runs runs/",
+    "show": "psrec show runs/dcn",
+}
 
 #: The first words of two-word commands: ``add(sub, name)`` adds the
 #: group's parser and returns where its commands are added.
@@ -154,12 +207,20 @@ GROUPS: dict[str, Callable[[_SubParsers, str], _SubParsers]] = {
     "k8s": k8s.add_k8s, "embeddings": embeddings.add_embeddings}
 
 
+class _TopHelpFormatter(HelpFormatter):
+    """``psrec --help``: the description (the grouped command list) as
+    written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(True))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command in :data:`COMMANDS` (no TensorFlow)."""
+    """The parser of every command in :data:`COMMANDS` (no TensorFlow);
+    ``psrec --help`` lists them by :data:`COMMAND_GROUPS`, and each
+    command's help ends with its :data:`EXAMPLES` line."""
     parser = Parser(
-        prog="psrec",
-        description="Parameter-server recommender (CTR) training on "
-        "TensorFlow.")
+        prog="psrec", formatter_class=_TopHelpFormatter)
     parser.add_argument("--version", action="version",
                         version=f"psrec {__version__}",
                         help="print the version and exit")
@@ -178,7 +239,36 @@ def build_parser() -> argparse.ArgumentParser:
                 groups[first] = GROUPS[first](sub, first)
             into = groups[first]
         command.add_parser(into, name).set_defaults(run=command)
+    _add_examples(sub, ())
+    parser.description = _grouped_commands(sub)
+    sub.help = argparse.SUPPRESS  # listed by group in the description
+    # Set last: the commands' own prog ("psrec train") is made from it.
+    parser.usage = "psrec [-h] [--version] COMMAND ..."
     return parser
+
+
+def _add_examples(sub: _SubParsers, words: tuple[str, ...]) -> None:
+    for name, child in sub.choices.items():
+        key = " ".join((*words, name))
+        if key in EXAMPLES:
+            child.epilog = f"example: {EXAMPLES[key]}"
+        for action in child._actions:
+            if isinstance(action, _SubParsers):
+                _add_examples(action, (*words, name))
+
+
+def _grouped_commands(sub: _SubParsers) -> str:
+    """The description of ``psrec --help``: each group's commands with
+    their one-line help."""
+    helps = {action.dest: action.help or ""
+             for action in sub._choices_actions}
+    width = max(map(len, helps)) + 2
+    lines = ["Parameter-server recommender (CTR) training on TensorFlow.",
+             "", "commands (`psrec COMMAND --help` for each):"]
+    for group, names in COMMAND_GROUPS.items():
+        lines.append(f"  {group}:")
+        lines += [f"    {name.ljust(width)}{helps[name]}" for name in names]
+    return "\n".join(lines)
 
 
 # -- errors -> exit codes ----------------------------------------------------

@@ -93,7 +93,8 @@ def add_predict(sub: argparse._SubParsersAction, name: str
                 ) -> argparse.ArgumentParser:
     """``psrec predict``: an export's scores of raw Parquet rows."""
     p = sub.add_parser(
-        name, help="exported model + raw Parquet rows -> probabilities",
+        name, help="exported model + raw Parquet rows -> probabilities (or "
+        "a retrieval export's top-K ids)",
         description=_PREDICT_DESCRIPTION)
     p.add_argument("--model", required=True, metavar="EXPORT_DIR",
                    help=_MODEL_HELP)

@@ -73,7 +73,8 @@ def run_predict(args: argparse.Namespace) -> int:
                          "names, none empty (e.g. user_id,item_id)")
     report = score_files(args.model, args.data, args.out,
                          batch_rows=args.batch_rows, label=args.label,
-                         keep=keep, progress=progress_for(args))
+                         keep=keep, progress=progress_for(args),
+                         progress_label=args.command)
     print_result(args, report)
     return EXIT_OK
 

@@ -41,7 +41,7 @@ def add_retrieval_flags(parser: argparse.ArgumentParser) -> None:
         "spec's `towers`), sampled softmax, exact recall@k against the "
         "catalogue")
     group.add_argument("--task", choices=TASKS, default="ranking",
-                       help="ranking (default): --model scores rows; "
+                       help="ranking: --model scores rows; "
                        "retrieval: query and candidate towers")
     add_option(group, RetrievalConfig, "tower_mlp", type=_widths,
                default=",".join(map(str, _DEFAULTS.tower_mlp)))

@@ -99,12 +99,23 @@ class JobSummary:
         return cls(**data)
 
     def summary(self) -> str:
-        lines = [f"psrec train summary ({self.strategy}):"]
+        """The exported model's figures first (where it went, the best
+        checkpoint's metrics), then the last step's, the run's shape and
+        where its files are."""
+        lines = [f"psrec train summary ({self.strategy}):",
+                 f"  export:      {self.export or 'none'}"]
+        if self.export is not None:  # AUC: ranking on a 0/1 label only
+            auc = ("" if self.exported_auc is None
+                   else f", eval AUC {self.exported_auc:.4f}")
+            lines[-1] += f" (from checkpoint {self.exported_checkpoint}{auc})"
+        lines += self._best_lines()
         if isinstance(self.eval, RetrievalEvalResult) or getattr(
                 self.eval, "rmse", None) is not None:  # retrieval, mse
-            lines.append(f"  {self.eval.summary()}")
+            lines.append(f"  last eval:   step {self.step}: "
+                         f"{self.eval.summary()}")
         elif self.eval is not None:
-            lines.append(f"  AUC {self.eval.auc:.4f}  logloss "
+            lines.append(f"  last eval:   step {self.step}: AUC "
+                         f"{self.eval.auc:.4f}  logloss "
                          f"{self.eval.logloss:.4f}  calibration "
                          f"{self.eval.calibration:.2f}  on {self.eval.count} "
                          "eval examples")
@@ -126,16 +137,29 @@ class JobSummary:
                          f"{self.best.metric if self.best else 'metric'} "
                          "within --early-stop-patience evaluations")
         lines += [
-            f"  best:        {self.best.summary() if self.best else None}",
             f"  data:        {self.manifest}",
             f"  checkpoint:  {self.checkpoint}",
-            f"  export:      {self.export}"]
-        if self.export is not None:  # AUC: ranking on a 0/1 label only
-            auc = ("" if self.exported_auc is None
-                   else f", eval AUC {self.exported_auc:.4f}")
-            lines[-1] += f" (from checkpoint {self.exported_checkpoint}{auc})"
-        lines.append(f"  tensorboard: {self.tensorboard}")
+            f"  tensorboard: {self.tensorboard}"]
         return "\n".join(lines)
+
+    def _best_lines(self) -> list[str]:
+        """The best checkpoint, or why there is none; and the hint when the
+        best is the last evaluation (the model was still improving)."""
+        if self.eval is None:
+            return ["  best:        none: no evaluation ran (the data has no "
+                    "eval split), so there are no eval metrics and the "
+                    "export is the last checkpoint; hold out eval rows with "
+                    "`psrec convert --eval-fraction 0.1`"]
+        if self.best is None:
+            return ["  best:        not tracked (--keep-best none): the "
+                    "export is the last checkpoint"]
+        lines = [f"  best:        {self.best.summary()}"]
+        if self.best.step == self.step:
+            lines.append(
+                f"  note:        the best checkpoint is the last one (step "
+                f"{self.step}): the model was still improving; more steps "
+                "(--steps, --epochs) may help")
+        return lines
 
 
 @contextlib.contextmanager

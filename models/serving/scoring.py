@@ -1,4 +1,4 @@
-"""Scoring raw rows with an exported SavedModel (``psrec score``).
+"""Scoring raw rows with an exported SavedModel (``psrec predict``).
 
 The inputs are Parquet files with the raw columns that ``psrec ingest``
 writes (the ones ``psrec convert`` reads). They are read in streaming
@@ -17,7 +17,10 @@ the report says which; :func:`psrec.models.serving.versions.resolve`).
 The output has one row per input row, in input order: ``row`` (the 0-based
 position over the inputs in the given order -- the row id ``psrec convert``
 gives the same row), the label column when the inputs have it, any
-``keep`` columns as they are, then ``probability`` and ``logit``.
+``keep`` columns as they are, then ``probability`` and ``logit`` -- or,
+for a retrieval export (its signature returns ``candidate_ids`` and
+``scores``), the query row's top-K candidate ids and their scores, best
+first, as lists (Parquet only).
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ from psrec.progress import Progress
 
 ROW_COLUMN = "row"
 OUTPUT_COLUMNS = ("probability", "logit")
+#: What a retrieval export (``psrec train --task retrieval``) returns per
+#: query row: its top-K candidate ids and their scores, best first.
+RETRIEVAL_COLUMNS = ("candidate_ids", "scores")
 DEFAULT_LABEL = "label"  # copied when every input has it and none is named
 
 
@@ -91,11 +97,13 @@ class ScoreReport:
         n = len(self.files)
         scoring = self.seconds - self.load_seconds
         rate = self.rows / scoring if scoring > 0 else 0.0
+        what = (f"mean probability {self.mean_probability:.4f}"
+                if "probability" in self.columns
+                else "top-K candidates per row")
         return (f"model {self.model_note or self.model}\n"
                 f"scored {self.rows:,} rows of {n} file{'s' if n != 1 else ''}"
                 f" in {scoring:.2f} s ({rate:,.0f} rows/s; loading the model "
-                f"took {self.load_seconds:.1f} s), mean probability "
-                f"{self.mean_probability:.4f}\nwrote {self.out} "
+                f"took {self.load_seconds:.1f} s), {what}\nwrote {self.out} "
                 f"({', '.join(self.columns)})")
 
 
@@ -149,8 +157,8 @@ def check_inputs(path: str, schema: pa.Schema,
                     "--label/--keep")
             raise ConfigError(
                 f"{path}: column {column!r} required by {what} is missing "
-                f"(found: {', '.join(schema.names)}); score takes the raw "
-                "columns that `psrec ingest` wrote.")
+                f"(found: {', '.join(schema.names)}); the export takes "
+                "the raw columns that `psrec ingest` wrote.")
         if column in inputs:
             arrow_type = schema.field(column).type
             if not _type_ok(arrow_type, inputs[column]):
@@ -204,19 +212,53 @@ def serving_batch(batch: pa.RecordBatch,
 
 def _score_batch(function, batch: pa.RecordBatch,
                  signature: dict[str, tf.TensorSpec], schema: pa.Schema, *,
-                 first_row: int) -> pa.RecordBatch:
+                 first_row: int,
+                 outputs: Sequence[str] = OUTPUT_COLUMNS) -> pa.RecordBatch:
     """The output rows of one input batch (``schema``: row, the copied
-    columns, probability, logit)."""
+    columns, then ``outputs``: probability and logit, or a retrieval
+    export's top-K candidate ids and scores, one list per row)."""
     raw = serving_batch(batch, signature)
     result = function(**{k: tf.constant(v) for k, v in raw.items()})
     columns = [pa.array(np.arange(first_row, first_row + batch.num_rows,
                                   dtype=np.int64))]
     columns += [batch.column(field.name).cast(field.type)
                 for field in schema if field.name != ROW_COLUMN
-                and field.name not in OUTPUT_COLUMNS]
-    columns += [pa.array(result[name].numpy().astype(np.float32))
-                for name in OUTPUT_COLUMNS]
+                and field.name not in outputs]
+    for name in outputs:
+        values = result[name].numpy()
+        if values.dtype == object:  # string candidate ids
+            values = values.astype(str)
+        elif values.dtype.kind == "f":
+            values = values.astype(np.float32)
+        columns.append(pa.array(list(values) if values.ndim == 2 else values,
+                                schema.field(name).type))
     return pa.record_batch(columns, schema=schema)
+
+
+def _outputs(function, path: str, out: Path) -> dict[str, pa.DataType]:
+    """The output columns of the export's signature: probability and logit
+    (ranking), or a retrieval export's top-K candidate ids and scores (a
+    list per row: Parquet only); else a ConfigError naming what it
+    returns."""
+    given = function.structured_outputs
+    if all(name in given for name in OUTPUT_COLUMNS):
+        return {name: pa.float32() for name in OUTPUT_COLUMNS}
+    if not all(name in given for name in RETRIEVAL_COLUMNS):
+        raise ConfigError(
+            f"{path}: its serving signature returns "
+            f"{', '.join(sorted(given))}: neither a ranking export "
+            f"({', '.join(OUTPUT_COLUMNS)}) nor a retrieval one "
+            f"({', '.join(RETRIEVAL_COLUMNS)}); give an export written by "
+            "`psrec export` or `psrec train`.")
+    if out.suffix.lower() == ".csv":
+        raise ConfigError(
+            f"{path} is a retrieval export: its top-K candidate ids and "
+            f"scores are lists per row, which CSV cannot hold; write "
+            f"Parquet (--out {out.with_suffix('.parquet')}).")
+    ids = given["candidate_ids"].dtype
+    return {"candidate_ids": pa.list_(pa.string() if ids == tf.string
+                                      else pa.int64()),
+            "scores": pa.list_(pa.float32())}
 
 
 def _writer(out: Path, tmp: Path, schema: pa.Schema):
@@ -240,7 +282,8 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
                 out: str | Path, *, batch_rows: int = 65536,
                 label: str | None = None,
                 keep: Sequence[str] = (),
-                progress: Progress = SILENT) -> ScoreReport:
+                progress: Progress = SILENT,
+                progress_label: str = "score") -> ScoreReport:
     """Scores every row of ``inputs`` with an exported model.
 
     Args:
@@ -254,6 +297,7 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
         when it names none) when every input has it.
       keep: further input columns to copy as they are (e.g. ids).
       progress: told the rows scored (total: the inputs' rows).
+      progress_label: the task's name on ``progress`` (the command's).
 
     Raises:
       ConfigError: a missing or mistyped column (naming file and column),
@@ -264,6 +308,7 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     model = resolve(str(export_dir))
     loaded, signature = load_serving(model.path)
     function = loaded.signatures["serving_default"]
+    outputs = _outputs(function, model.path, Path(out))
     load_seconds = time.perf_counter() - start
     files = parquet_files(list(inputs))
     if not files:
@@ -271,9 +316,9 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     schemas = [read_metadata(path).schema.to_arrow_schema() for path in files]
     required = list(dict.fromkeys(([label] if label else []) + list(keep)))
     for column in required:
-        check(column not in (ROW_COLUMN, *OUTPUT_COLUMNS), "--label/--keep",
-              column, "clashes with an output column (row, probability, "
-              "logit)")
+        check(column not in (ROW_COLUMN, *outputs), "--label/--keep",
+              column, "clashes with an output column "
+              f"({', '.join((ROW_COLUMN, *outputs))})")
     for path, schema in zip(files, schemas):
         check_inputs(path, schema, signature, required)
     default = _exported_label(model.path)
@@ -283,13 +328,13 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
     read = list(dict.fromkeys([*signature, *copied]))
     fields = [pa.field(ROW_COLUMN, pa.int64())]
     fields += [schemas[0].field(c) for c in copied]
-    fields += [pa.field(c, pa.float32()) for c in OUTPUT_COLUMNS]
+    fields += [pa.field(c, kind) for c, kind in outputs.items()]
     schema = pa.schema(fields)
     out = Path(out)
     rows, total = 0, 0.0
     total_rows = sum(read_metadata(path).num_rows for path in files)
     with atomic_output(out) as tmp, progress.task(
-            "score", total_rows, "rows") as task:
+            progress_label, total_rows, "rows") as task:
         writer = _writer(out, tmp, schema)
         try:
             for path in files:
@@ -297,13 +342,15 @@ def score_files(export_dir: str | Path, inputs: Sequence[str | Path],
                                              columns=read):
                     try:
                         scored = _score_batch(function, batch, signature,
-                                              schema, first_row=rows)
+                                              schema, first_row=rows,
+                                              outputs=tuple(outputs))
                     except (pa.ArrowInvalid,
                             pa.ArrowNotImplementedError) as error:
                         raise DataError(f"{path}: {error}") from None
-                    total += float(np.sum(
-                        scored.column("probability").to_numpy(),
-                        dtype=np.float64))
+                    if "probability" in outputs:
+                        total += float(np.sum(
+                            scored.column("probability").to_numpy(),
+                            dtype=np.float64))
                     writer.write_batch(scored)
                     rows += batch.num_rows
                     task.advance(batch.num_rows)
