@@ -18,7 +18,7 @@ psrec convert raw --spec spec.yaml --out data --shards 2 --eval-fraction 0.2
 
 # 4. train on a local cluster of 1 worker + 1 PS, a short run; drop --workers,
 #    --steps, --batch-size, --warmup-steps and --eval-every for the defaults
-#    (2 workers, 400 steps of 1,024 rows, 5 evaluations)
+#    (2 workers, 1,024 rows a step, the length sized from the data)
 psrec train --data data --workdir runs/dcn --workers 1 --steps 40 \
     --batch-size 256 --warmup-steps 10 --eval-every 20
 
