@@ -274,9 +274,11 @@ def _sized(train: int, eval_rows: int, **job) -> LoopConfig:
 def test_a_small_set_trains_whole_epochs_evaluated_each_and_stops_early():
     # 8,312 rows of 1,024 a step: 9 steps an epoch; 300 steps would be 34
     # epochs, the cap is 20
-    loop = _sized(8_312, 2_078)
+    loop = _sized(8_312, 2_078)  # a closure of 10 steps per worker between
     assert (loop.steps, loop.eval_every, loop.early_stop_patience) == (
-        180, 10, 3)
+        180, 20, 3)  # evaluations (each joins the workers)
+    loop = _sized(8_312, 2_078, workers=1)
+    assert (loop.steps, loop.eval_every) == (180, 10)
 
 
 def test_a_large_set_trains_the_epochs_that_reach_the_minimum():
@@ -299,7 +301,7 @@ def test_given_steps_or_epochs_are_trained_as_given():
     given = dataclasses.replace(JobConfig().loop, steps=50)
     loop = _sized(8_312, 2_078, loop=given)
     assert (loop.steps, loop.eval_every, loop.early_stop_patience) == (
-        50, 10, 0)
+        50, 10, 0)  # about 5 a run, as before
     loop = _sized(8_312, 2_078, epochs=2.0)
     assert (loop.steps, loop.early_stop_patience) == (18, 0)
 

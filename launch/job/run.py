@@ -345,7 +345,9 @@ def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
                   and has_ranking_metrics(config.spec, config.retrieval)
                   and not (config.strategy.kind == "multi-worker-mirrored"
                            and config.workers > 1))
-    return loop.sized(per_epoch, early_stop=early_stop).resolved()
+    workers = config.workers if config.strategy.kind == "ps" else 1
+    return loop.sized(per_epoch, early_stop=early_stop,
+                      workers=workers).resolved()
 
 
 def _train(config: JobConfig, strategy, manifest: Manifest, log,

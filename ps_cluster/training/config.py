@@ -78,12 +78,15 @@ class LoopConfig(Codec, where="loop"):
               "needs a metric to watch: set "
               f"`{qualified(self, 'keep_best')}` to auc or logloss")
 
-    def sized(self, epoch_steps: int, *, early_stop: bool) -> LoopConfig:
+    def sized(self, epoch_steps: int, *, early_stop: bool,
+              workers: int = 1) -> LoopConfig:
         """This configuration with ``steps`` None sized from the data: the
         whole epochs (of ``epoch_steps`` each) that reach
         :data:`AUTO_MIN_STEPS`, at most :data:`AUTO_MAX_EPOCHS`; with
         ``eval_every`` None an evaluation about once an epoch (at least
-        :data:`AUTO_EVALS` per run, a multiple of ``steps_per_closure``);
+        :data:`AUTO_EVALS` per run, a multiple of ``steps_per_closure``,
+        and a closure for each of ``workers`` between two: an evaluation
+        joins them);
         with ``early_stop`` (an eval split and a metric to watch) and no
         patience set, :data:`AUTO_PATIENCE`. A set ``steps`` is returned
         as it is."""
@@ -94,7 +97,7 @@ class LoopConfig(Codec, where="loop"):
         sized = dataclasses.replace(self, steps=epochs * epoch_steps)
         if self.eval_every is None:
             k = self.steps_per_closure
-            per_epoch = max(k, round(epoch_steps / k) * k)
+            per_epoch = max(k * workers, round(epoch_steps / k) * k)
             sized = dataclasses.replace(sized, eval_every=min(
                 sized.resolved().eval_every, per_epoch))
         if early_stop and not self.early_stop_patience:
