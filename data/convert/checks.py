@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.features.spec.derived import EPOCH_MS
 from psrec.features.spec.derived import DerivedFeature
@@ -20,8 +19,8 @@ from psrec.features.transforms.ops import MISSING_INT
 from psrec.features.transforms.ops import MISSING_TOKEN
 
 
-class SchemaError(ConfigError):
-    """A Parquet file's schema does not match the spec."""
+class SchemaError(DataError):
+    """A Parquet file's schema does not match the spec: bad data (exit 1)."""
 
 
 def _type_ok(arrow_type: pa.DataType, kind: str) -> bool:

@@ -89,6 +89,7 @@ def add_convert(sub: argparse._SubParsersAction, name: str
     add_option(p, ConversionOptions, "eval_files", metavar="GLOB")
     add_option(p, ConversionOptions, "block_rows", type=positive)
     add_option(p, ConversionOptions, "max_bad_fraction", type=fraction)
+    add_option(p, ConversionOptions, "overwrite")
     add_progress_flag(p)
     add_option(p, ConversionOptions, "neg_sample_rate",
                type=positive_fraction, metavar="R")

@@ -60,6 +60,7 @@ def prepare_data(config: JobConfig, log=print, *,
         except ManifestError:
             manifest = _generate(config, root, log, progress)
     manifest.check_spec(config.spec.fingerprint())
+    manifest.require_rows("train")
     manifest, repair = repair_corrupted_shards(
         manifest, as_path(config.workdir) / "repaired",
         config.max_corrupt_records, checksums=config.verify_checksums,
