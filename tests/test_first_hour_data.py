@@ -4,10 +4,12 @@ messages, each through ``psrec.launch.cli.main.main`` in-process."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from psrec.launch.cli.main import main
 
@@ -130,7 +132,6 @@ def _convert(tmp_path: Path, src: str, out: Path, *flags: str) -> int:
 
 def test_train_on_a_zero_row_split_is_refused_before_it_starts(tmp_path,
                                                                capsys):
-    import json
     src = _parquet(tmp_path / "a.parquet", click=[1, 0, 1, 0],
                    price=[1.0, 2.0, 3.0, 4.0])
     out = tmp_path / "tf"
@@ -183,3 +184,61 @@ def test_a_data_folder_that_does_not_exist_is_named_so(tmp_path, capsys):
     assert code == 2, line
     assert f"{missing} does not exist" in line
     assert "did not complete" not in line
+
+
+def test_a_cli_user_is_told_the_allow_remote_flag(capsys):
+    code = main(["tf-config", "--ps-hosts", "10.0.0.1:2222",
+                 "--worker-hosts", "10.0.0.2:2222"])
+    line = _one_error_line(capsys)
+    assert code == 2, line
+    assert "needs `--allow-remote`" in line
+    assert "allow_remote" not in line
+
+
+def test_spec_infer_takes_the_files_after_the_flags(tmp_path, capsys):
+    src = _parquet(tmp_path / "a.parquet", click=[1, 0, 1, 0],
+                   price=[1.0, 2.0, 3.0, 4.0])
+    out = tmp_path / "s.yaml"
+    assert main(["spec", "infer", "--label", "click", "--out", str(out),
+                 src]) == 0
+    assert out.is_file()
+
+
+def test_a_stray_argument_is_still_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["spec", "criteo", "--out", "x.yaml", "stray", "--nope"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+# -- did you mean ------------------------------------------------------------
+
+
+def test_a_misspelt_model_name_suggests_the_model(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--model", "deepffm", "--workdir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "did you mean 'deepfm'?" in _one_error_line(capsys)
+
+
+def test_a_misspelt_preset_suggests_the_preset(capsys):
+    assert main(["spec", "critoe"]) == 2
+    assert "did you mean 'criteo'?" in _one_error_line(capsys)
+
+
+def test_a_misspelt_spec_key_suggests_the_key(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: tiny\nlabel: {name: click}\n"
+                    "dens: [{name: price}]\n")
+    assert main(["spec", str(path)]) == 2
+    assert "unknown key 'dens'; did you mean 'dense'?" in _one_error_line(
+        capsys)
+
+
+def test_a_misspelt_label_column_suggests_the_column(tmp_path, capsys):
+    src = _parquet(tmp_path / "a.parquet", clicks=[1, 0], price=[1.0, 2.0])
+    code = main(["convert", src, "--spec", _spec(tmp_path), "--out",
+                 str(tmp_path / "tf")])
+    line = _one_error_line(capsys)
+    assert code == 1, line
+    assert "did you mean 'clicks'?" in line

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from psrec.errors import DataError
+from psrec.errors import did_you_mean
 from psrec.features.spec.derived import EPOCH_MS
 from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.derived import parse_pattern
@@ -63,7 +64,8 @@ def check_schema(path: str, schema: pa.Schema,
         if index < 0:
             raise SchemaError(
                 f"{path}: column {column!r} required by spec "
-                f"{spec.name!r} is missing (found: {', '.join(schema.names)}); "
+                f"{spec.name!r} is missing (found: {', '.join(schema.names)})"
+                f"{did_you_mean(column, schema.names)}; "
                 "fix the input or the spec -- psrec does not fill missing "
                 "columns with nulls.")
         arrow_type = schema.field(index).type

@@ -148,7 +148,8 @@ def _generate(config: JobConfig, root: Path | UriPath, log, progress: Progress
                                     seed=synthetic.seed)
     report = convert(files, config.spec, root / "tfrecord", ConversionOptions(
         shards=max(synthetic.shards, input_pipelines(config)),
-        eval_fraction=synthetic.eval_fraction), progress=progress)
+        eval_fraction=synthetic.eval_fraction, overwrite=True),
+        progress=progress)  # the workdir's own data, remade for its spec
     log(report.summary())
     return report.manifest
 
