@@ -23,6 +23,7 @@ code   kind       meaning
 
 from __future__ import annotations
 
+import difflib
 import errno
 import functools
 import os
@@ -132,3 +133,12 @@ def os_error_cause(error: BaseException) -> str | None:
         if text in message:
             return f"{text} ({name})"
     return None
+
+
+def did_you_mean(value: object, choices: object) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to a misspelt
+    ``value`` (:func:`difflib.get_close_matches`), ``""`` when none is
+    close: what an error refusing an unknown name appends."""
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices],
+                                      n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

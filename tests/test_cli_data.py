@@ -68,13 +68,13 @@ def test_spec_command_prints_yaml_and_rejects_unknown_spec(capsys):
     assert "no-such-preset" in err and "criteo" in err and "movielens" in err
 
 
-def test_convert_with_missing_column_exits_2_naming_file_and_column(
+def test_convert_with_missing_column_exits_1_naming_file_and_column(
         tmp_path, capsys):
     path = tmp_path / "no_c3.parquet"
     pq.write_table(synthetic_table(SPEC, 200).drop_columns(["C3"]), path)
     code = main(["convert", str(path), "--spec", _spec_file(tmp_path),
                  "--out", str(tmp_path / "out")])
-    assert code == 2
+    assert code == 1  # the input does not hold what the spec reads: bad data
     err = capsys.readouterr().err
     assert str(path) in err and "'C3'" in err
     assert not (tmp_path / "out").exists()

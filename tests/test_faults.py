@@ -368,7 +368,7 @@ def test_non_loopback_cluster_refused_without_allow_remote(
     assert main(train_args(tmp_path / "w", manifest_dir, "--cluster",
                            str(cluster))) == 2
     captured = capsys.readouterr()
-    assert "needs --allow-remote" in captured.err, captured.err[-3000:]
+    assert "needs `--allow-remote`" in captured.err, captured.err[-3000:]
     assert "coordinating existing cluster" not in captured.out + captured.err
     assert main(["tf-config", "--ps-hosts", "10.0.0.5:2222",
                  "--worker-hosts", "10.0.0.6:2222", "--allow-remote"]) == 0

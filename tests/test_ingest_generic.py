@@ -21,6 +21,7 @@ from psrec.data.ingest.common import find_line
 from psrec.data.ingest.jsonl import ingest_jsonl
 from psrec.data.ingest.libfm import ingest_libfm
 from psrec.data.ingest.tabular import ingest_csv
+from psrec.errors import EXIT_FAILURE
 from psrec.errors import EXIT_USAGE
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.cli.main import main
@@ -314,20 +315,25 @@ def test_cli_ingest_csv_libfm_jsonl(tmp_path, capsys):
     assert "2 rows" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["libfm", "IN", "--delimiter", ";"], "--delimiter applies to ingest csv"),
-    (["criteo", "IN", "--fields", "a"], "--fields applies to ingest libfm"),
-    (["csv", "IN", "--types", "click"], "--types 'click': give COL=TYPE"),
-    (["csv", "IN", "--delimiter", "::"], "`delimiter` = '::'"),
-    (["csv", "MISSING"], "input file not found"),
-    (["csv", "IN", "--types", "a=int64"], "data row 1 has a='x'"),
+@pytest.mark.parametrize("argv, match, code", [
+    (["libfm", "IN", "--delimiter", ";"], "--delimiter applies to ingest csv",
+     EXIT_USAGE),
+    (["criteo", "IN", "--fields", "a"], "--fields applies to ingest libfm",
+     EXIT_USAGE),
+    (["csv", "IN", "--types", "click"], "--types 'click': give COL=TYPE",
+     EXIT_USAGE),
+    (["csv", "IN", "--delimiter", "::"], "`delimiter` = '::'", EXIT_USAGE),
+    (["csv", "MISSING"], "input file not found", EXIT_USAGE),
+    # a value that does not parse is bad data
+    (["csv", "IN", "--types", "a=int64"], "data row 1 has a='x'",
+     EXIT_FAILURE),
 ])
-def test_cli_ingest_errors_are_one_line(tmp_path, capsys, argv, match):
+def test_cli_ingest_errors_are_one_line(tmp_path, capsys, argv, match, code):
     (tmp_path / "in.csv").write_text("a\nx\n")
     argv = [str(tmp_path / "in.csv") if a == "IN" else
             str(tmp_path / "missing.csv") if a == "MISSING" else a
             for a in argv]
-    assert main(["ingest", *argv, "--out", str(tmp_path / "o")]) == EXIT_USAGE
+    assert main(["ingest", *argv, "--out", str(tmp_path / "o")]) == code
     err = capsys.readouterr().err.strip()
     # A row that fails is found while reading: the progress display (label
     # and bar lines, ended where the reading stopped) comes first.

@@ -18,6 +18,7 @@ from psrec.data.infer.infer import infer_spec
 from psrec.data.infer.stats import DistinctCounter
 from psrec.data.ingest.criteo import ingest_criteo
 from psrec.errors import ConfigError
+from psrec.errors import DataError
 from psrec.features.spec.presets import resolve_spec
 from psrec.launch.cli.main import main
 from tests._shared import CRITEO_SAMPLE
@@ -149,7 +150,6 @@ def test_flags_cap_buckets_skip_vocabularies_and_exclude(parquet, tmp_path):
 
 @pytest.mark.parametrize("kwargs, needle", [
     ({"label": "nope"}, "is not a column"),
-    ({"label": "country"}, "must name an integer"),
     ({"label": "click", "exclude": ["ghost"]}, "names no column"),
     ({"label": "click", "out_name": "s.json"}, "must be a .yaml"),
 ])
@@ -159,6 +159,13 @@ def test_bad_arguments_are_config_errors(parquet, tmp_path, kwargs, needle):
     with pytest.raises(ConfigError, match=needle):
         infer_spec(paths, out=out, options=InferOptions(
             exclude=kwargs.pop("exclude", ())), **kwargs)
+
+
+def test_a_string_label_is_a_data_error_naming_the_fix(parquet, tmp_path):
+    paths, _ = parquet
+    with pytest.raises(DataError, match=r"must name an integer.*--types "
+                       r"country=int64"):
+        infer_spec(paths, "country", tmp_path / "s.yaml")
 
 
 def test_distinct_count_falls_back_to_an_estimate():

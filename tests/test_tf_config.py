@@ -296,12 +296,12 @@ def test_loopback_mixed_with_remote_reported_before_allow_remote():
 )
 def test_non_loopback_refused_without_allow_remote(address, host):
     spec = ClusterSpec.build(ps=["10.9.9.9:2221"], workers=[address])
-    with pytest.raises(ClusterSpecError, match=r"non-loopback host '10\.9\.9\.9'.*needs --allow-remote"):
+    with pytest.raises(ClusterSpecError, match=r"non-loopback host '10\.9\.9\.9'.*needs `StrategyConfig\.allow_remote`"):
         spec.validate()
     spec = ClusterSpec.build(ps=[address], workers=["10.9.9.9:2221"])
     with pytest.raises(
         ClusterSpecError,
-        match=rf"non-loopback host '{re.escape(host)}' \(task ps\[0\] = '{re.escape(address)}'\) needs --allow-remote.*unauthenticated, unencrypted connections on all interfaces.*isolated network",
+        match=rf"non-loopback host '{re.escape(host)}' \(task ps\[0\] = '{re.escape(address)}'\) needs `StrategyConfig\.allow_remote`.*unauthenticated, unencrypted connections on all interfaces.*isolated network",
     ):
         spec.validate()
     assert not spec.is_loopback()
@@ -404,7 +404,7 @@ def test_from_json_errors(text, pattern):
 def test_tfconfig_validate_runs_cluster_checks():
     text = _config_json({"ps": ["10.0.0.1:1"], "worker": ["10.0.0.2:1"]}, {"type": "worker", "index": 0})
     config = TFConfig.from_json(text)
-    with pytest.raises(ClusterSpecError, match=r"needs --allow-remote"):
+    with pytest.raises(ClusterSpecError, match=r"needs `StrategyConfig\.allow_remote`"):
         config.validate()
     config.validate(allow_remote=True)
     with pytest.raises(ClusterSpecError, match=r"not allowed with strategy 'multi-worker-mirrored'"):

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from psrec.errors import ConfigError
 from psrec.errors import DataError
+from psrec.errors import did_you_mean
 from psrec.features.spec.derived import EPOCH_MS
 from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.derived import parse_pattern
@@ -20,8 +20,8 @@ from psrec.features.transforms.ops import MISSING_INT
 from psrec.features.transforms.ops import MISSING_TOKEN
 
 
-class SchemaError(ConfigError):
-    """A Parquet file's schema does not match the spec."""
+class SchemaError(DataError):
+    """A Parquet file's schema does not match the spec: bad data (exit 1)."""
 
 
 def _type_ok(arrow_type: pa.DataType, kind: str) -> bool:
@@ -64,7 +64,8 @@ def check_schema(path: str, schema: pa.Schema,
         if index < 0:
             raise SchemaError(
                 f"{path}: column {column!r} required by spec "
-                f"{spec.name!r} is missing (found: {', '.join(schema.names)}); "
+                f"{spec.name!r} is missing (found: {', '.join(schema.names)})"
+                f"{did_you_mean(column, schema.names)}; "
                 "fix the input or the spec -- psrec does not fill missing "
                 "columns with nulls.")
         arrow_type = schema.field(index).type

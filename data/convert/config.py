@@ -62,6 +62,11 @@ class ConversionOptions:
         "(stable hash of the row id; the eval split is not sampled); "
         "training, eval and the export correct the logits by log(R); 1: "
         "keep all")
+    overwrite: bool = option(
+        False, flag="--overwrite",
+        help="replace the dataset in the output folder even when it was "
+        "converted from other inputs (without it, such a folder is "
+        "refused; the same inputs may be converted into it again)")
 
     def __post_init__(self) -> None:
         name = functools.partial(qualified, self)

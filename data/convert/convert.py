@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ from psrec.data.format.manifest import MANIFEST_NAME
 from psrec.data.format.manifest import SPEC_FILE_NAME
 from psrec.data.format.manifest import SPLITS
 from psrec.data.format.manifest import Manifest
+from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.presets import with_absolute_vocabularies
@@ -68,6 +70,14 @@ from psrec.uri_path import as_path
 
 class BadDataError(DataError):
     """Too many rows failed the row checks."""
+
+
+class EmptyInputError(DataError):
+    """The inputs hold no row, or none is left for the train split."""
+
+
+class OtherDatasetError(ConfigError):
+    """The output folder holds a dataset made from other inputs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +221,23 @@ def _clean_previous(out_dir: Path | UriPath) -> None:
         path.unlink()
 
 
+def _check_same_inputs(out: Path | UriPath, sources: list[dict]) -> None:
+    """Refuses an output folder whose manifest records other inputs (files
+    or their row counts): a run may read that dataset. Re-running the same
+    conversion (the same inputs) into its folder is allowed."""
+    try:
+        recorded = json.loads((out / MANIFEST_NAME).read_text())["sources"]
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = None  # unreadable: not known to be the same inputs
+    if recorded != sources:
+        raise OtherDatasetError(
+            f"output folder {str(out)!r} holds a dataset converted from "
+            "other inputs, which a run may read; give another --out, or "
+            "--overwrite to replace it.")
+
+
 def _save_spec(spec: FeatureSpec, out_dir: Path | UriPath) -> str:
     """Saves the spec beside the data (temp file + rename)."""
     tmp = out_dir / f".spec.tmp-{os.getpid()}.yaml"
@@ -255,6 +282,10 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
             extras[path] = found
         sources.append({"file": path, "rows": metadata.num_rows})
     total_rows = sum(s["rows"] for s in sources)
+    if not total_rows:
+        raise EmptyInputError(
+            f"{', '.join(paths)}: no rows to convert (a header-only CSV "
+            "ingests to 0 rows); give inputs that hold rows.")
     split = plan_split(paths, [s["rows"] for s in sources],
                        mode=options.split_mode,
                        eval_fraction=options.eval_fraction,
@@ -262,6 +293,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                        eval_files=options.eval_files)
 
     out = as_path(out_dir)
+    if not options.overwrite:
+        _check_same_inputs(out, sources)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     _clean_previous(out)
@@ -327,6 +360,12 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                 f"--max-bad-fraction {options.max_bad_fraction:g}; see "
                 f"{quarantine_path} (reasons: {dict(quarantine.reasons)}). "
                 "No shard was written; fix the input or raise the limit.")
+        if not writers["train"].rows:
+            raise EmptyInputError(
+                f"{', '.join(paths)}: no row of {total_rows} was left for the "
+                f"train split ({bad_rows} bad, the rest to eval or sampled "
+                "out); lower --eval-fraction, fix the rows or raise "
+                "--neg-sample-rate.")
         shards = {split: writer.publish(out)
                   for split, writer in writers.items()}
         shards.setdefault("eval", ())

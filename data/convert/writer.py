@@ -81,6 +81,11 @@ class ShardWriter:
         for writer in self._writers:
             writer.close()
 
+    @property
+    def rows(self) -> int:
+        """The rows written so far (all, once closed)."""
+        return sum(self._rows)
+
     def publish(self, out_dir: Path | UriPath) -> tuple[ShardInfo, ...]:
         infos = []
         for name, tmp, rows in zip(self.names, self.tmp_paths, self._rows):

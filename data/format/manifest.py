@@ -16,6 +16,7 @@ from typing import Any
 
 from psrec.data.format.files import write_json_atomic
 from psrec.errors import ConfigError
+from psrec.errors import DataError
 from psrec.features.spec.presets import PRESETS
 from psrec.features.spec.presets import resolve_spec
 from psrec.features.spec.presets import with_absolute_vocabularies
@@ -32,6 +33,10 @@ SPLITS = ("train", "eval")
 
 class ManifestError(ConfigError):
     """A manifest is missing, malformed or does not match its files/spec."""
+
+
+class EmptyDataError(DataError):
+    """A split to train on holds no row (bad data, exit 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +94,16 @@ class Manifest:
         _check_split(split)
         return sum(s.rows for s in self.shards[split])
 
+    def require_rows(self, split: str = "train") -> None:
+        """Raises :class:`EmptyDataError` when ``split`` holds no row (a
+        job would wait at step 0 for a batch that never comes)."""
+        if not self.rows(split):
+            raise EmptyDataError(
+                f"{self.root}: the {split} split holds 0 rows, nothing to "
+                "train on; convert inputs that hold rows into it (psrec "
+                "convert ... --out FOLDER --overwrite) or give another "
+                "--data.")
+
     def positive_rate(self, split: str = "train") -> float | None:
         """The share of positive labels in a split (the base rate an output
         bias starts at); None when the manifest does not record positives
@@ -134,6 +149,10 @@ class Manifest:
         """Reads a manifest file, or the manifest inside a folder (a local
         path or a URI)."""
         path = as_path(path)
+        if not path.exists():
+            raise ManifestError(
+                f"{path} does not exist; give the folder `psrec convert "
+                "--out` wrote (or its manifest.json).")
         if path.is_dir():
             path = path / MANIFEST_NAME
         if not path.is_file():

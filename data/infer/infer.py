@@ -30,7 +30,9 @@ from psrec.data.infer.stats import ColumnStats
 from psrec.data.infer.stats import collect_stats
 from psrec.data.infer.times import time_features
 from psrec.errors import ConfigError
+from psrec.errors import DataError
 from psrec.errors import check
+from psrec.errors import did_you_mean
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.columns import LabelConfig
@@ -82,9 +84,12 @@ def _g(value: float) -> float:
 
 def _label(stats: ColumnStats, threshold: float | None) -> tuple[LabelConfig,
                                                                  str]:
+    fix = (f"; if it holds numbers, ingest it as one: psrec ingest csv ... "
+           f"--types {stats.name}=int64 (or float64, bool)"
+           if stats.kind == "string" else "")
     check(stats.kind in ("int", "float", "bool"), "--label", stats.name,
           f"must name an integer, floating or boolean column, not "
-          f"{stats.arrow_type}")
+          f"{stats.arrow_type}{fix}", error=DataError)
     note = f"{stats.null_share:.1%} null" + (
         " (null labels are bad rows at convert)" if stats.nulls else "")
     if threshold is not None:
@@ -211,7 +216,8 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,
     schema, stats = collect_stats(files, exact_cap=exact_cap,
                                   progress=progress)
     check(label in schema.names, "--label", label,
-          f"is not a column; columns: {', '.join(schema.names)}")
+          f"is not a column{did_you_mean(label, schema.names)} (columns: "
+          f"{', '.join(schema.names)})")
     unknown = [name for name in exclude if name not in schema.names]
     check(not unknown, qualified(options, "exclude"), ",".join(unknown),
           f"names no column; columns: {', '.join(schema.names)}")

@@ -20,15 +20,25 @@ from pathlib import Path
 import pyarrow as pa
 
 from psrec.data.format.files import open_arrow_input
+from psrec.errors import EXIT_USAGE
 from psrec.errors import ConfigError
+from psrec.errors import DataError
 from psrec.progress import Progress
 from psrec.progress import Task
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
 
 
-class IngestError(ConfigError):
-    """A raw input file cannot be converted; the message names file and fix."""
+class IngestError(DataError):
+    """A raw input file cannot be converted (bad data, exit 1); the message
+    names file and fix."""
+
+
+class IngestUsageError(IngestError, ConfigError):
+    """An ingest argument is wrong (an input that does not exist, a bad
+    option, an output path that is not a folder): a user mistake, exit 2."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +78,7 @@ def prepare_out_dir(out_dir: str | Path) -> Path | UriPath:
     ``s3://`` is written through ``pyarrow.fs``), created if needed."""
     path = as_path(out_dir)
     if path.exists() and not path.is_dir():
-        raise IngestError(
+        raise IngestUsageError(
             f"Output path {str(path)!r} exists and is not a folder; pass a "
             "folder (it is created if missing).")
     path.mkdir(parents=True, exist_ok=True)
@@ -76,9 +86,10 @@ def prepare_out_dir(out_dir: str | Path) -> Path | UriPath:
 
 
 def require_file(path: Path, what: str) -> None:
-    """Raises :class:`IngestError` unless ``path`` is an existing file."""
+    """Raises :class:`IngestUsageError` unless ``path`` is an existing
+    file."""
     if not path.is_file():
-        raise IngestError(f"{what} {str(path)!r} does not exist or is not a "
+        raise IngestUsageError(f"{what} {str(path)!r} does not exist or is not a "
                           "file; check the path.")
 
 
@@ -105,13 +116,13 @@ def check_sources(paths: Sequence[str | Path], what: str) -> list[Path]:
     output stems distinct (one Parquet file per input)."""
     sources = [as_path(p) for p in paths]  # local paths or URIs
     if not sources:
-        raise IngestError(f"no {what} given; pass at least one input file.")
+        raise IngestUsageError(f"no {what} given; pass at least one input file.")
     for src in sources:
         require_file(src, what)
     stems = [output_stem(src) for src in sources]
     if len(set(stems)) != len(stems):
         dup = sorted({s for s in stems if stems.count(s) > 1})
-        raise IngestError(
+        raise IngestUsageError(
             f"{what}s map to the same output name(s) {dup}: "
             f"{[str(s) for s in sources]}; rename the inputs so their stems "
             "differ, or ingest them into different folders.")
@@ -218,12 +229,19 @@ def write_each(out_dir: str | Path, plans: Sequence[tuple],
                ) -> tuple[tuple[str, ...], int, int]:
     """One Parquet file per input: ``write(src, dst, *rest)`` for each plan
     ``(src, *rest)``, ``dst`` = ``out_dir/<input stem>.parquet``. Returns
-    the files, the rows and the positives (None counts as 0)."""
+    the files, the rows and the positives (None counts as 0). An input
+    that yields no row (a header-only CSV) is refused, its empty output
+    removed: converting nothing would publish an empty dataset."""
     out = prepare_out_dir(out_dir)
     files, rows, positives = [], 0, 0
     for src, *rest in plans:
         dst = out / f"{output_stem(src)}.parquet"
         n, pos = write(src, dst, *rest)
+        if not n:
+            dst.unlink(missing_ok=True)
+            raise IngestError(
+                f"Input file {str(src)!r} holds no data row (a header "
+                "only?); add its rows or remove it from the inputs.")
         files.append(str(dst))
         rows += n
         positives += pos or 0

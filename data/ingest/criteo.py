@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from psrec.data.format.files import atomic_output
 from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
+from psrec.data.ingest.common import IngestUsageError
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
 from psrec.data.ingest.common import clip
@@ -138,14 +139,14 @@ def ingest_criteo(tsv_paths: Sequence[str | Path], out_dir: str | Path, *,
     ``positives`` is the sum of the label column.
     """
     if block_size_bytes <= 0:
-        raise IngestError(f"block_size_bytes must be positive, got "
+        raise IngestUsageError(f"block_size_bytes must be positive, got "
                           f"{block_size_bytes}; use e.g. 64 << 20.")
     sources = check_sources(tsv_paths, "Criteo file")
     layouts = [_criteo_is_labelled(src) for src in sources]
     if len(set(layouts)) > 1:
         labelled_files = [str(s) for s, lab in zip(sources, layouts) if lab]
         unlabelled = [str(s) for s, lab in zip(sources, layouts) if not lab]
-        raise IngestError(
+        raise IngestUsageError(
             f"Criteo inputs mix labelled files {labelled_files} with "
             f"unlabelled files {unlabelled}; ingest them in separate calls.")
     with input_task(progress, sources) as task:

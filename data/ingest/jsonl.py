@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from psrec.data.format.files import atomic_output
 from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
+from psrec.data.ingest.common import IngestUsageError
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
 from psrec.data.ingest.common import input_task
@@ -159,7 +160,7 @@ def ingest_jsonl(paths: Sequence[str | Path], out_dir: str | Path, *,
     column_types = dict(column_types or {})
     check_column_types(column_types)
     check(block_size_bytes > 0, "block_size_bytes", block_size_bytes,
-          "must be positive", error=IngestError)
+          "must be positive", error=IngestUsageError)
     sources = check_sources(paths, "JSON-lines file")
     types = {c: COLUMN_TYPES[t] for c, t in column_types.items()}
     plans = []

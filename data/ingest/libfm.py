@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from psrec.data.format.files import atomic_output
 from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
+from psrec.data.ingest.common import IngestUsageError
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
 from psrec.data.ingest.common import clip
@@ -269,7 +270,7 @@ def _check_fields(fields: Sequence[str] | None) -> list[str] | None:
     bad = sorted({n for n in names if not n or names.count(n) > 1
                   or n in taken})
     if not names or bad:
-        raise IngestError(
+        raise IngestUsageError(
             f"--fields {','.join(names)!r}: names must be non-empty, "
             f"distinct, and not 'label' or '<another field>_value' (bad: "
             f"{bad}); give one name per field.")
@@ -287,7 +288,7 @@ def ingest_libfm(paths: Sequence[str | Path], out_dir: str | Path, *,
     """
     names = _check_fields(fields)
     if block_size_bytes <= 0:
-        raise IngestError(f"`block_size_bytes` = {block_size_bytes} must be "
+        raise IngestUsageError(f"`block_size_bytes` = {block_size_bytes} must be "
                           "positive.")
     sources = check_sources(paths, "libFM file")
     for src in sources:

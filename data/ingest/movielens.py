@@ -17,6 +17,7 @@ from psrec.data.format.files import atomic_output
 from psrec.data.format.files import open_arrow_input
 from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
+from psrec.data.ingest.common import IngestUsageError
 from psrec.data.ingest.common import prepare_out_dir
 from psrec.data.ingest.common import require_file
 from psrec.uri_path import as_path
@@ -143,7 +144,7 @@ def ingest_movielens(ml_dir: str | Path, out_dir: str | Path) -> IngestReport:
     """
     ml = as_path(ml_dir)
     if not ml.is_dir():
-        raise IngestError(
+        raise IngestUsageError(
             f"MovieLens folder {str(ml)!r} does not exist; pass the folder "
             "holding u.data, u.item, u.genre and u.user.")
     genre_names = _read_genre_names(ml / "u.genre")

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from psrec.data.format.files import atomic_output
 from psrec.data.ingest.common import IngestError
 from psrec.data.ingest.common import IngestReport
+from psrec.data.ingest.common import IngestUsageError
 from psrec.data.ingest.common import ReadMeter
 from psrec.data.ingest.common import check_sources
 from psrec.data.ingest.common import clip
@@ -47,17 +48,17 @@ def check_column_types(column_types: Mapping[str, str]) -> None:
     """Each ``{column: type}`` names one of :data:`COLUMN_TYPES`."""
     for column, name in column_types.items():
         check(name in COLUMN_TYPES, f"types[{column}]", name,
-              f"must be one of {', '.join(COLUMN_TYPES)}", error=IngestError)
+              f"must be one of {', '.join(COLUMN_TYPES)}", error=IngestUsageError)
 
 
 def _check_options(delimiter: str, column_types: Mapping[str, str],
                    block_size_bytes: int) -> None:
     check(len(delimiter) == 1 and delimiter not in _FORBIDDEN_DELIMITERS,
           "delimiter", delimiter, "must be one character other than a "
-          "newline or '\"' (a tab is '\\t')", error=IngestError)
+          "newline or '\"' (a tab is '\\t')", error=IngestUsageError)
     check_column_types(column_types)
     check(block_size_bytes > 0, "block_size_bytes", block_size_bytes,
-          "must be positive", error=IngestError)
+          "must be positive", error=IngestUsageError)
 
 
 def _column_names(path: Path, delimiter: str, header: bool,
@@ -76,7 +77,7 @@ def _column_names(path: Path, delimiter: str, header: bool,
     width = table.num_columns
     if columns is not None:
         if len(columns) != width:
-            raise IngestError(
+            raise IngestUsageError(
                 f"{str(path)!r}: --columns names {len(columns)} columns but "
                 f"line 1 has {width} {delimiter!r}-separated fields; give one "
                 "name per field or check --delimiter.")
@@ -215,7 +216,7 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
         names = _column_names(src, delimiter, header, columns)
         unknown = sorted(set(types) - set(names))
         if unknown:
-            raise IngestError(
+            raise IngestUsageError(
                 f"--types names column(s) {unknown} that {str(src)!r} lacks "
                 f"(its columns: {', '.join(names)}); fix the names.")
         plans.append((src, names))

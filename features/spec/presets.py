@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
+from psrec.errors import did_you_mean
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.columns import LabelConfig
@@ -134,7 +135,7 @@ def resolve_spec(spec: str | Path | FeatureSpec) -> FeatureSpec:
         return FeatureSpec.load(text)
     raise SpecError(
         f"`--spec` = {text!r} is neither a preset ({', '.join(PRESETS)}) "
-        "nor an existing YAML/JSON file."
+        f"nor an existing YAML/JSON file{did_you_mean(text, PRESETS)}"
     )
 
 

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import yaml
 
+from psrec.errors import did_you_mean
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.columns import LabelConfig
@@ -321,8 +322,9 @@ def _cross_problems(label: LabelConfig | None,
 
 def _unknown_keys(where: str, data: Mapping[str, Any],
                   allowed: tuple[str, ...]) -> list[str]:
-    return [f"{where}: unknown key {key!r}; allowed keys: "
-            f"{', '.join(allowed)}." for key in data if key not in allowed]
+    return [f"{where}: unknown key {key!r}{did_you_mean(key, allowed)} "
+            f"(allowed keys: {', '.join(allowed)})." for key in data
+            if key not in allowed]
 
 
 def _list_of(data: Mapping[str, Any], key: str,

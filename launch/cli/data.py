@@ -89,6 +89,7 @@ def add_convert(sub: argparse._SubParsersAction, name: str
     add_option(p, ConversionOptions, "eval_files", metavar="GLOB")
     add_option(p, ConversionOptions, "block_rows", type=positive)
     add_option(p, ConversionOptions, "max_bad_fraction", type=fraction)
+    add_option(p, ConversionOptions, "overwrite")
     add_progress_flag(p)
     add_option(p, ConversionOptions, "neg_sample_rate",
                type=positive_fraction, metavar="R")
@@ -125,7 +126,7 @@ def add_spec(sub: argparse._SubParsersAction, name: str
         description="psrec spec NAME [--out F]: print or save a preset or "
         "spec file. psrec spec infer PARQUET... --label COL --out spec.yaml: "
         "write a commented spec (and vocab/*.txt beside it) from one pass of "
-        "statistics over the Parquet files (give them before the flags).")
+        "statistics over the Parquet files.")
     p.add_argument("spec", help="preset name (criteo, movielens), spec file, "
                    "or `infer`")
     p.add_argument("inputs", nargs="*", metavar="PARQUET",
@@ -143,6 +144,7 @@ def add_spec(sub: argparse._SubParsersAction, name: str
     add_option(g, InferOptions, "exclude", default=None, metavar="COL,...")
     add_progress_flag(g)
     add_json_flag(p)
+    p.set_defaults(trailing_inputs="inputs")  # files after the flags too
     return p
 
 

@@ -35,6 +35,7 @@ from psrec.errors import EXIT_RETRYABLE
 from psrec.errors import EXIT_USAGE
 from psrec.errors import ConfigError
 from psrec.errors import PsrecError
+from psrec.errors import did_you_mean
 from psrec.launch.cli import data
 from psrec.launch.cli import embeddings
 from psrec.launch.cli import k8s
@@ -84,6 +85,17 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a value against ``choices``, its error
+        ending with the closest choice (``did you mean 'deepfm'?``)."""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            raise argparse.ArgumentError(action, (
+                f"invalid choice: {value!r} (choose from "
+                f"{', '.join(map(repr, choices))})"
+                f"{did_you_mean(value, choices)}"))
+        super()._check_value(action, value)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         line = " ".join(message.split())
@@ -333,12 +345,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_process()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     args.argv = argv
     # Giant-table initialisation, checkpoint saves and restores report here.
     set_default_progress(progress_for(args))
     run: Callable[[argparse.Namespace], int] = args.run
     return run_command(args.command, lambda: run(args))
+
+
+def parse(parser: argparse.ArgumentParser,
+          argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that a command whose parser
+    names its ``nargs="*"`` positional in the default ``trailing_inputs``
+    (``psrec spec infer``) also takes those arguments after its flags:
+    argparse matches such a positional, empty, before the flags and calls
+    what follows them unrecognized."""
+    args, extra = parser.parse_known_args(argv)
+    into = getattr(args, "trailing_inputs", None)
+    if extra and into and not any(a.startswith("-") for a in extra):
+        setattr(args, into, [*getattr(args, into), *extra])
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def run_command(command: str, run: Callable[[], int]) -> int:

@@ -101,8 +101,10 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
     overrides = {"batch_norm": "sync"} if args.sync_batch_norm else {}
     if args.cross_low_rank:
         overrides["cross_low_rank"] = args.cross_low_rank
-    spec = spec_for(Manifest.load(args.data) if args.data else None,
-                    args.spec)
+    manifest = Manifest.load(args.data) if args.data else None
+    if manifest is not None:  # refused before anything starts (exit 1)
+        manifest.require_rows("train")
+    spec = spec_for(manifest, args.spec)
     retrieval = retrieval_flags.retrieval_config(args, spec)
     if not has_ranking_metrics(spec, retrieval) and (
             (given(args, "keep_best") and args.keep_best != "none")

@@ -60,6 +60,7 @@ def prepare_data(config: JobConfig, log=print, *,
         except ManifestError:
             manifest = _generate(config, root, log, progress)
     manifest.check_spec(config.spec.fingerprint())
+    manifest.require_rows("train")
     manifest, repair = repair_corrupted_shards(
         manifest, as_path(config.workdir) / "repaired",
         config.max_corrupt_records, checksums=config.verify_checksums,
@@ -147,7 +148,8 @@ def _generate(config: JobConfig, root: Path | UriPath, log, progress: Progress
                                     seed=synthetic.seed)
     report = convert(files, config.spec, root / "tfrecord", ConversionOptions(
         shards=max(synthetic.shards, input_pipelines(config)),
-        eval_fraction=synthetic.eval_fraction), progress=progress)
+        eval_fraction=synthetic.eval_fraction, overwrite=True),
+        progress=progress)  # the workdir's own data, remade for its spec
     log(report.summary())
     return report.manifest
 

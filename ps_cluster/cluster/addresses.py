@@ -160,7 +160,7 @@ def check_addresses(tasks: Sequence[tuple[str, str]],
                     "or IP)")
         raise ClusterSpecError(
             f"non-loopback host {host!r} (task {task} = {address!r}) needs "
-            "--allow-remote (allow_remote=True): TensorFlow gRPC servers "
+            "`StrategyConfig.allow_remote`: TensorFlow gRPC servers "
             "accept unauthenticated, unencrypted connections on all "
             "interfaces, so remote clusters must run on an isolated network. "
             f"Use localhost addresses for a single-machine cluster{hint}")
