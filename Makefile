@@ -2,20 +2,32 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Two stamps: `make demo` needs psrec and its dependencies only; `make test`
+# (and install, bench) add the test extras -- also after a `make demo`.
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test test-fast install bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 2; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
-	touch $(STAMP)
 
-install: $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@echo "make: installing psrec and its dependencies into $(VENV) (TensorFlow 2.21, tf-keras, TensorFlow Recommenders, pyarrow, ...; the first run downloads them)"
+	$(BIN)/pip install -e .
+	touch $(RUN_STAMP)
 
-demo: $(STAMP)
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	@echo "make: installing psrec with its test extras into $(VENV) (pytest, moto, kubernetes-validate, ...; the first run downloads them)"
+	$(BIN)/pip install -e ".[test]"
+	touch $(TEST_STAMP) $(RUN_STAMP)
+
+install: $(TEST_STAMP)
+
+demo: $(RUN_STAMP)
 	$(BIN)/psrec train --workdir runs/demo
 
 # The whole suite (CI: .ci/run), with the 25 slowest tests listed. Two test
@@ -24,14 +36,14 @@ demo: $(STAMP)
 # fixtures -- a cluster run shared by several tests -- are made once.
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PYTEST) --durations=25
 
 # The inner loop: every test but the slow ones (each over ~10 s on 2 cores).
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "not slow" --durations=10
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/convert_bench.py
 
 clean:

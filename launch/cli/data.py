@@ -11,7 +11,10 @@ import argparse
 
 from psrec.data.convert.config import ConversionOptions
 from psrec.data.format.manifest import SPLITS
+from psrec.data.format.manifest import Manifest
+from psrec.data.format.manifest import spec_for
 from psrec.data.infer.infer import InferOptions
+from psrec.features.spec.presets import resolve_spec
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer
 from psrec.launch.cli.argtypes import positive
@@ -21,7 +24,9 @@ from psrec.launch.cli.options import add_option
 from psrec.launch.cli.support import RenamedFlag
 from psrec.launch.cli.support import add_cluster_flags
 from psrec.launch.cli.support import add_json_flag
+from psrec.launch.cli.support import existing_files
 from psrec.launch.monitor.progress_bar import add_progress_flag
+from psrec.options import option_values
 
 
 def add_ingest(sub: argparse._SubParsersAction, name: str
@@ -97,6 +102,15 @@ def add_convert(sub: argparse._SubParsersAction, name: str
     return p
 
 
+def check_convert(args: argparse.Namespace) -> None:
+    """What ``psrec convert`` refuses before its run imports TensorFlow
+    (in the run's order): a bad option value, a missing input, an unknown
+    ``--spec``."""
+    option_values(args, ConversionOptions)
+    existing_files(args.inputs, "input Parquet")
+    resolve_spec(args.spec)
+
+
 def add_audit_shards(sub: argparse._SubParsersAction, name: str
                      ) -> argparse.ArgumentParser:
     """``psrec audit-shards``: the per-pipeline overlap and coverage check."""
@@ -116,6 +130,12 @@ def add_audit_shards(sub: argparse._SubParsersAction, name: str
                    "the preset whose hash the manifest records)")
     add_json_flag(p)
     return p
+
+
+def check_audit_shards(args: argparse.Namespace) -> None:
+    """What ``psrec audit-shards`` refuses before its run imports
+    TensorFlow: a missing manifest, a spec that is not the data's."""
+    spec_for(Manifest.load(args.manifest), args.spec)
 
 
 def add_spec(sub: argparse._SubParsersAction, name: str

@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 
 from psrec.launch.cli.argtypes import positive
+from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_json_flag
+from psrec.uri import is_uri
+from psrec.uri_path import as_path
 
 
 def add_embeddings(sub: argparse._SubParsersAction, name: str
@@ -38,3 +41,16 @@ def add_stats(sub: argparse._SubParsersAction, name: str
                    "job.json beside the checkpoint; 1 without it)")
     add_json_flag(s)
     return s
+
+
+def check_stats(args: argparse.Namespace) -> None:
+    """What ``psrec embeddings stats`` refuses before its run imports
+    TensorFlow: a local checkpoint that is neither a folder nor a prefix
+    with its ``.index`` file (a URI is checked when read)."""
+    path = args.checkpoint
+    if is_uri(path) or as_path(path).is_dir() or as_path(
+            f"{path}.index").is_file():
+        return
+    raise UsageError(f"checkpoint {path!r} does not exist (no folder, no "
+                     f"{path}.index); give a checkpoint prefix such as "
+                     "DIR/ckpt-100 or its folder.")

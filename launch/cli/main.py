@@ -7,7 +7,10 @@ that imports no TensorFlow) and the function that runs it, in a module
 imported only when the command runs -- after
 :func:`psrec.runtime.configure_environment` -- so ``psrec --help`` and
 ``psrec COMMAND --help`` are instant, the Keras setting always applies, and
-the command modules import at the top.
+the command modules import at the top. A command whose run module imports
+TensorFlow also names a check, beside its parser (no TensorFlow), that
+refuses a missing input path or a bad argument before that import: a
+wrong path answers at once.
 
 Every user mistake ends in one line on stderr, ``psrec <command>: error:
 <message>``, and a permanent exit code (2 for arguments and configuration,
@@ -117,14 +120,20 @@ class Command:
     with sub-commands is a :data:`GROUPS` entry). ``add_parser(sub, name)``
     adds its parser to ``sub`` and returns it; it lives in a module that
     imports no TensorFlow. ``runs``: ``"module:function"``, the function
-    that runs it, looked up only when it runs.
+    that runs it, looked up only when it runs. ``checks(args)``, from a
+    module without TensorFlow: the input paths and arguments the run would
+    refuse first, refused before its module is imported (None: the run
+    module imports no TensorFlow, or nothing to check).
     """
 
     words: str
     add_parser: Callable[[_SubParsers, str], argparse.ArgumentParser]
     runs: str
+    checks: Callable[[argparse.Namespace], None] | None = None
 
     def __call__(self, args: argparse.Namespace) -> int:
+        if self.checks is not None:
+            self.checks(args)
         module, function = self.runs.split(":")
         return getattr(importlib.import_module(module), function)(args)
 
@@ -143,9 +152,10 @@ _CLI = "psrec.launch.cli"
 #: Every ``psrec`` command, in the order ``psrec --help`` lists them.
 COMMANDS: tuple[Command | SelfRunning, ...] = (
     Command("ingest", data.add_ingest, f"{_CLI}.data_run:run_ingest"),
-    Command("convert", data.add_convert, f"{_CLI}.convert_run:run_convert"),
+    Command("convert", data.add_convert, f"{_CLI}.convert_run:run_convert",
+            data.check_convert),
     Command("audit-shards", data.add_audit_shards,
-            f"{_CLI}.convert_run:run_audit_shards"),
+            f"{_CLI}.convert_run:run_audit_shards", data.check_audit_shards),
     Command("spec", data.add_spec, f"{_CLI}.data_run:run_spec"),
     Command("synth", data.add_synth, f"{_CLI}.data_run:run_synth"),
     Command("tf-config", data.add_tf_config,
@@ -153,18 +163,24 @@ COMMANDS: tuple[Command | SelfRunning, ...] = (
     # train, advise, server, data-server; then --task etc. on `psrec train`
     SelfRunning(train_commands.add_commands),
     SelfRunning(retrieval_flags.add_commands),
-    Command("export", model.add_export, f"{_CLI}.model_run:run_export"),
-    Command("eval", model.add_eval, f"{_CLI}.model_run:run_eval"),
-    Command("predict", model.add_predict, f"{_CLI}.model_run:run_predict"),
-    Command("score", model.add_score, f"{_CLI}.model_run:run_predict"),
+    Command("export", model.add_export, f"{_CLI}.model_run:run_export",
+            model.check_export),
+    Command("eval", model.add_eval, f"{_CLI}.model_run:run_eval",
+            model.check_eval),
+    Command("predict", model.add_predict, f"{_CLI}.model_run:run_predict",
+            model.check_predict),
+    Command("score", model.add_score, f"{_CLI}.model_run:run_predict",
+            model.check_predict),
     Command("bench", model.add_bench, f"{_CLI}.model_run:run_bench"),
     Command("k8s render", k8s.add_render,
             f"{_CLI}.render_run:run_k8s_render"),
     Command("k8s simulate", k8s.add_simulate,
             f"{_CLI}.simulate_run:run_k8s_simulate"),
-    Command("plan", plan.add_plan, f"{_CLI}.plan_run:run_plan"),
+    Command("plan", plan.add_plan, f"{_CLI}.plan_run:run_plan",
+            plan.check_plan_inputs),
     Command("embeddings stats", embeddings.add_stats,
-            f"{_CLI}.embeddings_run:run_embeddings_stats"),
+            f"{_CLI}.embeddings_run:run_embeddings_stats",
+            embeddings.check_stats),
     Command("runs", runs.add_runs, f"{_CLI}.runs_run:run_runs"),
     Command("show", runs.add_show, f"{_CLI}.runs_run:run_show"),
 )

@@ -9,15 +9,20 @@ from __future__ import annotations
 import argparse
 
 from psrec.data.format.manifest import SPLITS
+from psrec.data.format.manifest import Manifest
 from psrec.data.input.config import InputConfig
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.options import add_option
+from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
+from psrec.launch.cli.support import existing_files
 from psrec.launch.job.config import BenchConfig
 from psrec.launch.job.config import JobConfig
 from psrec.launch.monitor.progress_bar import add_progress_flag
 from psrec.ps_cluster.training.config import LoopConfig
+from psrec.uri import is_uri
+from psrec.uri_path import as_path
 
 
 def _add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -87,6 +92,42 @@ def add_eval(sub: argparse._SubParsersAction, name: str
     add_progress_flag(p)
     add_json_flag(p)
     return p
+
+
+def check_export(args: argparse.Namespace) -> None:
+    """What ``psrec export`` refuses before its run imports TensorFlow: a
+    checkpoint folder without the ``job.json`` of a run."""
+    JobConfig.read(args.checkpoint_dir)
+
+
+def check_eval(args: argparse.Namespace) -> None:
+    """What ``psrec eval`` refuses before its run imports TensorFlow: a
+    missing manifest (``--data``), a checkpoint folder without ``job.json``
+    (in the run's order)."""
+    Manifest.load(args.data)
+    JobConfig.read(args.checkpoint_dir)
+
+
+def check_predict(args: argparse.Namespace) -> None:
+    """What ``psrec predict`` (and ``score``) refuses before its run
+    imports TensorFlow: a local export folder that does not exist, an
+    input that does not exist."""
+    if not is_uri(args.model) and not as_path(args.model).exists():
+        raise UsageError(
+            f"export folder not found: {args.model}; write one with `psrec "
+            "export CHECKPOINT_DIR --out DIR` (`psrec train` exports to "
+            "WORKDIR/export).")
+    keep_columns(args)
+    existing_files(args.data, "input Parquet")
+
+
+def keep_columns(args: argparse.Namespace) -> list[str]:
+    """``--keep A,B``: the columns to copy (none empty)."""
+    keep = [c.strip() for c in args.keep.split(",")] if args.keep else []
+    if not all(keep):
+        raise UsageError(f"--keep {args.keep!r}: give comma-separated column "
+                         "names, none empty (e.g. user_id,item_id)")
+    return keep
 
 
 def add_predict(sub: argparse._SubParsersAction, name: str

@@ -11,7 +11,7 @@ import sys
 
 from psrec.data.format.manifest import Manifest
 from psrec.errors import EXIT_OK
-from psrec.launch.cli.support import UsageError
+from psrec.launch.cli.model import keep_columns
 from psrec.launch.cli.support import print_result
 from psrec.launch.job import bench
 from psrec.launch.job.config import BenchConfig
@@ -67,10 +67,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_predict(args: argparse.Namespace) -> int:
     """``psrec predict`` and its older spelling ``psrec score``."""
-    keep = [c.strip() for c in args.keep.split(",")] if args.keep else []
-    if not all(keep):
-        raise UsageError(f"--keep {args.keep!r}: give comma-separated column "
-                         "names, none empty (e.g. user_id,item_id)")
+    keep = keep_columns(args)
     report = score_files(args.model, args.data, args.out,
                          batch_rows=args.batch_rows, label=args.label,
                          keep=keep, progress=progress_for(args),

@@ -91,3 +91,11 @@ def add_plan(sub: argparse._SubParsersAction, name: str
     add_ps_memory_flag(cluster)
     add_json_flag(p.add_argument_group("output"))
     return p
+
+
+def check_plan_inputs(args: argparse.Namespace) -> None:
+    """What ``psrec plan`` refuses before its run imports TensorFlow: a
+    missing manifest (``--data``) or spec (``--spec``)."""
+    from psrec.data.format.manifest import Manifest
+    from psrec.data.format.manifest import spec_for
+    spec_for(Manifest.load(args.data) if args.data else None, args.spec)

@@ -177,13 +177,14 @@ def _runs_the_job(config: JobConfig) -> bool:
 
 
 def _train(args: argparse.Namespace, config: JobConfig, metrics) -> int:
+    from psrec.ps_cluster.cluster.tf_config import TFConfig
+    kind = config.strategy.kind
+    # --cluster / TF_CONFIG checked before TensorFlow is imported.
+    cluster = _existing_cluster(args) if kind == "ps" else None
     from psrec.launch.job.data import prepare_data
     from psrec.launch.job.data import record_verified
     from psrec.launch.job.run import JobSummary
-    from psrec.ps_cluster.cluster.tf_config import TFConfig
-    kind = config.strategy.kind
     if kind == "ps":
-        cluster = _existing_cluster(args)
         if cluster is not None:  # coordinate it; an orchestrator restarts us
             return coordinate(args, config, cluster, metrics)
         # Local: check the data once, before any server starts, then
@@ -246,7 +247,6 @@ def train_here(args: argparse.Namespace, config,
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
-    from psrec.ps_cluster.cluster.server import start_server
     from psrec.ps_cluster.cluster.tf_config import TaskInfo
     from psrec.ps_cluster.cluster.tf_config import TFConfig
     if args.cluster:
@@ -262,6 +262,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
                 "--cluster FILE --role ps|worker --index N.")
     config.validate(strategy="ps", allow_remote=args.allow_remote)
     cluster, task = config.cluster, config.task
+    # TensorFlow is imported once the arguments are known good.
+    from psrec.ps_cluster.cluster.server import start_server
     server = start_server(cluster, task)
     from psrec.launch.local.netns import print_listening
     print(f"psrec server: {task.type}:{task.index} serving "
