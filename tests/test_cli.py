@@ -127,7 +127,8 @@ def test_no_option_shows_its_default_twice():
     ("train", "--sparse-lr", "0.05"), ("train", "--stall-timeout", "900.0"),
     ("train", "--seed", "0"), ("train", "--keep-best", "auc"),
     ("train", "--model", "dcn"), ("bench", "--steps", "300"),
-    ("advise", "--repeats", "5"), ("convert", "--eval-fraction", "0.0"),
+    ("advise", "--repeats", "5"), ("convert", "--eval-fraction",
+     "0.1 unless --eval-files picks the eval rows"),
     ("convert", "--split", "tail"), ("eval", "--split", "eval")])
 def test_help_output_shows_defaults(capsys, command, flag, default):
     with pytest.raises(SystemExit) as exit_info:

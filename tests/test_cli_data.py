@@ -97,7 +97,7 @@ def test_convert_with_too_many_bad_rows_exits_1(tmp_path, capsys):
     pq.write_table(table, path)
     out = tmp_path / "out"
     args = ["convert", str(path), "--spec", _spec_file(tmp_path), "--out",
-            str(out), "--shards", "2"]
+            str(out), "--shards", "2", "--eval-fraction", "0"]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "20 of 2000 rows" in err and "label 'label' = 2 is not 0/1" in err

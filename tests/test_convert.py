@@ -142,7 +142,8 @@ def test_movielens_multi_hot_padding_truncation_and_threshold(tmp_path):
     pq.write_table(table, path)
 
     report = convert([path], spec, tmp_path / "out",
-                     ConversionOptions(shards=2, block_rows=100))
+                     ConversionOptions(shards=2, block_rows=100,
+                                       eval_fraction=0))
     assert report.truncated_lists == {"genres": 1}
     assert report.bad_rows == 0
     got = _read_back(report.manifest, spec, splits=("train",))
@@ -221,7 +222,7 @@ def test_extra_columns_are_ignored_and_reported(tmp_path):
     plain = tmp_path / "plain.parquet"
     pq.write_table(_small_criteo_table(), plain)
     report = convert([path, plain], criteo(buckets=1000), tmp_path / "out",
-                     ConversionOptions(shards=1))
+                     ConversionOptions(shards=1, eval_fraction=0))
     assert report.extra_columns == {str(path): ("note", "score")}
     assert report.rows_written["train"] == 600
     assert "note, score" in report.summary()
@@ -296,7 +297,8 @@ def test_bad_rows_are_quarantined_with_file_row_and_reason(tmp_path):
     assert injected == 50  # exactly 1% of 5000
 
     report = convert(paths, spec, tmp_path / "out", ConversionOptions(
-        shards=2, block_rows=64, batch_rows=700, max_bad_fraction=0.02))
+        shards=2, block_rows=64, batch_rows=700, max_bad_fraction=0.02,
+        eval_fraction=0))
     assert report.bad_rows == injected
     assert report.rows_read == 5000
     assert report.rows_written == {"train": 5000 - injected, "eval": 0}
@@ -428,10 +430,11 @@ def test_reconversion_with_fewer_shards_removes_stale_shards(tmp_path):
     pq.write_table(_small_criteo_table(1000), path)
     spec = criteo(buckets=1000)
     out = tmp_path / "out"
-    convert([path], spec, out, ConversionOptions(shards=4, block_rows=32))
+    convert([path], spec, out, ConversionOptions(shards=4, block_rows=32,
+                                                 eval_fraction=0))
     assert len(_shard_files(out)) == 4
-    report = convert([path], spec, out, ConversionOptions(shards=2,
-                                                           block_rows=32))
+    report = convert([path], spec, out, ConversionOptions(
+        shards=2, block_rows=32, eval_fraction=0))
     assert [p.name for p in _shard_files(out)] == [
         "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
     assert Manifest.load(out).to_dict() == report.manifest.to_dict()
@@ -489,7 +492,8 @@ def test_manifest_without_positives_still_loads(tmp_path):
     """A manifest written before positives were recorded: positives None."""
     pq.write_table(_small_criteo_table(), tmp_path / "in.parquet")
     spec = criteo(buckets=1000)
-    convert([tmp_path / "in.parquet"], spec, tmp_path / "out")
+    convert([tmp_path / "in.parquet"], spec, tmp_path / "out",
+            ConversionOptions(eval_fraction=0))
     path = tmp_path / "out" / MANIFEST_NAME
     data = json.loads(path.read_text())
     assert data["positives"]["eval"] == 0
@@ -507,7 +511,8 @@ def test_manifest_without_positives_still_loads(tmp_path):
 def test_conversion_without_eval_rows_warns(tmp_path):
     pq.write_table(_small_criteo_table(10), tmp_path / "in.parquet")
     spec = criteo(buckets=1000)
-    report = convert([tmp_path / "in.parquet"], spec, tmp_path / "none")
+    report = convert([tmp_path / "in.parquet"], spec, tmp_path / "none",
+                     ConversionOptions(eval_fraction=0))
     [warning] = report.warnings
     assert "no eval split" in warning and "--eval-fraction 0" in warning
     assert report.to_dict()["warnings"] == [warning]
@@ -527,13 +532,15 @@ def test_convert_command_prints_the_warning_on_stderr(tmp_path, capsys):
                    tmp_path / "ml.parquet")
     args = ["convert", str(tmp_path / "ml.parquet"), "--spec", "movielens",
             "--shards", "2", "--no-progress"]  # stderr: only the warning
-    assert main(args + ["--out", str(tmp_path / "a")]) == 0
+    assert main(args + ["--out", str(tmp_path / "a"), "--eval-fraction",
+                        "0"]) == 0
     captured = capsys.readouterr()
     [line] = captured.err.strip().splitlines()
     assert line.startswith("warning: no eval split") and "--eval-fraction" \
         in line
     assert "warning" not in captured.out
-    assert main(args + ["--out", str(tmp_path / "b"), "--json"]) == 0
+    assert main(args + ["--out", str(tmp_path / "b"), "--json",
+                        "--eval-fraction", "0"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert result["warnings"] == [line.removeprefix("warning: ")]
@@ -560,3 +567,28 @@ def test_non_parquet_input_names_the_file_and_the_ingest_to_run(
     message = str(caught.value)
     assert str(path) in message and "is not a Parquet file" in message
     assert f"run {command} on it first" in message
+
+
+def test_a_conversion_that_names_no_split_holds_out_the_default_share(
+        tmp_path, capsys):
+    """No --eval-fraction, no --eval-files: the last 10% of the rows are
+    the eval split, and the summary says so; 0 still means none."""
+    from psrec.launch.cli.main import main
+    pq.write_table(_small_criteo_table(), tmp_path / "in.parquet")
+    report = convert([tmp_path / "in.parquet"], criteo(buckets=1000),
+                     tmp_path / "out")
+    assert report.rows_written == {"train": 270, "eval": 30}
+    assert report.warnings == ()
+    assert report.split.startswith("10% of the rows: the last rows")
+    assert "default" in report.split
+    assert main(["convert", str(tmp_path / "in.parquet"), "--spec", "criteo",
+                 "--out", str(tmp_path / "cli"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "eval split: 10% of the rows: the last rows (--split tail); the " \
+        "default held-out share" in out
+    named = convert([tmp_path / "in.parquet"], criteo(buckets=1000),
+                    tmp_path / "named", ConversionOptions(eval_fraction=0.2))
+    assert "default" not in named.split
+    none = convert([tmp_path / "in.parquet"], criteo(buckets=1000),
+                   tmp_path / "none", ConversionOptions(eval_fraction=0))
+    assert (none.rows_written["eval"], none.split) == (0, "")

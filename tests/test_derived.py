@@ -159,7 +159,8 @@ def test_conversion_and_serving_give_identical_derived_ids(tmp_path):
     table = _raw_table()
     pq.write_table(table, tmp_path / "raw.parquet")
     report = convert([tmp_path / "raw.parquet"], SPEC, tmp_path / "data",
-                     ConversionOptions(shards=1, block_rows=16))
+                     ConversionOptions(shards=1, block_rows=16,
+                                       eval_fraction=0))
     assert report.bad_rows == 0
     dataset = make_train_dataset_fn(report.manifest, SPEC,
                                     InputConfig(batch_size=200), epochs=1)
@@ -205,7 +206,7 @@ def test_a_time_that_does_not_match_its_pattern_is_a_bad_row(tmp_path):
 def test_synthetic_data_of_a_derived_spec_converts_cleanly(tmp_path):
     pq.write_table(synthetic_table(SPEC, 500, seed=4), tmp_path / "s.parquet")
     report = convert([tmp_path / "s.parquet"], SPEC, tmp_path / "data",
-                     ConversionOptions(shards=1))
+                     ConversionOptions(shards=1, eval_fraction=0))
     assert report.bad_rows == 0 and report.rows_written["train"] == 500
 
 

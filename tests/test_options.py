@@ -197,7 +197,7 @@ def test_errors_of_the_new_classes_name_fields_the_cli_names_flags():
     for build, field, flag in (
             (lambda: ConversionOptions(shards=0), "ConversionOptions.shards",
              "--shards"),
-            (lambda: ConversionOptions(order_by="ts"),
+            (lambda: ConversionOptions(order_by="ts", eval_fraction=0),
              "ConversionOptions.order_by", "--order-by"),
             (lambda: ConversionOptions(split_mode="random"),
              "ConversionOptions.split_mode", "--split"),

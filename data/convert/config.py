@@ -24,6 +24,11 @@ def check_neg_sample_rate(rate: float, name: str = "neg_sample_rate") -> None:
           "all)")
 
 
+#: The eval split's share of rows when a conversion names none: held out
+#: so that a first run evaluates (``--eval-fraction 0``: none).
+DEFAULT_EVAL_FRACTION = 0.1
+
+
 @dataclasses.dataclass(frozen=True)
 class ConversionOptions:
     """Options of one conversion."""
@@ -31,9 +36,11 @@ class ConversionOptions:
     shards: int = option(
         4, flag="--shards",
         help="train shards (>= the input pipelines that read them)")
-    eval_fraction: float = option(
-        0.0, flag="--eval-fraction",
-        help="share of rows in the eval split, in [0, 1)")
+    eval_fraction: float | None = option(
+        None, flag="--eval-fraction",
+        help="share of rows in the eval split, in [0, 1); 0: no eval split "
+        f"(default: {DEFAULT_EVAL_FRACTION:g} unless --eval-files picks the "
+        "eval rows)")
     split_mode: str = option(
         "tail", flag="--split", choices=SPLIT_MODES,
         help="eval rows: the last rows (tail: time-ordered logs) or a stable "
@@ -68,6 +75,17 @@ class ConversionOptions:
         "converted from other inputs (without it, such a folder is "
         "refused; the same inputs may be converted into it again)")
 
+    @property
+    def eval_share(self) -> float:
+        """The share of rows the eval split takes: ``eval_fraction``, or
+        :data:`DEFAULT_EVAL_FRACTION` when it is not given, 0 when
+        ``eval_files`` picks the eval rows."""
+        if self.eval_files is not None:
+            return 0.0
+        if self.eval_fraction is None:
+            return DEFAULT_EVAL_FRACTION
+        return self.eval_fraction
+
     def __post_init__(self) -> None:
         name = functools.partial(qualified, self)
         check_neg_sample_rate(self.neg_sample_rate, name("neg_sample_rate"))
@@ -77,19 +95,20 @@ class ConversionOptions:
                   "must be an integer >= 1")
         if self.eval_shards is not None:
             check_at_least(self, 1, "eval_shards")
-        check(0.0 <= self.eval_fraction < 1.0, name("eval_fraction"),
-              self.eval_fraction, "must be in [0, 1)")
+        if self.eval_fraction is not None:
+            check(0.0 <= self.eval_fraction < 1.0, name("eval_fraction"),
+                  self.eval_fraction, "must be in [0, 1)")
         check(0.0 <= self.max_bad_fraction <= 1.0, name("max_bad_fraction"),
               self.max_bad_fraction, "must be in [0, 1]")
         check_choices(self)
         if self.order_by is not None:
-            check(self.split_mode == "tail" and self.eval_fraction > 0,
+            check(self.split_mode == "tail" and self.eval_share > 0,
                   name("order_by"), self.order_by,
                   f"applies to `{name('split_mode')}` tail with "
                   f"`{name('eval_fraction')}` > 0 (it orders the rows the "
                   "tail is cut from)")
         if self.eval_files is not None:
-            check(self.eval_fraction == 0 and self.split_mode == "tail"
+            check(not self.eval_fraction and self.split_mode == "tail"
                   and self.order_by is None, name("eval_files"),
                   self.eval_files, "picks the eval rows by file: give it "
                   f"without `{name('eval_fraction')}`, `{name('split_mode')}` "

@@ -94,6 +94,7 @@ class ConversionReport:
     quarantine: str | None
     seconds: float
     warnings: tuple[str, ...] = ()
+    split: str = ""  # which rows the eval split holds, in words
 
     @property
     def rows_per_second(self) -> float:
@@ -113,7 +114,7 @@ class ConversionReport:
                               for k, v in self.extra_columns.items()},
             "truncated_lists": dict(self.truncated_lists),
             "quarantine": self.quarantine, "seconds": self.seconds,
-            "warnings": list(self.warnings),
+            "warnings": list(self.warnings), "split": self.split,
         }
 
     def summary(self) -> str:
@@ -126,6 +127,8 @@ class ConversionReport:
         ]
         lines += [f"  {count} x {reason}"
                   for reason, count in sorted(self.bad_reasons.items())]
+        if self.split:
+            lines.append(f"eval split: {self.split}")
         lines += sampling_summary(self.manifest)
         for path, extras in self.extra_columns.items():
             lines.append(f"ignored extra columns in {path}: {', '.join(extras)}")
@@ -201,15 +204,32 @@ def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
     return columns
 
 
+def _split_words(options: ConversionOptions) -> str:
+    """Which rows the eval split holds, in words ("" for none)."""
+    if options.eval_files is not None:
+        return f"the rows of the files matching {options.eval_files!r}"
+    share = options.eval_share
+    if not share:
+        return ""
+    rows = (f"the rows with the last {options.order_by} values"
+            if options.order_by else "the last rows" if
+            options.split_mode == "tail" else "a stable hash of the row id")
+    words = f"{100 * share:g}% of the rows: {rows} (--split {options.split_mode})"
+    if options.eval_fraction is None:
+        words += (f"; the default held-out share, --eval-fraction to choose "
+                  "it, 0 for none")
+    return words
+
+
 def _warnings(rows_written: dict[str, int],
               options: ConversionOptions) -> tuple[str, ...]:
     if rows_written["eval"]:
         return ()
-    if options.eval_fraction == 0 and options.eval_files is None:
+    if options.eval_share == 0 and options.eval_files is None:
         return ("no eval split written (--eval-fraction 0): nothing is held "
                 "out for evaluation; pass e.g. --eval-fraction 0.1.",)
     return (f"no eval split written: --eval-fraction "
-            f"{options.eval_fraction:g} of {sum(rows_written.values())} rows "
+            f"{options.eval_share:g} of {sum(rows_written.values())} rows "
             "selected no row; raise --eval-fraction.",)
 
 
@@ -225,10 +245,10 @@ def _check_same_inputs(out: Path | UriPath, sources: list[dict]) -> None:
     """Refuses an output folder whose manifest records other inputs (files
     or their row counts): a run may read that dataset. Re-running the same
     conversion (the same inputs) into its folder is allowed."""
+    if not (out / MANIFEST_NAME).exists():  # also for URIs (no OSError)
+        return
     try:
         recorded = json.loads((out / MANIFEST_NAME).read_text())["sources"]
-    except FileNotFoundError:
-        return
     except (OSError, ValueError, KeyError, TypeError):
         recorded = None  # unreadable: not known to be the same inputs
     if recorded != sources:
@@ -288,7 +308,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
             "ingests to 0 rows); give inputs that hold rows.")
     split = plan_split(paths, [s["rows"] for s in sources],
                        mode=options.split_mode,
-                       eval_fraction=options.eval_fraction,
+                       eval_fraction=options.eval_share,
                        order_by=options.order_by,
                        eval_files=options.eval_files)
 
@@ -402,4 +422,5 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         bad_rows=quarantine.count, bad_reasons=dict(quarantine.reasons),
         extra_columns=extras, truncated_lists=dict(truncated),
         quarantine=quarantine_path, seconds=time.perf_counter() - start,
-        warnings=_warnings(rows_written, options))
+        warnings=_warnings(rows_written, options),
+        split=_split_words(options))
