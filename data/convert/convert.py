@@ -216,7 +216,7 @@ def _split_words(options: ConversionOptions) -> str:
             options.split_mode == "tail" else "a stable hash of the row id")
     words = f"{100 * share:g}% of the rows: {rows} (--split {options.split_mode})"
     if options.eval_fraction is None:
-        words += (f"; the default held-out share, --eval-fraction to choose "
+        words += ("; the default held-out share, --eval-fraction to choose "
                   "it, 0 for none")
     return words
 

@@ -51,6 +51,7 @@ from psrec.launch.monitor.progress_bar import progress_for
 from psrec.progress import SILENT
 from psrec.progress import set_default_progress
 from psrec.runtime import configure_environment
+from psrec.runtime import quiet_tensorflow_start_up
 
 # -- argparse: one-line errors, defaults in --help ---------------------------
 
@@ -347,10 +348,13 @@ def error_line(error: BaseException) -> str:
 
 def start_process() -> None:
     """What a psrec process does first: the TensorFlow environment
-    (:func:`psrec.runtime.configure_environment`), and line-buffered
+    (:func:`psrec.runtime.configure_environment`), TensorFlow's start-up
+    lines filtered (:func:`psrec.runtime.quiet_tensorflow_start_up`), and
+    line-buffered
     output, so lines reach a pipe (a supervisor, a log collector) as they
     happen."""
     configure_environment()
+    quiet_tensorflow_start_up()
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
