@@ -208,6 +208,9 @@ def test_rerun_resumes_from_the_checkpoint(first_run, workdir):
     assert resumed.group(1).endswith(f"ckpt-{STEPS}")
     assert resumed.group(2) == str(STEPS)
     _summary_value(run.output, rf"steps {STEPS} -> {RESUMED_STEPS} ")
+    executed = int(_summary_value(
+        run.output, r"optimizer updates executed: (\d+)").group(1))
+    assert RESUMED_STEPS - STEPS <= executed < RESUMED_STEPS  # this session's
     assert "generating" not in run.output  # the converted data is reused
     assert tf.train.latest_checkpoint(
         str(workdir / "checkpoints")).endswith(f"ckpt-{RESUMED_STEPS}")

@@ -64,7 +64,8 @@ class TrainResult:
 
     start_step: int
     step: int
-    executed_steps: int
+    executed_steps: int  # optimizer updates applied by this call (>= step -
+    # start_step: a closure re-run after a worker loss updates twice)
     examples: int
     seconds: float
     final_loss: float
@@ -362,6 +363,7 @@ class Trainer:
                                                   should_stop)
         interrupted = None
         start = int(self.progress.step.numpy())
+        updates_before = self.executed_steps  # restored with the step
         step, examples, last_loss = start, 0, float("nan")
         began = time.perf_counter()
         eval_result, path = None, None
@@ -419,7 +421,8 @@ class Trainer:
             if has_eval:
                 eval_result = self.evaluate(eval_manifest)
         return TrainResult(
-            start_step=start, step=step, executed_steps=self.executed_steps,
+            start_step=start, step=step,
+            executed_steps=self.executed_steps - updates_before,
             examples=examples, seconds=time.perf_counter() - began,
             final_loss=last_loss, eval=eval_result, checkpoint=path,
             replicas=self.replicas,
