@@ -35,6 +35,8 @@ from psrec.launch.job.export import export_checkpoint
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.topk import streaming_top_k
+from psrec.models.serving.retrieval_export import query_spec
+from psrec.models.serving.warmup import warmup_rows
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
@@ -322,6 +324,14 @@ def test_retrieval_warmup_requests_are_query_rows_and_serve(
         outputs = serve(f"{folder}/query_tower", request)
         assert outputs["embedding"].shape == (len(request["user_id"]),
                                               CONFIG.output_dim)
+
+
+def test_retrieval_warmup_rows_without_data_are_synthetic_query_features(
+        spec):
+    rows = warmup_rows(spec, None, serving_spec=query_spec(spec))
+    assert rows.source == "synthetic rows (no manifest)" and rows.ids == ()
+    assert {k: (v.dtype.kind, v.shape) for k, v in rows.inputs.items()} == {
+        "user_id": ("i", (8,)), "user_group": ("O", (8,))}
 
 
 if __name__ == "__main__":
