@@ -20,6 +20,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN pip install \
       "tensorflow==2.21.0" \
       "tf-keras==2.21.0" \
+      "tensorflow-serving-api==2.21.0" \
       "tensorflow-recommenders==0.7.7" \
       "pyarrow==26.0.1" \
       "pyyaml==6.0.4" \

@@ -30,6 +30,8 @@ from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
 from tests._client import client_inputs
 from tests._client import mixed_spec
 from tests._ps_helpers import read_split
+from tests._warmup import official_requests
+from tests._warmup import serve
 from tests.test_progress import Recorder
 
 SPEC = mixed_spec("versions")
@@ -209,6 +211,25 @@ def test_warmup_records_use_the_tf_serving_field_numbers(versions_3_and_5):
         inputs[entry[1].decode()] = tf.make_ndarray(tensor)
     assert sorted(inputs) == sorted(SPEC.raw_inputs)
     assert {n for n, _, _ in parts} == {1, 2}
+
+
+def test_warmup_parses_with_tf_serving_protos_and_feeds_the_signature(
+        versions_3_and_5):
+    """TF Serving's own PredictionLog class reads every record: a Predict
+    request to ``serving_default`` of the model named like the export
+    folder, whose inputs are the signature's (names, dtypes, ranks), the
+    rows psrec's reader returns; the signature runs on them."""
+    version = versions_3_and_5 / "5"
+    requests = official_requests(version, "export")
+    assert [len(r["city"]) for r in requests] == [1, 8]
+    assert sorted(requests[0]) == sorted(SPEC.raw_inputs)
+    for official, psrec_read in zip(requests, read_warmup(str(version)),
+                                    strict=True):
+        for name, values in official.items():
+            np.testing.assert_array_equal(values, psrec_read[name])
+        outputs = serve(version, official)
+        assert outputs["probability"].shape == (len(official["city"]),)
+        assert np.all(np.isfinite(outputs["logit"]))
 
 
 def test_predict_uses_the_highest_version_and_says_so(run, versions_3_and_5,

@@ -35,16 +35,21 @@ from psrec.launch.job.export import export_checkpoint
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.topk import streaming_top_k
+from psrec.models.serving.retrieval_export import query_spec
+from psrec.models.serving.warmup import warmup_rows
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.runtime import role_environment
 from tests._proc import REPO
+from tests._ps_helpers import read_split
 from tests._retrieval_data import ITEMS_PER_GROUP
 from tests._retrieval_data import catalogue_size
 from tests._retrieval_data import retrieval_spec_dict
 from tests._retrieval_data import write_retrieval_parquet
+from tests._warmup import official_requests
+from tests._warmup import serve
 
 BATCH = 256
 STEPS = 150
@@ -284,6 +289,49 @@ def test_predict_scores_a_retrieval_export_top_k(retrieval_export, data,
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("psrec predict: error: ")
     assert "is a retrieval export" in line and "top.parquet" in line
+
+
+def test_retrieval_warmup_requests_are_query_rows_and_serve(
+        retrieval_export, data, spec):
+    """The top-K model and its query tower each carry TF Serving warmup
+    requests (read with TF Serving's protos): the query features of the
+    first 8 eval rows, as one row and as 8, which both signatures take."""
+    manifest, parquet = data
+    folder = retrieval_export.path
+    ids = np.sort(read_split(manifest, spec, "eval")["psrec__id"][:8])
+    raw = pq.read_table(parquet).take(ids).to_pydict()
+    info = json.loads(open(f"{folder}/psrec_export.json").read())
+    assert retrieval_export.warmup == info["warmup"]
+    assert info["warmup"].startswith(
+        f"eval rows {', '.join(map(str, ids))} of {manifest.root}")
+    for saved_model in (folder, f"{folder}/query_tower"):
+        requests = official_requests(saved_model, "export")
+        assert [len(r["user_id"]) for r in requests] == [1, 8]
+        assert sorted(requests[0]) == ["user_group", "user_id"]
+        np.testing.assert_array_equal(requests[1]["user_id"], raw["user_id"])
+        assert [v.decode() for v in requests[1]["user_group"]] == raw[
+            "user_group"]
+        for request in requests:
+            np.testing.assert_array_equal(request["user_id"],
+                                          requests[1]["user_id"][
+                                              :len(request["user_id"])])
+    for request in official_requests(folder, "export"):
+        outputs = serve(folder, request)
+        assert outputs["candidate_ids"].shape == (len(request["user_id"]),
+                                                  100)
+        assert np.all(np.isfinite(outputs["scores"]))
+    for request in official_requests(f"{folder}/query_tower", "export"):
+        outputs = serve(f"{folder}/query_tower", request)
+        assert outputs["embedding"].shape == (len(request["user_id"]),
+                                              CONFIG.output_dim)
+
+
+def test_retrieval_warmup_rows_without_data_are_synthetic_query_features(
+        spec):
+    rows = warmup_rows(spec, None, serving_spec=query_spec(spec))
+    assert rows.source == "synthetic rows (no manifest)" and rows.ids == ()
+    assert {k: (v.dtype.kind, v.shape) for k, v in rows.inputs.items()} == {
+        "user_id": ("i", (8,)), "user_group": ("O", (8,))}
 
 
 if __name__ == "__main__":

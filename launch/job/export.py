@@ -12,7 +12,8 @@ export records ``R`` in ``psrec_export.json`` beside ``saved_model.pb``.
 Exports are versioned as TF Serving expects: ``OUT/<version>/`` (published
 atomically, never overwritten; :mod:`psrec.models.serving.versions`), each with
 warmup requests built from the run's eval rows
-(:mod:`psrec.models.serving.warmup`)."""
+(:mod:`psrec.models.serving.warmup`; a retrieval export's hold their query
+features)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ from psrec.models.build import build_model
 from psrec.models.ranking.model import RankingModel
 from psrec.models.retrieval.config import RECALL_KS
 from psrec.models.serving.export import export_saved_model
+from psrec.models.serving.retrieval_export import QUERY_TOWER_DIR
 from psrec.models.serving.retrieval_export import export_retrieval
+from psrec.models.serving.retrieval_export import query_spec
 from psrec.models.serving.versions import ExportVersion
 from psrec.models.serving.versions import publish
 from psrec.models.serving.warmup import warmup_rows
@@ -130,18 +133,18 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
     model, record, path = restore_plain_model(
         checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
     if record.retrieval is not None:  # top-K model, query tower, embeddings
-        published = publish_retrieval(
+        published, source = publish_retrieval(
             model, record, path, manifest or run_manifest(checkpoint_dir),
             str(out_dir), version, EXPORT_INFO)
         return ExportReport(path=published.path, version=published.version,
                             root=str(out_dir), checkpoint=path,
-                            neg_sample_rate=1.0, warmup="none (retrieval)")
+                            neg_sample_rate=1.0, warmup=source)
     rate = training_neg_sample_rate(checkpoint_dir)
     if manifest is None:
         manifest = run_manifest(checkpoint_dir)
     rows = warmup_rows(record.spec, manifest)
     root = str(out_dir)
-    name = os.path.basename(root.rstrip("/")) or "model"
+    name = _model_name(root)
 
     def write(folder: str) -> None:
         export_saved_model(model, record.spec, folder,
@@ -159,6 +162,12 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
 
 
 EXPORT_INFO = "psrec_export.json"
+
+
+def _model_name(root: str) -> str:
+    """The model name warmup requests carry: the export folder's name (TF
+    Serving answers them whatever name they carry)."""
+    return os.path.basename(root.rstrip("/")) or "model"
 
 
 def sampling_note(rate: float) -> str:
@@ -226,10 +235,13 @@ EXPORT_K = max(RECALL_KS)
 def publish_retrieval(model, record, checkpoint: str,
                       manifest: Manifest | None, out_dir: str,
                       version: int | None, info_name: str,
-                      k: int = EXPORT_K) -> ExportVersion:
+                      k: int = EXPORT_K) -> tuple[ExportVersion, str]:
     """Publishes version ``version`` (None: the next) of ``out_dir`` from
     the restored ``model`` of job ``record`` (checkpoint ``checkpoint``),
-    with ``info_name`` (``psrec_export.json``) describing it.
+    with ``info_name`` (``psrec_export.json``) describing it and warmup
+    requests of the query features of the first eval rows in both the
+    top-K model and its query tower; returns the version and where the
+    warmup rows came from.
 
     Raises:
       ConfigError: the run's data (and so its catalogue) is unknown.
@@ -240,14 +252,21 @@ def publish_retrieval(model, record, checkpoint: str,
             "be loaded: a retrieval export needs its candidate catalogue "
             "(candidates.parquet beside the manifest).")
     catalogue = Catalogue.load(manifest.root, record.spec)
+    rows = warmup_rows(record.spec, manifest,
+                       serving_spec=query_spec(record.spec))
+    name = _model_name(str(out_dir))
 
     def write(folder: str) -> None:
         written = export_retrieval(model, record.spec, catalogue, folder, k)
         write_json_atomic(os.path.join(folder, info_name), {
             "checkpoint": checkpoint,
-            "spec_hash": record.spec.fingerprint(), **written})
+            "spec_hash": record.spec.fingerprint(), **written,
+            "warmup": rows.source})
+        for saved_model in (folder, tf.io.gfile.join(folder,
+                                                     QUERY_TOWER_DIR)):
+            write_warmup(saved_model, rows.inputs, name)
 
-    return publish(str(out_dir), write, version)
+    return publish(str(out_dir), write, version), rows.source
 
 
 def evaluate_retrieval(checkpoint_dir: str, checkpoint: str,

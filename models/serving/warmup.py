@@ -9,7 +9,12 @@ requests for ``serving_default`` whose inputs are raw feature tensors in
 the serving contract (:mod:`psrec.models.serving.export`): one request with a
 single row and one with every warmup row, so both the batch-of-one path
 and a batched path are warm. TF Serving replays at most 1000 records; psrec
-writes two.
+writes two. A retrieval export's requests hold the query features only
+(the inputs of its top-K model and of its query tower).
+
+The messages are TF Serving's own (``tensorflow-serving-api``:
+``tensorflow_serving.apis.prediction_log_pb2``); their ``TensorProto`` is
+TensorFlow's, what :func:`tf.make_tensor_proto` returns.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import tensorflow as tf
+from tensorflow_serving.apis import prediction_log_pb2
 
 from psrec.data.format.manifest import Manifest
 from psrec.data.ingest.synthetic import synthetic_table
@@ -29,7 +35,6 @@ from psrec.data.input.dataset import make_eval_dataset
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.serving.export import serving_signature
-from psrec.models.serving.protos import message_classes
 from psrec.models.serving.scoring import serving_batch
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
@@ -39,15 +44,12 @@ SIGNATURE = "serving_default"
 def predict_log(inputs: dict[str, np.ndarray], model_name: str) -> bytes:
     """One serialized ``PredictionLog`` holding a ``PredictLog`` whose
     request asks ``serving_default`` of ``model_name`` for ``inputs``."""
-    classes = message_classes()
-    log = classes["PredictionLog"]()
+    log = prediction_log_pb2.PredictionLog()
     request = log.predict_log.request
     request.model_spec.name = model_name
     request.model_spec.signature_name = SIGNATURE
     for name, values in inputs.items():
-        # TensorProto crosses descriptor pools as bytes (same schema).
-        request.inputs[name].MergeFromString(
-            tf.make_tensor_proto(values).SerializeToString())
+        request.inputs[name].CopyFrom(tf.make_tensor_proto(values))
     return log.SerializeToString()
 
 
@@ -80,20 +82,19 @@ def read_warmup(version_dir: str) -> list[dict[str, np.ndarray]]:
       ValueError: a record is not a Predict request for
         ``serving_default``.
     """
-    classes = message_classes()
-    tensor_proto = type(tf.make_tensor_proto(0.0))  # TensorFlow's class
     path = os.path.join(version_dir, WARMUP_FILE)
     requests = []
     for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
-        log = classes["PredictionLog"].FromString(record)
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        if log.WhichOneof("log_type") != "predict_log":
+            raise ValueError(f"{path}: a {log.WhichOneof('log_type')} "
+                             "record, not a Predict request")
         request = log.predict_log.request
         if request.model_spec.signature_name != SIGNATURE:
             raise ValueError(f"{path}: a request for signature "
                              f"{request.model_spec.signature_name!r}")
-        requests.append({
-            name: tf.make_ndarray(tensor_proto.FromString(
-                tensor.SerializeToString()))
-            for name, tensor in request.inputs.items()})
+        requests.append({name: tf.make_ndarray(tensor)
+                         for name, tensor in request.inputs.items()})
     return requests
 
 
@@ -166,21 +167,33 @@ def _inputs(table: pa.Table, spec: FeatureSpec) -> dict[str, np.ndarray]:
 
 
 def warmup_rows(spec: FeatureSpec, manifest: Manifest | None,
-                rows: int = WARMUP_ROWS) -> WarmupRows:
+                rows: int = WARMUP_ROWS, *,
+                serving_spec: FeatureSpec | None = None) -> WarmupRows:
     """The first ``rows`` eval rows of ``manifest`` in their raw form, or
-    ``rows`` synthetic rows when they cannot be read (None: no manifest)."""
+    ``rows`` synthetic rows when they cannot be read (None: no manifest).
+
+    Args:
+      spec: the spec the data was converted with.
+      serving_spec: the spec whose raw inputs the export's
+        ``serving_default`` takes (a retrieval export's: the query tower's,
+        :func:`psrec.models.serving.retrieval_export.query_spec`); None:
+        ``spec``.
+    """
+    serving_spec = serving_spec or spec
     why = "no manifest"
     if manifest is not None:
         try:
             ids = _first_eval_ids(manifest, spec, rows)
-            table = _source_rows(manifest, ids, list(spec.raw_inputs))
+            table = _source_rows(manifest, ids,
+                                 list(serving_spec.raw_inputs))
             ids_text = ", ".join(str(i) for i in ids)
             return WarmupRows(
-                _inputs(table, spec),
+                _inputs(table, serving_spec),
                 f"eval rows {ids_text} of {manifest.root / 'manifest.json'}",
                 tuple(int(i) for i in ids))
         except (LookupError, StopIteration, OSError,
                 pa.ArrowException, tf.errors.OpError) as error:
             why = f"{type(error).__name__}: {error}".splitlines()[0]
     table = synthetic_table(spec, rows, seed=0)
-    return WarmupRows(_inputs(table, spec), f"synthetic rows ({why})")
+    return WarmupRows(_inputs(table, serving_spec),
+                      f"synthetic rows ({why})")
