@@ -76,7 +76,9 @@ _START_UP_NOISE = re.compile(
     rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called "
     rb"are written to STDERR"
     rb"|[IW]\d{4} [\d:.]+ +\d+ (port|cudart_stub|cuda_executor|cuda_dnn|"
-    rb"cuda_fft|cuda_blas|cpu_feature_guard|cpu_utils)\.cc:\d+\] )")
+    rb"cuda_fft|cuda_blas|cpu_feature_guard|cpu_utils)\.cc:\d+\] "
+    rb"|To enable the following instructions: .* rebuild TensorFlow with the "
+    rb"appropriate compiler flags\.$)")
 
 
 def start_up_lines_kept(text: bytes) -> bytes:

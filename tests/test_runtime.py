@@ -16,7 +16,12 @@ NOISE = (
     b"I0000 00:00:1796233355.630338    7479 port.cc:153] oneDNN custom "
     b"operations are on.\n"
     b"I0000 00:00:1796233355.631166    7479 cudart_stub.cc:31] Could not find "
-    b"cuda drivers on your machine, GPU will not be used.\n")
+    b"cuda drivers on your machine, GPU will not be used.\n"
+    b"I0000 00:00:1796235280.629286   21213 cpu_feature_guard.cc:227] This "
+    b"TensorFlow binary is optimized to use available CPU instructions in "
+    b"performance-critical operations.\n"
+    b"To enable the following instructions: AVX2 FMA, in other operations, "
+    b"rebuild TensorFlow with the appropriate compiler flags.\n")
 
 
 def test_only_the_start_up_lines_are_dropped():
