@@ -26,6 +26,7 @@ from psrec.data.convert.catalogue import Catalogue
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.input.config import InputConfig
+from psrec.data.input.dataset import make_eval_dataset
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.presets import PRESETS
 from psrec.features.spec.spec import FeatureSpec
@@ -39,6 +40,7 @@ from psrec.models.serving.retrieval_export import query_spec
 from psrec.models.serving.warmup import warmup_rows
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+from psrec.ps_cluster.retrieval.metrics import popularity_baseline
 from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.runtime import role_environment
@@ -122,6 +124,32 @@ def test_catalogue_holds_every_candidate_with_train_counts(data, spec):
     assert set(catalogue.features) == {"item_id", "category"}
 
 
+def test_catalogue_counts_the_eval_pairs_of_each_candidate(data, spec,
+                                                           tmp_path):
+    """``eval_count``: each candidate's positive eval rows, checked against
+    the eval shards themselves (summed per encoded id row, so a hash
+    collision cannot hide a miscount)."""
+    manifest, _ = data
+    catalogue = Catalogue.load(manifest.root, spec)
+    assert int(catalogue.eval_counts.sum()) == manifest.rows("eval") > 0
+    rows = catalogue.features["item_id"]
+    expected = np.zeros(rows.max() + 1, np.int64)
+    np.add.at(expected, rows, catalogue.eval_counts)
+    counted = np.zeros_like(expected)
+    for batch in make_eval_dataset(manifest.files("eval"), spec, 512,
+                                   manifest.block_rows):
+        positive = tf.reshape(batch["label"], [-1]).numpy() > 0
+        np.add.at(counted,
+                  tf.reshape(batch["item_id"], [-1]).numpy()[positive], 1)
+    np.testing.assert_array_equal(counted, expected)
+    assert catalogue.positives("train") is catalogue.train_counts
+    # A catalogue written before psrec counted eval pairs: no baseline.
+    old = tmp_path / CATALOGUE_NAME
+    pq.write_table(pq.read_table(manifest.root / CATALOGUE_NAME).drop(
+        ["eval_count"]), old)
+    assert Catalogue.load(tmp_path, spec).positives("eval") is None
+
+
 # -- training and exact evaluation ------------------------------------------------
 
 
@@ -138,6 +166,16 @@ def _check_quality(result, manifest) -> None:
 def test_ps_training_reaches_recall_at_10(ps_run, data):
     trainer, result, _ = ps_run
     _check_quality(result, data[0])
+    # The popularity baseline of the same pairs, beside the model's.
+    catalogue = trainer.catalogue
+    assert result.eval.popularity == popularity_baseline(
+        catalogue.train_counts, catalogue.eval_counts)
+    assert result.eval.count == int(catalogue.eval_counts.sum())
+    assert 0 < result.eval.popularity["recall"][10] < 0.5  # 200 candidates
+    assert (f"recall@10 {result.eval.recall[10]:.4f} (popularity "
+            f"{result.eval.popularity['recall'][10]:.4f})"
+            in result.eval.summary())
+    assert result.eval.popularity_note() is None  # the model beats it
     # The towers trained on workers, the tables on the PS tasks.
     table = trainer.model.sparse_arch.tables["items"]
     assert {v.device.split("/task")[0] for v in table.variables} == {
@@ -223,7 +261,7 @@ def retrieval_export(ps_run, data, tmp_path_factory):
                              / "export", "latest", manifest=manifest)
 
 
-def test_export_round_trip(ps_run, data, retrieval_export):
+def test_export_round_trip(ps_run, data, retrieval_export, capsys):
     _, result, ckpt = ps_run
     manifest, parquet = data
     folder = retrieval_export.path
@@ -252,6 +290,13 @@ def test_export_round_trip(ps_run, data, retrieval_export):
     # psrec eval of the checkpoint, on one CPU: the cluster's figures.
     again = evaluate_checkpoint(ckpt, manifest, checkpoint="latest")
     assert again.count == result.eval.count
+    assert again.popularity == result.eval.popularity
+    from psrec.launch.cli.main import main
+    assert main(["eval", str(ckpt), "--data", str(manifest.root),
+                 "--json"]) == 0  # the result dict carries it
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["popularity"]["recall"]["100"] == pytest.approx(
+        result.eval.popularity["recall"][100])
     for k, value in result.eval.recall.items():
         assert abs(again.recall[k] - value) <= 2 / again.count, k
     info = json.loads(open(f"{folder}/psrec_export.json").read())
@@ -282,7 +327,8 @@ def test_predict_scores_a_retrieval_export_top_k(retrieval_export, data,
     np.testing.assert_array_equal(np.asarray(got["candidate_ids"]),
                                   served["candidate_ids"].numpy())
     np.testing.assert_allclose(np.asarray(got["scores"]),
-                               served["scores"].numpy(), rtol=1e-5)
+                               served["scores"].numpy(), rtol=1e-5,
+                               atol=1e-6)  # batch-size rounding near 0
     # CSV cannot hold the lists: one line, exit 2, naming the export.
     assert main(["predict", "--model", folder, "--data", str(parquet),
                  "--out", str(tmp_path / "top.csv")]) == 2

@@ -7,7 +7,11 @@ distinct raw value of the ``candidate_id`` column seen in any split, with
 * ``raw_id``: the value as serving takes it (string or int64),
 * ``train_count``: its rows in the train split (positive labels only: the
   rows a retrieval model trains on), whose shares are the sampling
-  probabilities of the logQ correction,
+  probabilities of the logQ correction and which rank the popularity
+  baseline of the evaluation,
+* ``eval_count``: its positive rows in the eval split (the pairs of the
+  evaluation whose candidate it is; the popularity baseline's recall is
+  computed from these counts),
 * one column per candidate-tower feature: its encoded table rows (``[L]``
   lists for multi-hot features), from the candidate's first row.
 
@@ -37,6 +41,7 @@ from psrec.uri_path import as_path
 CATALOGUE_NAME = "candidates.parquet"
 RAW_ID = "raw_id"
 TRAIN_COUNT = "train_count"
+EVAL_COUNT = "eval_count"
 
 
 class CatalogueCollector:
@@ -56,19 +61,23 @@ class CatalogueCollector:
         self.features = [f for f in spec.categorical
                          if f.name in towers.candidate]
         self._first: dict = {}  # raw id -> {feature: encoded rows}
-        self._counts: dict = {}
+        self._counts: dict = {TRAIN_COUNT: {}, EVAL_COUNT: {}}
 
     def add(self, batch: pa.RecordBatch, columns: dict[str, np.ndarray],
-            to_train: np.ndarray) -> None:
+            to_train: np.ndarray, to_eval: np.ndarray | None = None) -> None:
         """One converted batch: ``columns`` its encoded features,
-        ``to_train`` its rows written to the train split."""
+        ``to_train`` and ``to_eval`` its rows written to each split."""
         ids = serving_values(batch.column(self.spec.towers.candidate_id),
                              self.dtype, self.spec.towers.candidate_id)
         label = columns[self.spec.label.name] > 0
-        trained = ids[to_train & label]
-        for value, count in zip(*np.unique(trained, return_counts=True)):
-            key = value.item()
-            self._counts[key] = self._counts.get(key, 0) + int(count)
+        for name, rows in ((TRAIN_COUNT, to_train), (EVAL_COUNT, to_eval)):
+            if rows is None:
+                continue
+            counts = self._counts[name]
+            for value, count in zip(*np.unique(ids[rows & label],
+                                               return_counts=True)):
+                key = value.item()
+                counts[key] = counts.get(key, 0) + int(count)
         unique, first = np.unique(ids, return_index=True)
         for value, row in zip(unique, first):
             key = value.item()
@@ -81,8 +90,9 @@ class CatalogueCollector:
         keys = sorted(self._first)
         data = {RAW_ID: pa.array(keys, pa.string() if self.dtype == "string"
                                  else pa.int64()),
-                TRAIN_COUNT: pa.array([self._counts.get(k, 0) for k in keys],
-                                      pa.int64())}
+                **{name: pa.array([counts.get(k, 0) for k in keys],
+                                  pa.int64())
+                   for name, counts in self._counts.items()}}
         for feature in self.features:
             rows = [self._first[k][feature.name] for k in keys]
             data[feature.name] = (
@@ -97,16 +107,26 @@ class CatalogueCollector:
 
 @dataclasses.dataclass(frozen=True)
 class Catalogue:
-    """A loaded catalogue: ``raw_ids`` [N], ``train_counts`` [N] and
-    ``features`` (candidate feature -> int64 rows, ``[N]`` or ``[N, L]``)."""
+    """A loaded catalogue: ``raw_ids`` [N], ``train_counts`` [N],
+    ``features`` (candidate feature -> int64 rows, ``[N]`` or ``[N, L]``)
+    and ``eval_counts`` [N] (None in a catalogue written before psrec
+    counted them)."""
 
     raw_ids: np.ndarray
     train_counts: np.ndarray
     features: dict[str, np.ndarray]
+    eval_counts: np.ndarray | None = None
 
     @property
     def size(self) -> int:
         return len(self.raw_ids)
+
+    def positives(self, split: str) -> np.ndarray | None:
+        """[N]: each candidate's positive rows in ``split`` (``train`` or
+        ``eval``); None when the catalogue does not count them."""
+        if split == "train":
+            return self.train_counts
+        return self.eval_counts if split == "eval" else None
 
     @classmethod
     def load(cls, root: str | Path, spec: FeatureSpec) -> Catalogue:
@@ -138,4 +158,7 @@ class Catalogue:
         return cls(raw_ids=table.column(RAW_ID).to_numpy(zero_copy_only=False),
                    train_counts=np.asarray(
                        table.column(TRAIN_COUNT).to_numpy(), np.int64),
-                   features=features)
+                   features=features,
+                   eval_counts=np.asarray(
+                       table.column(EVAL_COUNT).to_numpy(), np.int64)
+                   if EVAL_COUNT in table.column_names else None)

@@ -357,7 +357,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                 positives["train"] += np.count_nonzero(label[to_train])
                 positives["eval"] += np.count_nonzero(label[to_eval])
                 if catalogue is not None:  # retrieval: candidates, counts
-                    catalogue.add(batch, columns, to_train)
+                    catalogue.add(batch, columns, to_train, to_eval)
                 writers["train"].add({k: v[to_train]
                                       for k, v in columns.items()})
                 if "eval" in writers:

@@ -61,8 +61,15 @@ def run_eval(args: argparse.Namespace) -> int:
                         "step": chosen.step, **result.to_dict(),
                         "neg_sample_rate": rate},
                  f"{chosen.name} (step {chosen.step}) {result.summary()}"
-                 f"{sampling_note(rate)}")
+                 f"{sampling_note(rate)}{_popularity_line(result)}")
     return EXIT_OK
+
+
+def _popularity_line(result) -> str:
+    """The line saying a retrieval model does not beat the popularity
+    baseline (empty otherwise)."""
+    note = getattr(result, "popularity_note", lambda: None)()
+    return f"\nnote: {note}" if note else ""
 
 
 def run_predict(args: argparse.Namespace) -> int:

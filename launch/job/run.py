@@ -113,6 +113,9 @@ class JobSummary:
                 self.eval, "rmse", None) is not None:  # retrieval, mse
             lines.append(f"  last eval:   step {self.step}: "
                          f"{self.eval.summary()}")
+            note = getattr(self.eval, "popularity_note", lambda: None)()
+            if note:  # retrieval below the popularity baseline
+                lines.append(f"  note:        {note}")
         elif self.eval is not None:
             lines.append(f"  last eval:   step {self.step}: AUC "
                          f"{self.eval.auc:.4f}  logloss "

@@ -1,5 +1,6 @@
-"""Exact retrieval metrics (recall@k, MRR) and how closure sums merge into
-them; plain NumPy, so readers of a saved result need no TensorFlow."""
+"""Exact retrieval metrics (recall@k, MRR), how closure sums merge into
+them, and the popularity baseline they are read against; plain NumPy, so
+readers of a saved result need no TensorFlow."""
 
 from __future__ import annotations
 
@@ -21,22 +22,62 @@ class RetrievalEvalResult:
       count: the pairs evaluated (eval rows with a positive label).
       catalogue: the candidates every pair was ranked against.
       recall: k -> share of pairs whose candidate ranked in the top k.
+      popularity: the same metrics of the popularity baseline on the same
+        pairs (:func:`popularity_baseline`): ``recall`` (k -> share) and
+        ``mrr``; None when the catalogue does not count the split's pairs.
     """
 
     count: int
     catalogue: int
     recall: dict[int, float]
     mrr: float
+    popularity: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recall", {
             int(k): float(v) for k, v in self.recall.items()})
+        if self.popularity is not None:  # JSON keys are strings
+            object.__setattr__(self, "popularity", {
+                "recall": {int(k): float(v) for k, v in
+                           self.popularity["recall"].items()},
+                "mrr": float(self.popularity["mrr"])})
 
     def summary(self) -> str:
-        recalls = ", ".join(f"recall@{k} {v:.4f}"
-                            for k, v in sorted(self.recall.items()))
+        """One line: each metric, the popularity baseline's beside it."""
+        baseline = self.popularity or {}
+
+        def beside(name: str, value: float, base: float | None) -> str:
+            return (f"{name} {value:.4f}" if base is None
+                    else f"{name} {value:.4f} (popularity {base:.4f})")
+
+        recalls = ", ".join(
+            beside(f"recall@{k}", v, baseline.get("recall", {}).get(k))
+            for k, v in sorted(self.recall.items()))
         return (f"eval: {self.count} pairs against {self.catalogue} "
-                f"candidates, {recalls}, MRR {self.mrr:.4f}")
+                f"candidates, {recalls}, "
+                f"{beside('MRR', self.mrr, baseline.get('mrr'))}")
+
+    def not_above_popularity(self) -> list[str]:
+        """The metrics (``recall@100``, ``MRR``) on which the model does
+        not beat the popularity baseline (scores at most the baseline's)."""
+        if self.popularity is None:
+            return []
+        names = [f"recall@{k}" for k, v in sorted(self.recall.items())
+                 if v <= self.popularity["recall"].get(k, -1.0)]
+        return names + (["MRR"] if self.mrr <= self.popularity["mrr"]
+                        else [])
+
+    def popularity_note(self) -> str | None:
+        """The line saying the model does not beat the popularity baseline
+        (None when it beats it on every metric, or there is no baseline)."""
+        names = self.not_above_popularity()
+        if not names:
+            return None
+        return ("the model does not beat the popularity baseline (every "
+                "candidate ranked by its train-split positives) on "
+                f"{', '.join(names)}: serving the most popular candidates "
+                "to everyone would score as well (see "
+                "docs/tutorials/retrieval.md)")
 
     def scalars(self) -> dict[str, float]:
         """TensorBoard scalars (``eval/<name>``)."""
@@ -68,6 +109,35 @@ def eval_result_from_dict(data: dict[str, Any]):
         return RetrievalEvalResult(**data)
     from psrec.ps_cluster.evaluation.metrics import EvalResult
     return EvalResult(**data)
+
+
+def popularity_ranks(train_counts: np.ndarray) -> np.ndarray:
+    """[N] int64: each candidate's 0-based rank when the catalogue is
+    ordered by train-split positives, most first; ties go to the earlier
+    catalogue row (the lower raw id), so every rank is distinct."""
+    counts = np.asarray(train_counts, np.int64)
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    ranks = np.empty(len(counts), np.int64)
+    ranks[order] = np.arange(len(counts))
+    return ranks
+
+
+def popularity_baseline(train_counts: np.ndarray, pairs: np.ndarray,
+                        ks=RECALL_KS) -> dict[str, Any] | None:
+    """Recall@k and MRR of ranking every query's candidates by
+    :func:`popularity_ranks`, for the pairs ``pairs`` (``[N]``: the pairs
+    of each candidate). The model's evaluation ranks each pair against the
+    whole catalogue with nothing excluded, and so does this: a pair is in
+    the top k exactly when its candidate's rank is below k. None when there
+    is no pair."""
+    pairs = np.asarray(pairs, np.int64)
+    total = int(pairs.sum())
+    if total == 0:
+        return None
+    ranks = popularity_ranks(train_counts)
+    return {"recall": {int(k): float(pairs[ranks < k].sum()) / total
+                       for k in ks},
+            "mrr": float((pairs / (ranks + 1.0)).sum()) / total}
 
 
 def merge_retrieval(catalogue: int) -> Callable[[list], RetrievalEvalResult]:

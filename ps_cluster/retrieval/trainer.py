@@ -12,6 +12,8 @@ rebuilds them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from psrec.data.convert.catalogue import Catalogue
@@ -20,7 +22,9 @@ from psrec.models.retrieval.loss import CandidateTables
 from psrec.models.retrieval.loss import RetrievalLoss
 from psrec.models.retrieval.loss import refresh_embeddings
 from psrec.ps_cluster.retrieval.eval import make_retrieval_eval_function
+from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
 from psrec.ps_cluster.retrieval.metrics import merge_retrieval
+from psrec.ps_cluster.retrieval.metrics import popularity_baseline
 from psrec.ps_cluster.training.trainer import Trainer
 
 
@@ -42,6 +46,8 @@ class RetrievalTrainer(Trainer):
             raise TypeError(f"RetrievalTrainer takes no {', '.join(given)} "
                             "(a ranking model's calibration)")
         super().__init__(strategy, spec, model_config, *args, **options)
+        self.catalogue = catalogue
+        self._baselines: dict = {}  # split -> popularity_baseline
         with strategy.scope():
             self.tables = CandidateTables(catalogue, spec,
                                           model_config.output_dim)
@@ -71,6 +77,22 @@ class RetrievalTrainer(Trainer):
         value = self.coordinator.schedule(self._refresh)
         self.coordinator.join()
         return int(value.fetch())
+
+    def evaluate(self, manifest, batch_size: int | None = None,
+                 split: str = "eval") -> RetrievalEvalResult:
+        """Exact recall@k and MRR of ``split``, with the popularity
+        baseline of the same pairs beside them (when the catalogue counts
+        the split's pairs and its count is the evaluation's)."""
+        result = super().evaluate(manifest, batch_size, split)
+        if split not in self._baselines:
+            pairs = self.catalogue.positives(split)
+            self._baselines[split] = None if pairs is None else (
+                popularity_baseline(self.catalogue.train_counts, pairs),
+                int(pairs.sum()))
+        baseline = self._baselines[split]
+        if baseline is None or baseline[1] != result.count:
+            return result  # other pairs than the catalogue counted
+        return dataclasses.replace(result, popularity=baseline[0])
 
     def _eval_function(self, batch_size: int, block_rows: int):
         """Exact recall@k and MRR of each pair against the whole catalogue,
