@@ -14,6 +14,7 @@ import pytest
 
 from psrec.data.convert.convert import convert
 from psrec.data.infer.infer import InferOptions
+from psrec.data.infer.infer import embedding_dim
 from psrec.data.infer.infer import infer_spec
 from psrec.data.infer.stats import DistinctCounter
 from psrec.data.ingest.criteo import ingest_criteo
@@ -85,13 +86,12 @@ def test_infer_decides_each_column(parquet, tmp_path):
     distinct = len(set(table.column("query").to_pylist()))
     assert categorical["query"].hash_buckets == 1 << math.ceil(
         math.log2(2 * distinct))
-    # One shared table, features laid out one after the other.
-    offset = 0
+    # A table per width, its features laid out one after the other.
+    offsets: dict[str, int] = {}
     for feature in spec.categorical:
-        assert feature.table == "categorical"
-        assert feature.row_offset == offset
-        offset += feature.num_ids
-    assert [t.rows for t in spec.tables] == [offset]
+        assert feature.row_offset == offsets.get(feature.table, 0)
+        offsets[feature.table] = feature.row_offset + feature.num_ids
+    assert {t.name: t.rows for t in spec.tables} == offsets
     assert set(report.skipped) == {"user_id", "version", "rating"}
     assert "id-like" in report.skipped["user_id"]
     assert "constant" in report.skipped["version"]
@@ -217,7 +217,10 @@ def test_criteo_sample_infers_and_converts(tmp_path):
     decided = (set(report.dense) | set(report.categorical)
                | set(report.skipped))
     assert decided == set(columns) - {"label"}
-    assert {f.name for f in spec.dense} >= {"I5", "I6"}
+    # I1..I13 are counts: numbers, but I10 (6 values: a code).
+    ints = {f"I{i}" for i in range(1, 14)}
+    assert set(report.dense) == ints - {"I10"}
+    assert set(report.categorical) & ints == {"I10"}
     assert any(f.transform == "log1p" for f in spec.dense)
     assert {f.name for f in spec.categorical} >= {"C1", "C6", "C9"}
     result = convert(files, spec, tmp_path / "shards")
@@ -258,3 +261,138 @@ def test_time_columns_become_hour_and_weekday_sources(tmp_path):
                                  "count"}
     report = convert([tmp_path / "log.parquet"], spec, tmp_path / "data")
     assert report.bad_rows == 0
+
+
+def _widths(spec) -> dict[str, int]:
+    dims = {t.name: t.dim for t in spec.tables}
+    return {f.name: dims[f.table] for f in spec.categorical}
+
+
+def test_each_categorical_feature_gets_a_width_from_its_cardinality(
+        parquet, tmp_path):
+    """Not one width for all from the widest feature: 6 x distinct ** 0.25
+    rounded to a multiple of 8, in [8, 64]; one table per width."""
+    paths, table = parquet
+    out = tmp_path / "s.yaml"
+    infer_spec(paths, "click", out, InferOptions(exclude=["rating"]))
+    spec = resolve_spec(str(out))
+    queries = len(set(table.column("query").to_pylist()))
+    wide = 8 * math.floor(6 * queries ** 0.25 / 8 + 0.5)
+    assert wide in (32, 40)  # about 1,300 distinct queries
+    assert _widths(spec) == {"country": 8, "query": wide, "tags": 8}
+    assert embedding_dim(2) == 8 and embedding_dim(10 ** 7) == 64
+    assert sorted(t.name for t in spec.tables) == [f"categorical_{wide}",
+                                                   "categorical_8"]
+    assert f"# the categorical features of width {wide}" in out.read_text()
+
+
+def _code_table(rows: int = 4000, seed: int = 3) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    # City ids: Zipf-like frequencies in a random id order, sparse ids (no
+    # range to fill); brands: codes 1..60 ranked by frequency (FuxiCTR's
+    # label encoding).
+    weights = 1.0 / np.arange(1, 201)
+    city_code = 3 + 7 * rng.permutation(200)
+    cities = city_code[rng.choice(200, rows, p=weights / weights.sum())]
+    brand_weights = 1.0 / np.arange(1, 61) ** 0.7
+    brands = 1 + rng.choice(60, rows, p=brand_weights / brand_weights.sum())
+    return pa.table({
+        "click": pa.array(rng.integers(0, 2, rows), pa.int64()),
+        "city": pa.array(cities, pa.int64()),
+        "brand": pa.array(brands, pa.int64()),
+        # Counts and measures stay numbers.
+        "visits": pa.array(rng.geometric(0.02, rows), pa.int64()),
+        "age": pa.array(np.clip(rng.normal(40, 12, rows), 18, 90)
+                        .astype(np.int64)),
+        "noise": pa.array(rng.integers(0, 5000, rows), pa.int64()),
+    })
+
+
+def test_label_encoded_int_codes_become_categorical(tmp_path):
+    pq.write_table(_code_table(), tmp_path / "codes.parquet")
+    out = tmp_path / "s.yaml"
+    report = infer_spec([tmp_path / "codes.parquet"], "click", out)
+    spec = resolve_spec(str(out))
+    categorical = _by_name(spec.categorical)
+    assert set(categorical) == {"city", "brand"}
+    assert set(report.dense) == {"visits", "age", "noise"}
+    assert categorical["city"].dtype == "int64"
+    assert categorical["city"].hash_buckets == 512  # >= 2 x 200 distinct
+    assert categorical["brand"].hash_buckets == 128  # >= 2 x 60
+    text = out.read_text()
+    assert "its 60 distinct values fill 1..60: label-encoded codes" in text
+    assert "unrelated frequencies (roughness" in text
+
+
+def test_text_timestamps_are_times(tmp_path):
+    import datetime
+
+    rng = np.random.default_rng(7)
+    rows = 500
+    start = datetime.datetime(2024, 3, 1, tzinfo=datetime.timezone.utc)
+    times = [start + datetime.timedelta(seconds=int(s))
+             for s in rng.integers(0, 30 * 86400, rows)]
+    notes = [t.strftime("%Y-%m-%d %H:%M:%S") for t in times]
+    notes[17] = "n/a"  # one value that is no time: a string column
+    pq.write_table(pa.table({
+        "click": pa.array(rng.integers(0, 2, rows)),
+        "event_time": pa.array([t.strftime("%Y-%m-%d %H:%M:%S")
+                                for t in times]),
+        "signup": pa.array([t.strftime("%Y-%m-%d") for t in times]),
+        "seen": pa.array([t.strftime("%Y-%m-%dT%H:%M:%S.%f+02:00")
+                          for t in times]),
+        "note": pa.array(notes),
+        "country": pa.array([("de", "fr")[i] for i in
+                             rng.integers(0, 2, rows)]),
+    }), tmp_path / "log.parquet")
+    out = tmp_path / "spec.yaml"
+    report = infer_spec([tmp_path / "log.parquet"], "click", out)
+    spec = resolve_spec(str(out))
+    derived = {d.name: (d.kind, d.sources, d.pattern) for d in spec.derived}
+    assert derived == {
+        "event_time_hour": ("hour_of_day", ("event_time",),
+                            "YYYY-MM-DD HH:mm:ss"),
+        "event_time_weekday": ("day_of_week", ("event_time",),
+                               "YYYY-MM-DD HH:mm:ss"),
+        "signup_weekday": ("day_of_week", ("signup",), "YYYY-MM-DD")}
+    assert "ISO-8601" in report.skipped["seen"]
+    assert "id-like" in report.skipped["note"]  # no time: one value is not
+    assert report.time_columns == ["event_time", "signup", "seen"]
+    assert "--order-by event_time" in report.summary()
+    assert "#   event_time: psrec convert ... --order-by event_time" in (
+        out.read_text())
+    result = convert([tmp_path / "log.parquet"], spec, tmp_path / "data")
+    assert result.bad_rows == 0
+
+
+def test_a_column_filled_for_one_class_only_is_a_leak(tmp_path, capsys):
+    rng = np.random.default_rng(11)
+    rows = 2000
+    click = rng.random(rows) < 0.2
+    value = rng.exponential(20.0, rows)
+    pq.write_table(pa.table({
+        "click": pa.array(click.astype(np.int64)),
+        "conversion_value": pa.array(np.where(click, value, None),
+                                     pa.float64()),
+        "bounce_reason": pa.array(np.where(click, None, "timeout")
+                                  .tolist()),
+        "coupon": pa.array(np.where(rng.random(rows) < 0.5, None,
+                                    rng.choice(["c1", "c2"], rows)).tolist()),
+        "spend": pa.array(value),
+    }), tmp_path / "log.parquet")
+    out = tmp_path / "spec.yaml"
+    assert main(["spec", "infer", str(tmp_path / "log.parquet"), "--label",
+                 "click", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    warnings = [line for line in printed.splitlines()
+                if line.startswith("warning:")]
+    assert len(warnings) == 2
+    assert "'conversion_value': label leak: filled in 100.0% of positive" \
+        in warnings[0]
+    assert "`- {name: conversion_value}` under `dense:`" in warnings[0]
+    assert "'bounce_reason'" in warnings[1]
+    spec = resolve_spec(str(out))
+    assert "conversion_value" not in spec.columns
+    assert "bounce_reason" not in spec.columns
+    assert {"coupon", "spend"} <= set(spec.columns)
+    assert "#   conversion_value: label leak" in out.read_text()

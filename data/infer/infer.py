@@ -6,10 +6,20 @@ out: ``label`` is 0/1 (ints, floats or bools) unless a threshold is given;
 heavy-tailed is max > 100 x median, or 100 x mean when the median is 0;
 few distinct values is at most ``CODE_MAX_DISTINCT``; a multi-hot
 ``max_length`` is at least 2; an id-like column has at least 20 distinct
-values and is not floats. The shared table (``categorical``, the layout of
-the ``criteo`` preset) has the ``dim`` ``min(64, 6 x distinct ** 0.25)`` of
-the largest feature, rounded up to a multiple of 4 (at least 8). The spec
-is written as commented YAML and checked by loading it back.
+values and is not floats.
+
+An int column is a code (categorical), not a number, when its name looks
+like an id, it has few distinct values, its distinct values fill the range
+from 0 or 1 (``CODE_FILL``: what a label encoder writes), or neighbouring
+values have unrelated frequencies (``_roughness`` above ``CODE_ROUGHNESS``:
+a count or a measure changes smoothly from one value to the next; codes in
+a label encoder's order do not). Each categorical feature gets the width
+``6 x distinct ** 0.25`` rounded to the nearest multiple of 8 and clamped to
+[8, 64] (``embedding_dim``); features of one width share a table
+(``categorical_<dim>``), each in its own rows. A column filled (non-null,
+non-empty) in more than 99% of one class's rows and fewer than 1% of the
+other's is a label leak: left out with a warning. The spec is written as
+commented YAML and checked by loading it back.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from typing import Sequence
 
+import numpy as np
 import yaml
 
 from psrec.data.convert.inputs import parquet_files
@@ -45,8 +56,14 @@ from psrec.options import qualified
 from psrec.progress import SILENT
 from psrec.progress import Progress
 
-TABLE_NAME = "categorical"
+TABLE_PREFIX = "categorical"
 CODE_MAX_DISTINCT = 16
+CODE_FILL = 0.95
+CODE_ROUGHNESS = 0.5
+CODE_SIGNAL = 4.0
+DIM_RANGE = (8, 64)
+LEAK_SHARE = 0.99
+LEAK_MIN_ROWS = 20
 ID_SHARE = 0.9
 ID_MIN_ROWS = 20
 HEAVY_TAIL = 100.0
@@ -64,6 +81,8 @@ class InferReport:
     categorical: dict[str, str]
     skipped: dict[str, str]
     vocabularies: list[str]
+    time_columns: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,7 +92,12 @@ class InferReport:
                  f"{len(self.categorical)} categorical features from "
                  f"{self.rows} rows in {self.files} file(s)"]
         lines += [f"  left out {name}: {why}"
-                  for name, why in self.skipped.items()]
+                  for name, why in self.skipped.items()
+                  if not why.startswith("label leak")]  # warned below
+        lines += [f"  time column {name}: for a time-ordered eval split, "
+                  f"psrec convert ... --order-by {name}"
+                  for name in self.time_columns]
+        lines += [f"warning: {line}" for line in self.warnings]
         return "\n".join(lines)
 
 
@@ -168,9 +192,76 @@ def _skip_reason(stats: ColumnStats, exclude: Sequence[str]) -> str | None:
     return None
 
 
-def _is_categorical_int(stats: ColumnStats) -> bool:
-    return bool(_ID_NAME.search(stats.name)) or (
-        stats.distinct.count <= CODE_MAX_DISTINCT)
+def _roughness(sample: np.ndarray) -> float | None:
+    """How unrelated the frequencies of neighbouring values are: the
+    squared steps between the sample counts of consecutive distinct values
+    over twice their squared deviations, each less its Poisson sampling
+    noise (about 0: a smooth curve, a count or measure; about 1: unrelated,
+    codes). None: too few values, or counts too even to tell from noise
+    (deviations within ``CODE_SIGNAL`` x the noise)."""
+    _, counts = np.unique(sample, return_counts=True)
+    if len(counts) < 3:
+        return None
+    counts = counts.astype(np.float64)
+    noise = counts.sum()
+    deviations = float(((counts - counts.mean()) ** 2).sum())
+    if deviations <= CODE_SIGNAL * noise:
+        return None
+    steps = float((np.diff(counts) ** 2).sum())
+    return (steps - 2 * noise) / (2 * (deviations - noise))
+
+
+def _code_reason(stats: ColumnStats) -> str | None:
+    """Why an int column is a code (categorical), or None (a number)."""
+    distinct = stats.distinct.count
+    if _ID_NAME.search(stats.name):
+        return "the name looks like an id: a code"
+    if distinct <= CODE_MAX_DISTINCT:
+        return f"<= {CODE_MAX_DISTINCT} distinct values: a code"
+    low, high = stats.minimum, stats.maximum
+    if stats.count == 0 or low < 0:
+        return None
+    if (stats.distinct.is_exact and low in (0, 1)
+            and distinct >= CODE_FILL * (high - low + 1)):
+        return (f"its {distinct} distinct values fill {low:g}..{high:g}: "
+                "label-encoded codes, whose order means nothing -> "
+                "categorical, not a number")
+    rough = _roughness(stats.sample)
+    if rough is not None and rough > CODE_ROUGHNESS:
+        return (f"neighbouring values have unrelated frequencies (roughness "
+                f"{rough:.2f} > {CODE_ROUGHNESS:g}; a count or measure "
+                "changes smoothly): ids or codes without a meaningful order "
+                "-> categorical, not a number")
+    return None
+
+
+def _leak_reason(stats: ColumnStats) -> str | None:
+    """Why a column is a label leak (filled for one class only), or None."""
+    if min(stats.positives, stats.negatives) < LEAK_MIN_ROWS:
+        return None
+    pos = stats.filled_positives / stats.positives
+    neg = stats.filled_negatives / stats.negatives
+    low = 1 - LEAK_SHARE
+    if not ((pos > LEAK_SHARE and neg < low)
+            or (neg > LEAK_SHARE and pos < low)):
+        return None
+    return (f"label leak: filled in {pos:.1%} of positive rows and "
+            f"{neg:.1%} of negative rows (a value recorded only after the "
+            "outcome?)")
+
+
+def _put_back(stats: ColumnStats, table: str | None, max_buckets: int
+              ) -> str:
+    """How to use a left-out leak column anyway."""
+    if stats.kind in ("int", "float"):
+        entry, where = f"{{name: {stats.name}}}", "dense"
+    else:
+        dtype = ", dtype: int64" if stats.kind.endswith("int") else ""
+        entry = (f"{{name: {stats.name}, table: {table}, hash_buckets: "
+                 f"{_buckets(stats.distinct.count, max_buckets)}{dtype}}}")
+        where = "categorical"
+    return (f"if it is known when you predict, put it back by adding "
+            f"`- {entry}` under `{where}:`")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +304,8 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,
           "YAML)")
     exclude = options.exclude
     files = parquet_files([str(p) for p in inputs])
-    schema, stats = collect_stats(files, exact_cap=exact_cap,
+    schema, stats = collect_stats(files, exact_cap=exact_cap, label=label,
+                                  threshold=options.label_threshold,
                                   progress=progress)
     check(label in schema.names, "--label", label,
           f"is not a column{did_you_mean(label, schema.names)} (columns: "
@@ -226,28 +318,46 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,
     categorical: list[tuple[dict[str, Any], str, list[str] | None]] = []
     skipped: dict[str, str] = {}
     derived: list[tuple[DerivedFeature, str]] = []
+    times: dict[str, str] = {}
+    leaks: list[str] = []
     for name in schema.names:
         column = stats[name]
-        reason = None if name == label else _skip_reason(column, exclude)
         if name == label:
             continue
-        time = time_features(column) if name not in exclude else None
-        if time is not None:
+        reason = _skip_reason(column, exclude)
+        leak = _leak_reason(column) if name not in exclude else None
+        time = (time_features(column)
+                if name not in exclude and leak is None else None)
+        code = _code_reason(column) if column.kind == "int" else None
+        if leak is not None:
+            skipped[name] = leak
+            leaks.append(name)
+        elif time is not None:
             derived += [(feature, time[2]) for feature in time[0]]
             categorical += time[1]
+            times[name] = time[2]
+            if not time[0]:
+                skipped[name] = time[2]
         elif reason is not None:
             skipped[name] = reason
         elif column.kind == "float" or (column.kind == "int"
-                                        and not _is_categorical_int(column)):
+                                        and code is None):
             dense.append(_dense(column))
         else:
             categorical.append(_categorical(column, options.max_buckets,
-                                            options.vocab_max))
+                                            options.vocab_max, code))
     check(dense or categorical, "--label", label,
           "leaves no usable feature column (see the notes of the skipped "
           f"columns: {skipped})", error=ConfigError)
     spec, vocabularies = _assemble(out, label_config, dense, categorical,
                                    [feature for feature, _ in derived])
+    first_table = spec.tables[0].name if spec.tables else TABLE_PREFIX
+    warnings = []
+    for name in leaks:
+        back = _put_back(stats[name], first_table, options.max_buckets)
+        skipped[name] += f"; left out: {back}"
+        warnings.append(f"column {name!r}: {skipped[name]}")
+    time_columns = [name for name in times if not stats[name].nulls]
     rows = stats[label].rows
     header = [f"Feature spec inferred by psrec from {rows} rows in "
               f"{len(files)} Parquet file(s); edit freely.",
@@ -256,7 +366,7 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,
     text = _render(spec, [h for h in header if h], label_note,
                    [note for _, note in dense],
                    [note for _, note, _ in categorical], skipped,
-                   [note for _, note in derived])
+                   [note for _, note in derived], time_columns)
     with atomic_output(out) as tmp:
         tmp.write_text(text, encoding="utf-8")
     FeatureSpec.load(out).check_vocabularies()
@@ -265,18 +375,22 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,
         dense={f.name: f.transform for f, _ in dense},
         categorical={c["name"]: ("vocabulary" if v is not None else "hash")
                      for c, _, v in categorical},
-        skipped=skipped, vocabularies=vocabularies)
+        skipped=skipped, vocabularies=vocabularies,
+        time_columns=time_columns, warnings=warnings)
 
 
-def _categorical(stats: ColumnStats, max_buckets: int, vocab_max: int
+def _categorical(stats: ColumnStats, max_buckets: int, vocab_max: int,
+                 code: str | None = None
                  ) -> tuple[dict[str, Any], str, list[str] | None]:
     """The feature's keys (without table and offset), its note and its
-    vocabulary (None: hashed)."""
+    vocabulary (None: hashed); ``code``: why an int column is one."""
     distinct = stats.distinct.count
     counted = "" if stats.distinct.is_exact else " (estimated)"
     note = (f"{stats.arrow_type}, {distinct}{counted} distinct, "
             f"{stats.null_share:.1%} null")
-    keys: dict[str, Any] = {"name": stats.name}
+    if code is not None:
+        note += f"; {code}"
+    keys: dict[str, Any] = {"name": stats.name, "_distinct": distinct}
     if stats.kind.endswith("int"):
         keys["dtype"] = "int64"
     if stats.kind.startswith("list"):
@@ -308,16 +422,33 @@ def _vocab_path(name: str, used: set[str]) -> str:
     return relative
 
 
+def embedding_dim(distinct: int) -> int:
+    """A feature's embedding width: ``6 x distinct ** 0.25`` rounded to the
+    nearest multiple of 8, clamped to ``DIM_RANGE``."""
+    low, high = DIM_RANGE
+    width = 8 * math.floor(6 * max(distinct, 1) ** 0.25 / 8 + 0.5)
+    return min(high, max(low, width))
+
+
 def _assemble(out: Path, label: LabelConfig,
               dense: list[tuple[DenseFeature, str]],
               categorical: list[tuple[dict[str, Any], str, list[str] | None]],
               derived: list[DerivedFeature]
               ) -> tuple[FeatureSpec, list[str]]:
-    """The spec: categorical features laid out one after the other in one
-    table; writes the vocabularies."""
-    features, offset, used, widest = [], 0, set(), 2
+    """The spec: each categorical feature in the table of its width
+    (``embedding_dim``), features of a table laid out one after the other;
+    writes the vocabularies."""
+    features, used = [], set()
+    offsets: dict[int, int] = {}
     for keys, _, vocabulary in categorical:
-        keys = dict(keys, table=TABLE_NAME, row_offset=offset)
+        keys = dict(keys)
+        distinct = keys.pop("_distinct", None)
+        if distinct is None:
+            distinct = len(vocabulary) if vocabulary is not None else (
+                keys["hash_buckets"])
+        dim = embedding_dim(distinct)
+        offset = offsets.setdefault(dim, 0)
+        keys.update(table=f"{TABLE_PREFIX}_{dim}", row_offset=offset)
         if vocabulary is not None:
             relative = _vocab_path(keys["name"], used)
             path = out.parent / relative
@@ -329,12 +460,9 @@ def _assemble(out: Path, label: LabelConfig,
         else:
             ids = keys["hash_buckets"]
         features.append(CategoricalFeature(**keys))
-        offset += ids
-        widest = max(widest, ids)
-    tables = ()
-    if features:
-        dim = min(64, max(8, 4 * math.ceil(6 * widest ** 0.25 / 4)))
-        tables = (TableConfig(TABLE_NAME, rows=offset, dim=dim),)
+        offsets[dim] += ids
+    tables = tuple(TableConfig(f"{TABLE_PREFIX}_{dim}", rows=rows, dim=dim)
+                   for dim, rows in sorted(offsets.items()))
     spec = FeatureSpec(name=out.stem, label=label,
                        dense=tuple(f for f, _ in dense),
                        categorical=tuple(features), tables=tables,
@@ -359,7 +487,8 @@ def _entry(item: dict[str, Any], note: str) -> str:
 
 def _render(spec: FeatureSpec, header: list[str], label_note: str,
             dense_notes: list[str], categorical_notes: list[str],
-            skipped: dict[str, str], derived_notes: list[str]) -> str:
+            skipped: dict[str, str], derived_notes: list[str],
+            time_columns: Sequence[str] = ()) -> str:
     data = spec.to_dict()
     parts = [f"# {line}\n" for line in header]
     parts.append(yaml.safe_dump({"name": data["name"]}, sort_keys=False))
@@ -368,12 +497,14 @@ def _render(spec: FeatureSpec, header: list[str], label_note: str,
              if k == "name" or v is not None}
     parts.append(yaml.safe_dump({"label": label}, sort_keys=False,
                                 default_flow_style=False))
-    tables_note = ("one table shared by all categorical features, each in "
-                   "its own rows (laid out automatically: edit buckets "
-                   "freely; `share: OTHER` shares a feature's rows); rows = "
-                   "their sum; dim = min(64, 6 x distinct ** 0.25) of the "
-                   "largest feature")
-    for key, notes in (("tables", [tables_note] * len(data["tables"])),
+    tables_note = ("the categorical features of width {dim} (6 x distinct "
+                   "** 0.25, rounded to a multiple of 8, in [8, 64]), "
+                   "each in its own rows (laid out automatically: edit "
+                   "buckets freely; `share: OTHER` shares a feature's rows);"
+                   " rows = their sum; every model takes tables of "
+                   "different widths (dot/fm project them to the widest)")
+    tables_notes = [tables_note.format(dim=t["dim"]) for t in data["tables"]]
+    for key, notes in (("tables", tables_notes),
                        ("dense", dense_notes),
                        ("categorical", categorical_notes)):
         if not data[key]:
@@ -388,4 +519,8 @@ def _render(spec: FeatureSpec, header: list[str], label_note: str,
     if skipped:
         parts.append("# Left out:\n")
         parts += [f"#   {name}: {why}\n" for name, why in skipped.items()]
+    if time_columns:
+        parts.append("# Time columns (for a time-ordered eval split):\n")
+        parts += [f"#   {name}: psrec convert ... --order-by {name}\n"
+                  for name in time_columns]
     return "".join(parts)

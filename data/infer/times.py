@@ -10,7 +10,13 @@ Recognised, from one pass of statistics (``data.infer.stats``):
   ``timestamp``, ``ts``, ``date``, ``created_at``, ...);
 * ints (or digit strings) of 8 digits that are all valid ``YYMMDDHH``
   times, when the column's distinct values are known exactly (Avazu's
-  ``hour``).
+  ``hour``);
+* strings (whatever the name) whose non-empty values all match one
+  fixed-width ISO-8601-like pattern (``stats.TEXT_TIME_PATTERNS``, e.g.
+  ``YYYY-MM-DD HH:mm:ss``): a date-only pattern gives the weekday only;
+  other ISO-8601 date-times (fractions of a second, UTC offsets) are times
+  that no pattern reads: they are left out of the features (never a
+  high-cardinality categorical) and only suggested as ``--order-by``.
 """
 
 from __future__ import annotations
@@ -31,7 +37,11 @@ PARTS = {"hour": ("hour_of_day", 24), "weekday": ("day_of_week", 7)}
 
 
 def _pattern(stats: ColumnStats) -> str | None | bool:
-    """``None`` (epoch seconds), ``epoch_ms``, ``YYMMDDHH``, or False."""
+    """``None`` (epoch seconds), ``epoch_ms``, a pattern, ``ISO`` (a time
+    no pattern reads), or False."""
+    if (stats.kind == "string" and stats.time_pattern is not None
+            and not stats.time_misses):
+        return stats.time_pattern
     if not _TIME_NAME.search(stats.name) or stats.kind not in ("int",
                                                                "string"):
         return False
@@ -61,9 +71,18 @@ def time_features(stats: ColumnStats
         return None
     form = {None: "epoch seconds", EPOCH_MS: "epoch milliseconds"}.get(
         pattern, f"{pattern} times")
+    if pattern == "ISO":
+        return [], [], ("ISO-8601 text times in a form no fixed-width "
+                        "pattern reads (fractions of a second or UTC "
+                        "offsets): left out of the features (a time is no "
+                        "category); reformat it as YYYY-MM-DD HH:mm:ss to "
+                        "derive its hour and weekday")
     source_dtype = "int64" if stats.kind == "int" else "string"
     derived, categorical = [], []
-    for suffix, (kind, values) in PARTS.items():
+    parts = {suffix: part for suffix, part in PARTS.items()
+             if suffix != "hour" or pattern is None or pattern == EPOCH_MS
+             or "HH" in pattern}
+    for suffix, (kind, values) in parts.items():
         name = f"{stats.name}_{suffix}"
         derived.append(DerivedFeature(
             name, kind, (stats.name,), pattern=pattern,
@@ -72,7 +91,8 @@ def time_features(stats: ColumnStats
             {"name": name},
             f"derived: {kind} of {stats.name} ({form}, UTC) -> vocabulary "
             f"of its {values} values", [str(v) for v in range(values)]))
-    note = (f"{form} -> derived {stats.name}_hour and {stats.name}_weekday "
+    made = " and ".join(f"{stats.name}_{suffix}" for suffix in parts)
+    note = (f"{form} -> derived {made} "
             "(a time is no number to standardize: with a time-ordered "
             "split every eval value would lie past the training range)")
     return derived, categorical, note
