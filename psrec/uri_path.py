@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import io
+import os
 import types
 from pathlib import Path
 from pathlib import PurePosixPath
@@ -344,3 +345,18 @@ def as_path(location: str | Path | UriPath) -> Path | UriPath:
     if is_uri(location):
         return UriPath(location)
     return Path(uri_local(location))
+
+
+def shown_path(location: str | Path | UriPath | None) -> str:
+    """A location as psrec prints it: a URI as it is; a local path relative
+    to the working directory when it lies below it, else absolute -- so the
+    files of one run are named one way in its output, whichever way
+    TensorFlow or the user wrote them ("none" for None)."""
+    if location is None:
+        return "none"
+    text = str(location)
+    if is_uri(text):
+        return text
+    absolute = os.path.abspath(text)
+    relative = os.path.relpath(absolute)
+    return absolute if relative.startswith(os.pardir) else relative

@@ -54,7 +54,7 @@ def no_eval_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("no-eval-data")
     paths = write_synthetic_parquet(SPEC, root / "parquet", 300, files=1)
     return convert(paths, SPEC, root / "tfr",
-                   ConversionOptions(shards=2)).manifest
+                   ConversionOptions(shards=2, eval_fraction=0)).manifest
 
 
 def _trainer(checkpoints: Path, keep: int = 1):
@@ -410,3 +410,32 @@ def test_early_stopping_needs_a_metric():
         LoopConfig(keep_best="none", early_stop_patience=2)
     with pytest.raises(ConfigError, match=r"`LoopConfig.keep_best` = 'mse'"):
         LoopConfig(keep_best="mse")
+
+
+def test_summary_names_one_run_s_files_one_way(tmp_path, monkeypatch):
+    """TensorFlow's absolute checkpoint path and the workdir's relative
+    ones are printed alike: relative below the working directory, absolute
+    outside it, URIs as they are."""
+    from psrec.launch.job.run import JobSummary
+    from psrec.ps_cluster.evaluation.metrics import EvalResult
+    from psrec.uri_path import shown_path
+    monkeypatch.chdir(tmp_path)
+    summary = JobSummary(
+        strategy="ps", manifest=str(tmp_path / "data" / "manifest.json"),
+        checkpoint=str(tmp_path / "runs" / "a" / "checkpoints" / "ckpt-8"),
+        export="runs/a/export/1", tensorboard="runs/a/tensorboard",
+        start_step=0, step=8, executed_steps=8, examples_per_sec=1.0,
+        final_loss=0.5, eval=EvalResult(count=100, positives=25.0,
+                                        logloss=0.5, auc=0.65, id_sum=0),
+        seconds=1.0, workers=1, ps=1, replicas=1, batch_size=32,
+        micro_batches=1, precision="float32", closures_per_worker={},
+        epochs=2.0, steps_per_epoch=4)
+    text = summary.summary()
+    assert "  data:        data/manifest.json" in text
+    assert "  checkpoint:  runs/a/checkpoints/ckpt-8" in text
+    assert "  export:      runs/a/export/1" in text
+    assert str(tmp_path) not in text
+    outside = tmp_path.parent / "elsewhere" / "ckpt-3"
+    assert shown_path(outside) == str(outside)
+    assert shown_path("gs://bucket/run/ckpt-3") == "gs://bucket/run/ckpt-3"
+    assert shown_path(None) == "none"

@@ -44,6 +44,7 @@ from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.loop import steps_for_epochs
 from psrec.ps_cluster.training.loop import steps_per_epoch
 from psrec.uri_path import as_path
+from psrec.uri_path import shown_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,7 @@ class JobSummary:
         checkpoint's metrics), then the last step's, the run's shape and
         where its files are."""
         lines = [f"psrec train summary ({self.strategy}):",
-                 f"  export:      {self.export or 'none'}"]
+                 f"  export:      {shown_path(self.export)}"]
         if self.export is not None:  # AUC: ranking on a 0/1 label only
             auc = ("" if self.exported_auc is None
                    else f", eval AUC {self.exported_auc:.4f}")
@@ -140,9 +141,9 @@ class JobSummary:
                          f"{self.best.metric if self.best else 'metric'} "
                          "within --early-stop-patience evaluations")
         lines += [
-            f"  data:        {self.manifest}",
-            f"  checkpoint:  {self.checkpoint}",
-            f"  tensorboard: {self.tensorboard}"]
+            f"  data:        {shown_path(self.manifest)}",
+            f"  checkpoint:  {shown_path(self.checkpoint)}",
+            f"  tensorboard: {shown_path(self.tensorboard)}"]
         return "\n".join(lines)
 
     def _best_lines(self) -> list[str]:
@@ -269,7 +270,7 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         export_path = export_checkpoint(  # workdir/export/<version>
             config.checkpoint_dir, workdir / "export", which,
             manifest=manifest).path
-        log(f"exported {exported.describe()} to {export_path}")
+        log(f"exported {exported.describe()} to {shown_path(export_path)}")
     if exported is not None and exported.best is not None:
         exported_auc = exported.best.auc
     elif exported is not None and exported.path == result.checkpoint and (
@@ -402,7 +403,7 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
     with translated_errors(manifest, cluster):
         restored = trainer.restore()
     if restored:
-        log(f"resumed from {restored} at step "
+        log(f"resumed from {shown_path(restored)} at step "
             f"{int(trainer.progress.step.numpy())} (restore verified against "
             "the checkpoint's values)")
         if trainer.chief:

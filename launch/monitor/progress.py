@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from psrec.ps_cluster.checkpoint.best import BestRecord
 from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.uri_path import shown_path
 
 
 class ProgressReporter:
@@ -140,7 +141,8 @@ class ProgressReporter:
                     for name, value in scalars.items():
                         tf.summary.scalar(f"eval/{name}", value)
         if checkpoint is not None:
-            self.stream.write(f"step {step}: checkpoint {checkpoint}\n")
+            self.stream.write(
+                f"step {step}: checkpoint {shown_path(checkpoint)}\n")
         self.stream.flush()
 
     def best(self, record: BestRecord) -> None:
