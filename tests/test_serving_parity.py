@@ -80,7 +80,8 @@ def parity(tmp_path_factory):
     table = _raw_table()
     pq.write_table(table, root / "raw.parquet")
     report = convert([root / "raw.parquet"], SPEC, root / "data",
-                     ConversionOptions(shards=2, block_rows=16))
+                     ConversionOptions(shards=2, block_rows=16,
+                                       eval_fraction=0))
     assert report.bad_rows == 0
     # (a) the training input pipeline over the converted shards
     dataset = make_train_dataset_fn(report.manifest, SPEC,

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.infer.infer import InferOptions
 from psrec.data.infer.infer import embedding_dim
@@ -112,7 +113,8 @@ def test_inferred_spec_converts_without_bad_rows(parquet, tmp_path, capsys):
     assert result["vocabularies"] == ["vocab/country.txt", "vocab/tags.txt"]
     # The command is recorded in the header; the label is 0/1.
     assert f"# Command: psrec spec infer {paths[0]}" in out.read_text()
-    report = convert(paths, resolve_spec(str(out)), tmp_path / "shards")
+    report = convert(paths, resolve_spec(str(out)), tmp_path / "shards",
+                     ConversionOptions(eval_fraction=0))
     assert report.bad_rows == 0
     assert report.rows_written["train"] == ROWS
 
@@ -223,7 +225,8 @@ def test_criteo_sample_infers_and_converts(tmp_path):
     assert set(report.categorical) & ints == {"I10"}
     assert any(f.transform == "log1p" for f in spec.dense)
     assert {f.name for f in spec.categorical} >= {"C1", "C6", "C9"}
-    result = convert(files, spec, tmp_path / "shards")
+    result = convert(files, spec, tmp_path / "shards",
+                     ConversionOptions(eval_fraction=0))
     assert result.bad_rows == 0
     assert result.rows_written["train"] == ingested.rows
 
