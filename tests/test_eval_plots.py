@@ -22,6 +22,7 @@ from psrec.ps_cluster.evaluation.curves import bucket_statistics
 from psrec.ps_cluster.evaluation.metrics import add_statistics
 from psrec.ps_cluster.evaluation.metrics import batch_statistics
 from psrec.ps_cluster.evaluation.metrics import merge
+from tests.test_fast_errors import _psrec
 from tests.test_metrics import exact_auc
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -215,3 +216,8 @@ def test_plots_of_a_regression_run_are_refused_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--plots" in err[0] and "mse" in err[0], err
     assert not (tmp_path / "eval").exists()
+    # Refused before TensorFlow is imported (a fresh process).
+    code, imported, lines, _ = _psrec(
+        ["eval", str(checkpoints), "--data", str(manifest.root), "--plots"],
+        tmp_path)
+    assert (code, imported, lines) == (2, False, err)
