@@ -19,6 +19,7 @@ from psrec.launch.cli.support import add_model_flag
 from psrec.launch.cli.support import existing_files
 from psrec.launch.job.config import BenchConfig
 from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import check_curves
 from psrec.launch.monitor.progress_bar import add_progress_flag
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri import is_uri
@@ -88,6 +89,12 @@ def add_eval(sub: argparse._SubParsersAction, name: str
                    help="manifest of converted data (file or folder)")
     p.add_argument("--split", choices=SPLITS, default=SPLITS[1],
                    help="the split to evaluate, every example once")
+    p.add_argument("--plots", action="store_true",
+                   help="also write ROC, precision-recall and calibration "
+                   "curves (roc.svg, pr.svg, calibration.svg, curves.json) "
+                   "to WORKDIR/eval/<checkpoint>-<split>/ and the PR curve "
+                   "to WORKDIR/tensorboard/eval-<checkpoint>-<split>/ "
+                   "(WORKDIR: the folder holding CHECKPOINT_DIR)")
     _add_checkpoint_flag(p)
     add_progress_flag(p)
     add_json_flag(p)
@@ -103,9 +110,11 @@ def check_export(args: argparse.Namespace) -> None:
 def check_eval(args: argparse.Namespace) -> None:
     """What ``psrec eval`` refuses before its run imports TensorFlow: a
     missing manifest (``--data``), a checkpoint folder without ``job.json``
-    (in the run's order)."""
+    (in the run's order), ``--plots`` of a run without a binary label."""
     Manifest.load(args.data)
-    JobConfig.read(args.checkpoint_dir)
+    record = JobConfig.read(args.checkpoint_dir)
+    if args.plots:
+        check_curves(record)
 
 
 def check_predict(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ from psrec.launch.job.data import training_neg_sample_rate
 from psrec.launch.job.export import evaluate_checkpoint
 from psrec.launch.job.export import export_checkpoint
 from psrec.launch.job.export import sampling_note
+from psrec.launch.job.plots import write_plots
 from psrec.launch.monitor.progress_bar import progress_for
 from psrec.models.serving.scoring import score_files
 from psrec.options import option_values
@@ -55,13 +56,21 @@ def run_eval(args: argparse.Namespace) -> int:
     result = evaluate_checkpoint(args.checkpoint_dir, manifest,
                                  split=args.split,
                                  checkpoint=args.checkpoint,
-                                 progress=progress_for(args))
+                                 progress=progress_for(args),
+                                 curves=args.plots)
+    plots = None
+    if args.plots:
+        result, curves = result
+        plots = write_plots(curves, args.checkpoint_dir, chosen.name,
+                            args.split, chosen.step)
     rate = training_neg_sample_rate(args.checkpoint_dir)
     print_result(args, {"split": args.split, "checkpoint": chosen.name,
                         "step": chosen.step, **result.to_dict(),
-                        "neg_sample_rate": rate},
+                        "neg_sample_rate": rate,
+                        **({"plots": plots.to_dict()} if plots else {})},
                  f"{chosen.name} (step {chosen.step}) {result.summary()}"
-                 f"{sampling_note(rate)}{_popularity_line(result)}")
+                 f"{sampling_note(rate)}{_popularity_line(result)}"
+                 + (f"\n{plots.summary()}" if plots else ""))
     return EXIT_OK
 
 

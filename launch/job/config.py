@@ -146,6 +146,19 @@ def has_ranking_metrics(spec: FeatureSpec,
     return retrieval is None and spec.label.loss != "mse"
 
 
+def check_curves(record: JobConfig) -> None:
+    """ROC, precision-recall and calibration curves (``psrec eval
+    --plots``) need a binary label: refused for a retrieval run and a
+    regression (``loss: mse``) run."""
+    if has_ranking_metrics(record.spec, record.retrieval):
+        return
+    kind = ("a retrieval run (recall@k)" if record.retrieval is not None
+            else "a regression run (`loss: mse`, reported as RMSE)")
+    raise ConfigError(
+        "--plots: ROC, precision-recall and calibration curves need a "
+        f"binary label; this checkpoint is {kind}: drop --plots.")
+
+
 def keep_best_error(keep_best: str, patience: int, spec: FeatureSpec,
                     retrieval: RetrievalConfig | None) -> ConfigError:
     """The refusal of a best-checkpoint metric a task does not have."""

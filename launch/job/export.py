@@ -33,6 +33,7 @@ from psrec.data.input.dataset import make_eval_dataset
 from psrec.errors import ConfigError
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import check_curves
 from psrec.launch.job.data import training_neg_sample_rate
 from psrec.models.build import build_model
 from psrec.models.ranking.model import RankingModel
@@ -49,7 +50,10 @@ from psrec.progress import SILENT
 from psrec.progress import Progress
 from psrec.ps_cluster.checkpoint.best import choose_checkpoint
 from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
+from psrec.ps_cluster.evaluation.curves import Curves
+from psrec.ps_cluster.evaluation.curves import bucket_statistics
 from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.evaluation.metrics import add_statistics
 from psrec.ps_cluster.evaluation.metrics import batch_statistics
 from psrec.ps_cluster.evaluation.metrics import merge
 from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
@@ -183,7 +187,9 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                         split: str = "eval", batch_size: int = 4096,
                         checkpoint: str | None = None,
                         neg_sample_rate: float | None = None, *,
-                        progress: Progress = SILENT) -> EvalResult:
+                        progress: Progress = SILENT,
+                        curves: bool = False
+                        ) -> EvalResult | tuple[EvalResult, Curves]:
     """AUC/logloss/calibration of a checkpoint on a split (every example
     once), on logits corrected by ``log(neg_sample_rate)``.
 
@@ -193,9 +199,14 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
         kept; None: the run's (:func:`training_neg_sample_rate`; not the
         rate of ``manifest``, whose eval split is never sampled).
       progress: told the rows evaluated (total: the split's rows).
+      curves: also count the probability buckets of
+        :func:`~psrec.ps_cluster.evaluation.curves.bucket_statistics` in
+        the same pass and return ``(result, Curves)`` (a binary-label
+        ranking run only).
 
     Raises:
-      ConfigError: the manifest has no rows in ``split`` (exit 2).
+      ConfigError: the manifest has no rows in ``split`` (exit 2); with
+        ``curves``, a retrieval or regression run (exit 2).
     """
     files = manifest.files(split) if manifest.shards.get(split) else []
     if not files or manifest.rows(split) == 0:
@@ -203,6 +214,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                 "rows" if split == "eval" else "convert training data")
         raise ConfigError(f"{manifest.root / 'manifest.json'} has no "
                           f"{split} split: {hint}.")
+    if curves:
+        check_curves(JobConfig.read(checkpoint_dir))
     if JobConfig.read(checkpoint_dir).retrieval is not None:  # recall@k
         return evaluate_retrieval(checkpoint_dir, _chosen(
             checkpoint_dir, checkpoint), manifest, split, batch_size)
@@ -214,16 +227,25 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
     label = record.spec.label.name
     shift = logit_shift(training_neg_sample_rate(checkpoint_dir)
                         if neg_sample_rate is None else neg_sample_rate)
-    step = tf.function(lambda batch: batch_statistics(
-        batch[label], tf.cast(model(batch), tf.float32) + shift,
-        batch[ID_COLUMN], record.spec.label.loss == "mse"))  # mse: RMSE
-    parts = []
+
+    def statistics(batch):
+        logits = tf.cast(model(batch), tf.float32) + shift
+        stats = batch_statistics(batch[label], logits, batch[ID_COLUMN],
+                                 record.spec.label.loss == "mse")  # RMSE
+        if curves:
+            stats.update(bucket_statistics(batch[label], logits))
+        return stats
+
+    step = tf.function(statistics)
+    total = None
     with corruption_named(files), progress.task(
             f"eval ({split} split)", manifest.rows(split), "rows") as task:
         for batch in dataset:
-            parts.append({k: np.asarray(v) for k, v in step(batch).items()})
+            part = {k: np.asarray(v) for k, v in step(batch).items()}
+            total = part if total is None else add_statistics([total, part])
             task.advance(int(tf.shape(batch[label])[0]))
-    return merge(parts)
+    result = merge([total])
+    return (result, Curves.from_totals(total)) if curves else result
 
 
 # ``psrec export`` and ``psrec eval`` of a retrieval run.
