@@ -377,7 +377,7 @@ def test_killed_conversion_leaves_no_final_names_and_rerun_is_identical(
 
     command = [sys.executable, "-m", "psrec", "convert", str(source),
                "--spec", str(spec_path), "--out", str(out), "--shards", "4",
-               "--block-rows", "64"]
+               "--block-rows", "64", "--eval-fraction", "0"]
     log_path = tmp_path / "convert.log"
     log = open(log_path, "wb")  # a file, not a pipe: the child never blocks
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
