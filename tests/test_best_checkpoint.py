@@ -439,3 +439,19 @@ def test_summary_names_one_run_s_files_one_way(tmp_path, monkeypatch):
     assert shown_path(outside) == str(outside)
     assert shown_path("gs://bucket/run/ckpt-3") == "gs://bucket/run/ckpt-3"
     assert shown_path(None) == "none"
+
+
+def test_summary_of_a_run_with_nothing_left_says_so():
+    """A rerun of a finished run trains nothing: no 'final train loss nan,
+    0 examples/s'."""
+    from psrec.launch.job.run import JobSummary
+    summary = JobSummary(
+        strategy="ps", manifest="m/manifest.json", checkpoint="c/ckpt-8",
+        export=None, tensorboard="t", start_step=8, step=8,
+        executed_steps=0, examples_per_sec=0.0, final_loss=float("nan"),
+        eval=None, seconds=1.0, workers=1, ps=1, replicas=1, batch_size=32,
+        micro_batches=1, precision="float32", closures_per_worker={},
+        epochs=2.0, steps_per_epoch=4)
+    text = summary.summary()
+    assert "  steps 8 -> 8: nothing left to train" in text
+    assert "nan" not in text and "0 examples/s" not in text

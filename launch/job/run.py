@@ -126,10 +126,15 @@ class JobSummary:
         cluster = (f"{self.workers} workers + {self.ps} PS"
                    if self.strategy == "ps" else
                    f"{self.replicas} replica(s) on {self.workers} worker(s)")
-        lines += [
+        trained = (
             f"  steps {self.start_step} -> {self.step} (optimizer updates "
             f"executed: {self.executed_steps}), final train loss "
-            f"{self.final_loss:.4f}, {self.examples_per_sec:,.0f} examples/s",
+            f"{self.final_loss:.4f}, {self.examples_per_sec:,.0f} examples/s"
+            if self.step > self.start_step else
+            f"  steps {self.step} -> {self.step}: nothing left to train (the "
+            "run had reached its last step; --steps N trains on to N)")
+        lines += [
+            trained,
             f"  {self.epochs:.2f} epochs ({self.steps_per_epoch} steps "
             "each)",
             f"  batch {self.batch_size} x {self.micro_batches} "
