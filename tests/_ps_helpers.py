@@ -367,3 +367,27 @@ def helper_result(completed: subprocess.CompletedProcess) -> dict:
 
 if __name__ == "__main__":
     main()
+
+
+def untrained_checkpoint_and_data(root: Path):
+    """A checkpoint of an untrained small model (dlrm, with its job.json)
+    in ``root/checkpoints`` and a converted data set of the same spec (600
+    rows, a quarter eval): ``(checkpoints, manifest)``."""
+    from psrec.data.convert.convert import ConversionOptions
+    from psrec.data.convert.convert import convert
+    from psrec.data.ingest.synthetic import write_synthetic_parquet
+    from psrec.launch.job.config import JobConfig
+    from psrec.models.build import build_model
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
+    spec = criteo(buckets=100)
+    config = model_config("dlrm")
+    model = build_model(spec, config)
+    checkpoints = root / "checkpoints"
+    CheckpointKeeper(checkpoints, tf.train.Checkpoint(model=model)).save(1)
+    JobConfig(spec=spec, model_name="dlrm", model=config).write(checkpoints)
+    paths = write_synthetic_parquet(spec, root / "parquet", 600, files=1)
+    report = convert(paths, spec, root / "tfr",
+                     ConversionOptions(shards=2, eval_fraction=0.25,
+                                       block_rows=32))
+    return checkpoints, report.manifest

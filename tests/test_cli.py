@@ -487,28 +487,8 @@ def test_ps_and_workers_are_counts_in_train_and_bench():
 def checkpoint_and_data(tmp_path_factory):
     """A checkpoint of an untrained small model (with its job.json) and a
     converted data set of the same spec."""
-    import tensorflow as tf
-
-    from psrec.data.convert.convert import ConversionOptions
-    from psrec.data.convert.convert import convert
-    from psrec.data.ingest.synthetic import write_synthetic_parquet
-    from psrec.features import criteo
-    from psrec.launch.job.config import JobConfig
-    from psrec.models.build import build_model
-    from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
-    root = tmp_path_factory.mktemp("eval")
-    spec = criteo(buckets=100)
-    config = model_config("dlrm")
-    model = build_model(spec, config)
-    checkpoints = root / "checkpoints"
-    CheckpointKeeper(checkpoints, tf.train.Checkpoint(model=model)).save(1)
-    JobConfig(spec=spec, model_name="dlrm", model=config).write(checkpoints)
-    paths = write_synthetic_parquet(spec, root / "parquet", 600, files=1)
-    report = convert(paths, spec, root / "tfr",
-                     ConversionOptions(shards=2, eval_fraction=0.25,
-                                       block_rows=32))
-    return checkpoints, report.manifest
+    from tests._ps_helpers import untrained_checkpoint_and_data
+    return untrained_checkpoint_and_data(tmp_path_factory.mktemp("eval"))
 
 
 def test_eval_json_is_one_object_matching_the_text(capsys,

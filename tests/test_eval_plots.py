@@ -155,27 +155,9 @@ def test_the_event_file_holds_a_pr_curve_summary(tmp_path):
 @pytest.fixture(scope="module")
 def checkpoint_and_data(tmp_path_factory):
     """A checkpoint of an untrained small model (with its job.json) and a
-    converted data set of the same spec (as tests/test_cli.py's)."""
-    from psrec.data.convert.convert import ConversionOptions
-    from psrec.data.convert.convert import convert
-    from psrec.data.ingest.synthetic import write_synthetic_parquet
-    from psrec.features import criteo
-    from psrec.launch.job.config import JobConfig
-    from psrec.models.build import build_model
-    from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
-    root = tmp_path_factory.mktemp("plots")
-    spec = criteo(buckets=100)
-    config = model_config("dlrm")
-    model = build_model(spec, config)
-    checkpoints = root / "checkpoints"
-    CheckpointKeeper(checkpoints, tf.train.Checkpoint(model=model)).save(1)
-    JobConfig(spec=spec, model_name="dlrm", model=config).write(checkpoints)
-    paths = write_synthetic_parquet(spec, root / "parquet", 600, files=1)
-    report = convert(paths, spec, root / "tfr",
-                     ConversionOptions(shards=2, eval_fraction=0.25,
-                                       block_rows=32))
-    return checkpoints, report.manifest
+    converted data set of the same spec."""
+    from tests._ps_helpers import untrained_checkpoint_and_data
+    return untrained_checkpoint_and_data(tmp_path_factory.mktemp("plots"))
 
 
 def test_psrec_eval_plots_writes_the_curves_of_its_evaluation(
