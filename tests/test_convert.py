@@ -410,7 +410,7 @@ def test_killed_conversion_leaves_no_final_names_and_rerun_is_identical(
         assert not (out / name).exists(), name
     assert not list(out.glob("*.tfrecord"))
 
-    options = ConversionOptions(shards=4, block_rows=64)
+    options = ConversionOptions(shards=4, block_rows=64, eval_fraction=0)
     again = convert([source], spec, out, options)
     fresh = convert([source], spec, tmp_path / "fresh", options)
     assert again.rows_written["train"] == rows
