@@ -100,9 +100,6 @@ class _QuietLoader:
     def __getattr__(self, name: str):
         return getattr(self._loader, name)
 
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
     def exec_module(self, module) -> None:
         sys.stderr.flush()
         saved = os.dup(2)

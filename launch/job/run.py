@@ -41,6 +41,7 @@ from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
 from psrec.ps_cluster.retrieval.metrics import eval_result_from_dict
 from psrec.ps_cluster.retrieval.metrics import ranking_auc
 from psrec.ps_cluster.training.config import LoopConfig
+from psrec.ps_cluster.training.config import can_stop_early
 from psrec.ps_cluster.training.loop import steps_for_epochs
 from psrec.ps_cluster.training.loop import steps_per_epoch
 from psrec.uri_path import as_path
@@ -350,13 +351,15 @@ def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
     if config.epochs is not None:
         loop = dataclasses.replace(loop, steps=steps_for_epochs(
             config.epochs, per_epoch))
+    is_ps = config.strategy.kind == "ps"
+    # --workers counts worker tasks under ps and multi-worker-mirrored only
+    workers = config.workers if is_ps or (
+        config.strategy.kind == "multi-worker-mirrored") else 1
     early_stop = (manifest.rows("eval") > 0 and loop.keep_best != "none"
                   and has_ranking_metrics(config.spec, config.retrieval)
-                  and not (config.strategy.kind == "multi-worker-mirrored"
-                           and config.workers > 1))
-    workers = config.workers if config.strategy.kind == "ps" else 1
+                  and can_stop_early(is_ps, workers))
     return loop.sized(per_epoch, early_stop=early_stop,
-                      workers=workers).resolved()
+                      workers=workers if is_ps else 1).resolved()
 
 
 def _train(config: JobConfig, strategy, manifest: Manifest, log,
@@ -389,7 +392,7 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
             neg_sample_rate=manifest.neg_sample_rate, **common)
     requested = config.loop
     config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
-    if config.epochs is not None or config.loop.steps != requested.steps:
+    if config.epochs is not None or requested.steps is None:
         how = (f"--epochs {config.epochs:g}" if config.epochs is not None
                else "steps sized from the data (--steps or --epochs to "
                "choose)")

@@ -25,6 +25,13 @@ AUTO_PATIENCE = 3
 KEEP_BEST = ("auc", "logloss", "none")
 
 
+def can_stop_early(is_ps: bool, workers: int) -> bool:
+    """Early stopping needs every worker to learn the evaluation's verdict:
+    under ``ps`` the coordinator decides for all; a replicated strategy
+    evaluates on its chief only, so only with one worker."""
+    return is_ps or workers == 1
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopConfig(Codec, where="loop"):
     """Scheduling of a training run."""

@@ -41,6 +41,7 @@ from psrec.ps_cluster.cluster.strategy import is_chief
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import merge
 from psrec.ps_cluster.training.config import LoopConfig
+from psrec.ps_cluster.training.config import can_stop_early
 from psrec.ps_cluster.training.coverage import new_tally
 from psrec.ps_cluster.training.loop import ClosureExecutor
 from psrec.ps_cluster.training.loop import DirectExecutor
@@ -354,8 +355,9 @@ class Trainer:
         """
         beat = heartbeat or (lambda phase: None)
         self.eval_beat, loop = (lambda: beat("eval")), loop.resolved()
-        check(not (loop.early_stop_patience and not self.is_ps
-                   and self.num_workers > 1), "LoopConfig.early_stop_patience",
+        check(not loop.early_stop_patience
+              or can_stop_early(self.is_ps, self.num_workers),
+              "LoopConfig.early_stop_patience",
               loop.early_stop_patience, "is not supported with several "
               "workers of a replicated strategy (only the chief evaluates)",
               StrategyError)
