@@ -21,7 +21,7 @@ from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import StrategyConfig
 from psrec.models.optim.config import SPARSE_OPTIMIZERS
 from psrec.models.optim.config import OptimizerConfig
-from psrec.models.optim.config import slots
+from psrec.models.optim.config import slot_text
 from psrec.options import default_of
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 
@@ -78,9 +78,9 @@ def add_plan(sub: argparse._SubParsersAction, name: str
     model.add_argument("--optimizer", choices=SPARSE_OPTIMIZERS,
                        default=default_of(OptimizerConfig, "sparse"),
                        help="the tables' optimizer: its slots (" + ", ".join(
-                           f"{name} {slots(name)}"
+                           slot_text(name)
                            for name in SPARSE_OPTIMIZERS) + " per table "
-                       "value)")
+                       "value, or per row)")
     cluster = p.add_argument_group("cluster")
     cluster.add_argument("--ps", type=positive, required=True,
                          help="number of parameter-server tasks")

@@ -289,8 +289,9 @@ def freeze_tables(model) -> None:
 
 
 def slot_initial_value(optimizer, slot: str) -> float:
-    """The value a fresh slot of ``optimizer`` starts at (Adagrad's and
-    FTRL's accumulators: ``initial_accumulator_value``; others 0)."""
+    """The value a fresh slot of ``optimizer`` starts at (Adagrad's,
+    row-wise Adagrad's and FTRL's accumulators:
+    ``initial_accumulator_value``; others 0)."""
     if slot == "accumulator":
         return float(getattr(optimizer, "_initial_accumulator_value", 0.0))
     return 0.0
@@ -300,7 +301,8 @@ def reset_rows(variable, rows: np.ndarray, values: tf.Tensor,
                optimizer=None) -> None:
     """Assigns ``values`` to the global ``rows`` of a (sharded) table and
     resets the rows' optimizer slots to their initial value, shard by
-    shard (eager, from the coordinator)."""
+    shard (eager, from the coordinator); a slot of one value per row
+    (row-wise Adagrad's ``[shard_rows, 1]``) is reset row by row too."""
     shards = parts(variable)
     start = 0
     for shard in shards:
@@ -312,7 +314,7 @@ def reset_rows(variable, rows: np.ndarray, values: tf.Tensor,
                 tf.gather(values, np.flatnonzero(inside)), local))
             for slot in (optimizer.get_slot_names() if optimizer else ()):
                 holder = optimizer.get_slot(shard, slot)
-                fill = tf.fill([local.shape[0], int(shard.shape[1])],
+                fill = tf.fill([local.shape[0]] + holder.shape[1:].as_list(),
                                slot_initial_value(optimizer, slot))
                 holder.scatter_update(tf.IndexedSlices(
                     tf.cast(fill, holder.dtype), local))

@@ -1,15 +1,18 @@
 """The optimizer registry and :class:`OptimizerConfig` (plain Python).
 
 One :class:`OptimizerKind` per optimizer says everything psrec knows about
-it: how it is built (a legacy ``tf_keras`` optimizer class and its
-arguments, built by :func:`psrec.models.optim.optimizers.build_optimizers`),
-how many table-sized slot variables it keeps per trained variable (read by
-the size guard, ``models.optim.sizing``, and the PS planner,
-``ps_cluster.planner.plan``) and how its learning rate scales with the
+it: how it is built (a legacy ``tf_keras`` optimizer class -- or psrec's
+``RowwiseAdagrad``, ``models.optim.rowwise`` -- and its arguments, built by
+:func:`psrec.models.optim.optimizers.build_optimizers`), the slot values it
+keeps per trained ``[rows, dim]`` variable -- ``slots`` of its size and
+``row_slots`` of ``[rows, 1]`` (:func:`slot_values`, read by the size
+guard, ``models.optim.sizing``, and the PS planner,
+``ps_cluster.planner.plan``) -- and how its learning rate scales with the
 update size (:func:`batch_scale`): **linearly** for SGD (Goyal et al.
-2017), by the **square root** for the adaptive ones -- Adagrad, Adam, FTRL
--- whose steps are normalised by gradient statistics (Malladi et al. 2022,
-"On the SDEs and Scaling Rules for Adaptive Gradient Algorithms").
+2017), by the **square root** for the adaptive ones -- Adagrad (row-wise
+too), Adam, FTRL -- whose steps are normalised by gradient
+statistics (Malladi et al. 2022, "On the SDEs and Scaling Rules for
+Adaptive Gradient Algorithms").
 
 The choices of ``psrec train --sparse-optimizer/--dense-optimizer`` and
 ``psrec plan --optimizer`` are this registry's names.
@@ -30,11 +33,12 @@ from psrec.options import option
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerKind:
-    """One optimizer: the ``tf_keras.optimizers.legacy`` class that builds
-    it and its arguments beside the learning rate, its slot variables per
-    trained variable (each of its size), its ``scaling`` (``linear`` or
-    ``sqrt``) and the ``roles`` it takes: ``sparse`` (the tables) and/or
-    ``dense`` (the towers).
+    """One optimizer: the class that builds it (``tf_keras.optimizers.legacy``
+    or ``models.optim.rowwise``) and its arguments beside the learning rate,
+    its slot variables per trained variable -- ``slots`` each of its size,
+    ``row_slots`` each of one value per row (``[rows, 1]``) --, its
+    ``scaling`` (``linear`` or ``sqrt``) and the ``roles`` it takes:
+    ``sparse`` (the tables) and/or ``dense`` (the towers).
     """
 
     name: str
@@ -43,11 +47,15 @@ class OptimizerKind:
     slots: int
     scaling: str
     roles: tuple[str, ...]
+    row_slots: int = 0
 
 
 OPTIMIZERS: dict[str, OptimizerKind] = {kind.name: kind for kind in (
     OptimizerKind("adagrad", "Adagrad", (("initial_accumulator_value", 0.1),),
                   slots=1, scaling="sqrt", roles=("sparse", "dense")),
+    OptimizerKind("rowwise_adagrad", "RowwiseAdagrad",
+                  (("initial_accumulator_value", 0.1),), slots=0,
+                  scaling="sqrt", roles=("sparse",), row_slots=1),
     OptimizerKind("ftrl", "Ftrl", (), slots=2, scaling="sqrt",
                   roles=("sparse",)),
     OptimizerKind("sgd", "SGD", (), slots=0, scaling="linear",
@@ -64,8 +72,24 @@ DENSE_OPTIMIZERS = tuple(sorted(
 
 
 def slots(optimizer: str) -> int:
-    """Slot variables ``optimizer`` keeps per trained variable."""
+    """Variable-sized slots ``optimizer`` keeps per trained variable (its
+    one-value-per-row slots are ``OPTIMIZERS[optimizer].row_slots``)."""
     return OPTIMIZERS[optimizer].slots
+
+
+def slot_values(optimizer: str, rows: int, dim: int) -> int:
+    """Values of the slots ``optimizer`` keeps for a ``[rows, dim]``
+    variable: ``slots * rows * dim + row_slots * rows``."""
+    kind = OPTIMIZERS[optimizer]
+    return rows * (kind.slots * dim + kind.row_slots)
+
+
+def slot_text(optimizer: str) -> str:
+    """``adagrad 1``, ``rowwise_adagrad 1/row``: its slots per table value
+    (or per row), for help texts."""
+    kind = OPTIMIZERS[optimizer]
+    return (f"{optimizer} {kind.row_slots}/row" if kind.row_slots
+            else f"{optimizer} {kind.slots}")
 
 
 def batch_scale(optimizer: str, batch_size: int, base_batch_size: int
@@ -83,9 +107,9 @@ class OptimizerConfig(Codec, where="optimizer"):
 
     sparse: str = option(
         "adagrad", flag="--sparse-optimizer", choices=SPARSE_OPTIMIZERS,
-        help="optimizer of the embedding tables (its slots per table value: "
-        + ", ".join(f"{name} {OPTIMIZERS[name].slots}"
-                    for name in SPARSE_OPTIMIZERS) + ")")
+        help="optimizer of the embedding tables (its slots per table value, "
+        "or per row: " + ", ".join(slot_text(name)
+                                   for name in SPARSE_OPTIMIZERS) + ")")
     dense: str = option(
         "adam", flag="--dense-optimizer", choices=DENSE_OPTIMIZERS,
         help="optimizer of the dense towers")
@@ -99,8 +123,8 @@ class OptimizerConfig(Codec, where="optimizer"):
         1024, flag="--base-batch-size",
         help="the update size (rows) the learning rates are given for. They "
         "are scaled to --batch-size x --grad-accum-steps: linearly for sgd, "
-        "by the square root for adagrad/adam/ftrl (the scaling rule valid "
-        "for adaptive optimizers)")
+        "by the square root for adagrad/rowwise_adagrad/adam/ftrl (the "
+        "scaling rule valid for adaptive optimizers)")
     warmup_steps: int = option(
         100, flag="--warmup-steps",
         help="linear learning-rate warmup from 0 over N steps")

@@ -5,12 +5,14 @@ Legacy tf_keras optimizers are used on purpose: under
 partitioned variables (tf-keras#838). Adagrad (default for tables) applies
 ``IndexedSlices`` gradients as sparse updates on the PS that owns each row;
 Adam (default for the dense part) keeps its slots beside the dense weights.
+Row-wise Adagrad (``models.optim.rowwise``) keeps one accumulator per table
+row instead of one per value: ``1/dim`` of Adagrad's slot memory.
 
 Learning rates are given at ``base_batch_size`` (the rows of one update)
 and scaled to the actual update size by the rule that holds for each
 optimizer: **linearly** for SGD (Goyal et al. 2017), by the **square root**
-for the adaptive ones -- Adagrad, Adam, FTRL -- whose steps are normalised
-by gradient statistics (Malladi et al. 2022, "On the SDEs and Scaling Rules
+for the adaptive ones -- Adagrad (row-wise too), Adam, FTRL -- whose steps
+are normalised by gradient statistics (Malladi et al. 2022, "On the SDEs and Scaling Rules
 for Adaptive Gradient Algorithms"). A linear warmup over ``warmup_steps``
 comes first.
 """
@@ -23,6 +25,7 @@ import tf_keras
 from psrec.models.optim.config import OPTIMIZERS
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import batch_scale
+from psrec.models.optim.rowwise import RowwiseAdagrad
 
 
 class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -55,11 +58,17 @@ class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
                 "optimizer": self.optimizer}
 
 
+#: The registry's classes that are psrec's own (the others are
+#: ``tf_keras.optimizers.legacy``'s).
+_OWN_CLASSES = {"RowwiseAdagrad": RowwiseAdagrad}
+
+
 def _make(name: str, lr) -> tf_keras.optimizers.legacy.Optimizer:
     """The registry entry ``name``'s optimizer (``models.optim.config``)."""
     kind = OPTIMIZERS[name]
-    return getattr(tf_keras.optimizers.legacy, kind.keras_class)(
-        lr, **dict(kind.arguments))
+    cls = _OWN_CLASSES.get(kind.keras_class) or getattr(
+        tf_keras.optimizers.legacy, kind.keras_class)
+    return cls(lr, **dict(kind.arguments))
 
 
 def build_optimizers(config: OptimizerConfig, batch_size: int

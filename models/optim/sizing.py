@@ -6,8 +6,9 @@ anything is built, :func:`estimate_replicated_bytes` adds up, per device:
 
 * tables: ``rows * dim * 4`` bytes per table (plus the ``[rows, 1]`` wide
   tables of DeepFM / Wide & Deep);
-* table slots: the sparse optimizer's slots, each table-sized (Adagrad 1,
-  FTRL 2, SGD 0: ``models.optim.config.OPTIMIZERS``);
+* table slots: the sparse optimizer's slots (``models.optim.config``'s
+  ``slot_values``): table-sized ones (Adagrad 1, FTRL 2, SGD 0) and
+  one-value-per-row ones (row-wise Adagrad: ``rows * 4`` bytes per table);
 * dense weights and their slots (Adam 2, Adagrad 1, SGD 0).
 
 :func:`check_fits` compares the sum with ``memory_fraction`` of the memory
@@ -29,6 +30,7 @@ from psrec.errors import check_choice
 from psrec.features.spec.dynamic import DYNAMIC_DEFAULTS
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots
 from psrec.models.ranking.config import ModelConfig
 
@@ -109,15 +111,17 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
     """Bytes of one replica: tables, their slots, dense weights and slots
     (``dense_parameters`` counted with :func:`dense_parameter_count` unless
     known)."""
-    rows = sum(t.rows * t.dim for t in spec.tables)
+    shapes = [(t.rows, t.dim) for t in spec.tables]
     if model.wide:
-        rows += sum(t.rows for t in spec.tables)
-    tables = 4 * rows
+        shapes += [(t.rows, 1) for t in spec.tables]
+    tables = 4 * sum(rows * dim for rows, dim in shapes)
+    table_slots = 4 * sum(slot_values(optimizer.sparse, rows, dim)
+                          for rows, dim in shapes)
     if dense_parameters is None:
         dense_parameters = dense_parameter_count(spec, model)
     dense = 4 * dense_parameters
     return SizeEstimate(table_bytes=tables,
-                        table_slot_bytes=slots(optimizer.sparse) * tables,
+                        table_slot_bytes=table_slots,
                         dense_bytes=dense,
                         dense_slot_bytes=slots(optimizer.dense) * dense)
 

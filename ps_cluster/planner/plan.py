@@ -9,8 +9,9 @@ test, predict); then come the tables, in spec order, each followed by its
 wide table: shard ``i`` of a table whose first shard is variable number
 ``c`` (from 0) lands on PS ``(c + i) % ps``. Rows follow the "div" split:
 ``rows // shards`` each, the first ``rows % shards`` shards one row more.
-The sparse optimizer's slots (``models.optim.config.OPTIMIZERS``: Adagrad
-1, FTRL 2, SGD 0) sit beside their shard, each of its size. Dense weights
+The sparse optimizer's slots (``models.optim.config.slot_values``: Adagrad
+1, FTRL 2, SGD 0 of the shard's size; row-wise Adagrad one ``[shard_rows,
+1]``) sit beside their shard, on its PS. Dense weights
 and their slots are counted whole on every PS (an upper bound, small beside
 the tables). ``plan(...).max_ps_bytes`` is the memory one PS task needs.
 """
@@ -27,7 +28,9 @@ from psrec.errors import check
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.embedding.sparse_arch import table_creation_scope
+from psrec.models.optim.config import OPTIMIZERS
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots as slots_of
 from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
@@ -210,7 +213,8 @@ def shard_rows(rows: int, num_ps: int, partition: PartitionConfig,
 
 
 def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
-            partition: PartitionConfig, slots: int) -> tuple[TablePlan, ...]:
+            partition: PartitionConfig, optimizer: str
+            ) -> tuple[TablePlan, ...]:
     counter, tables = FIRST_TABLE_VARIABLE, []
     for name, rows, dim in table_variables(spec, model):
         shards, offset = [], 0
@@ -220,7 +224,7 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             shards.append(TableShard(
                 table=name, index=index, row_offset=offset, rows=count,
                 dim=dim, ps=counter % num_ps, bytes=size,
-                slot_bytes=slots * size))
+                slot_bytes=VALUE_BYTES * slot_values(optimizer, count, dim)))
             offset += count
             counter += 1
         tables.append(TablePlan(name, rows, dim, tuple(shards)))
@@ -228,7 +232,7 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
 
 
 def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
-                  partition: PartitionConfig, slots: int, dense: int,
+                  partition: PartitionConfig, optimizer: str, dense: int,
                   dynamic: frozenset[str]) -> int:
     """``max_ps_bytes`` of a plan on ``num_ps`` PS tasks, without building
     it (``min_ps`` tries up to ``MAX_PLANNED_PS`` counts)."""
@@ -237,7 +241,9 @@ def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
     for name, rows, dim in variables:
         rows_each = np.asarray(shard_rows(rows, num_ps, partition, dim),
                                dtype=np.float64)
-        sizes = rows_each * (VALUE_BYTES * dim * (1 + slots))
+        kind = OPTIMIZERS[optimizer]
+        sizes = rows_each * (VALUE_BYTES * (dim * (1 + kind.slots)
+                                            + kind.row_slots))
         if name in dynamic:  # its maps and statistics, shard by shard
             sizes += dynamic_table_bytes(rows_each)
         places = (counter + np.arange(len(sizes))) % num_ps
@@ -253,10 +259,9 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
     if dense > ps_memory:
         return None
     variables = table_variables(spec, model)
-    slots = slots_of(optimizer.sparse)
     for num_ps in range(1, MAX_PLANNED_PS + 1):
-        if _max_ps_bytes(variables, num_ps, partition, slots, dense,
-                         dynamic_names(spec)) <= ps_memory:
+        if _max_ps_bytes(variables, num_ps, partition, optimizer.sparse,
+                         dense, dynamic_names(spec)) <= ps_memory:
             return num_ps
     return None
 
@@ -264,7 +269,7 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
 def _layout(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             optimizer: OptimizerConfig, partition: PartitionConfig,
             dense_parameters: int) -> ShardingPlan:
-    tables = _tables(spec, model, num_ps, partition, slots_of(optimizer.sparse))
+    tables = _tables(spec, model, num_ps, partition, optimizer.sparse)
     dense = VALUE_BYTES * dense_parameters * (1 + slots_of(optimizer.dense))
     ps_bytes = [dense] * num_ps
     dynamic = dynamic_names(spec)
