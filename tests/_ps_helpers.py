@@ -274,8 +274,8 @@ def _reshard(args: argparse.Namespace) -> dict:
     trainer = Trainer(
         build_ps_strategy(cluster, PartitionConfig(kind="fixed")), spec,
         RESHARD_MODEL,
-        OptimizerConfig(sparse_lr=0.1, dense_lr=0.01, base_batch_size=64,
-                        warmup_steps=0),
+        OptimizerConfig(sparse=args.optimizer, sparse_lr=0.1, dense_lr=0.01,
+                        base_batch_size=64, warmup_steps=0),
         InputConfig(batch_size=64),
         checkpoint_dir=args.train_to or Path(args.out) / "unused")
     table = trainer.model.sparse_arch.tables[TABLE]
@@ -334,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--ps", type=int, required=True)
     p.add_argument("--train-to", default=None)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--optimizer", default="adagrad")  # sparse, with an
+    # "accumulator" slot: adagrad or rowwise_adagrad
     p.add_argument("--restore", nargs="*", default=[])
     p.add_argument("--out", required=True)
     p.set_defaults(run=_reshard)

@@ -135,21 +135,27 @@ def test_bad_arguments_are_config_errors():
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("partition", [
-    PartitionConfig(kind="fixed", shards=3),
-    PartitionConfig(kind="min-size", min_shard_bytes=64 << 10)])
+@pytest.mark.parametrize("partition, sparse", [
+    (PartitionConfig(kind="fixed", shards=3), "adagrad"),
+    (PartitionConfig(kind="min-size", min_shard_bytes=64 << 10), "adagrad"),
+    (PartitionConfig(kind="fixed", shards=3), "rowwise_adagrad"),
+    (PartitionConfig(kind="fixed", shards=3), "ftrl"),
+    (PartitionConfig(kind="fixed", shards=3), "sgd")])
 def test_plan_matches_the_real_variables_on_an_in_process_cluster(
-        ps_cluster, partition):
-    """The Trainer's table shards, and their Adagrad slots, have the shapes
-    and PS tasks the plan gives (2 PS: with min-size at 64 KiB, genre and
-    the wide tables stay whole, which shifts the round-robin of the next
-    tables)."""
+        ps_cluster, partition, sparse):
+    """The Trainer's table shards, and their optimizer slots, have the
+    shapes and PS tasks the plan gives, and the plan's slot bytes are the
+    slot variables' (2 PS: with min-size at 64 KiB, genre and the wide
+    tables stay whole, which shifts the round-robin of the next tables;
+    row-wise Adagrad's slot is ``[shard_rows, 1]`` beside its shard)."""
     from psrec.models.embedding.sparse_arch import table_variables
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.training.trainer import Trainer
     spec, model = movielens(), model_config("deepfm")
-    trainer = Trainer(build_ps_strategy(ps_cluster, partition), spec, model)
-    expected = plan_partition(spec, model, 2, OptimizerConfig(), partition)
+    optimizer = OptimizerConfig(sparse=sparse)
+    trainer = Trainer(build_ps_strategy(ps_cluster, partition), spec, model,
+                      optimizer)
+    expected = plan_partition(spec, model, 2, optimizer, partition)
     assert len({len(t.shards) for t in expected.tables}) > 1 or (
         partition.kind == "fixed")
     for table in expected.tables:
@@ -159,10 +165,17 @@ def test_plan_matches_the_real_variables_on_an_in_process_cluster(
         assert [v.device for v in shards] == [
             f"/job:ps/replica:0/task:{s.ps}/device:CPU:0"
             for s in table.shards], table.name
-        for variable in shards:
-            slot = trainer.sparse_optimizer.get_slot(variable, "accumulator")
-            assert slot.device == variable.device
-            assert slot.shape == variable.shape
+        opt = trainer.sparse_optimizer
+        for variable, shard in zip(shards, table.shards):
+            slots = [opt.get_slot(variable, name)
+                     for name in opt.get_slot_names()]
+            assert {s.device for s in slots} <= {variable.device}
+            row_wise = sparse == "rowwise_adagrad"
+            assert [tuple(s.shape) for s in slots] == [
+                (shard.rows, 1 if row_wise else shard.dim)] * len(slots)
+            assert len(slots) == {"sgd": 0, "ftrl": 2}.get(sparse, 1)
+            assert shard.slot_bytes == sum(
+                4 * s.shape.num_elements() for s in slots), table.name
 
 
 @pytest.mark.cluster

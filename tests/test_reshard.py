@@ -1,6 +1,7 @@
 """Resharding restores: a checkpoint written with M PS tasks restores into N
 PS tasks with every table row, every Adagrad accumulator row and the dense
-weights exactly as saved (2 -> 1, 1 -> 3, 2 -> 3).
+weights exactly as saved (2 -> 1, 1 -> 3, 2 -> 3), for Adagrad (``[rows,
+dim]`` accumulator) and row-wise Adagrad (``[rows, 1]``).
 
 Each cluster shape needs its own process (in-process servers cannot be
 stopped), so the work runs in ``tests._ps_helpers reshard`` subprocesses:
@@ -31,19 +32,22 @@ INITIAL_ACCUMULATOR = 0.1  # models.optim: Adagrad(initial_accumulator_value)
 ROWS = criteo(**RESHARD_SPEC_ARGS).table("categorical").rows
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reshard")
+@pytest.fixture(scope="module", params=["adagrad", "rowwise_adagrad"])
+def runs(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"reshard-{request.param}")
+    optimizer = ["--optimizer", request.param]
     two = helper_result(run_helper(
         ["reshard", "--ps", 2, "--train-to", root / "ckpt-2ps",
-         "--out", root / "run-2ps"], TIMEOUT))
+         "--out", root / "run-2ps", *optimizer], TIMEOUT))
     one = helper_result(run_helper(
         ["reshard", "--ps", 1, "--train-to", root / "ckpt-1ps",
-         "--restore", two["checkpoint"], "--out", root / "run-1ps"], TIMEOUT))
+         "--restore", two["checkpoint"], "--out", root / "run-1ps",
+         *optimizer], TIMEOUT))
     three = helper_result(run_helper(
         ["reshard", "--ps", 3, "--restore", one["checkpoint"],
-         two["checkpoint"], "--out", root / "run-3ps"], TIMEOUT))
-    return {"two": two, "one": one, "three": three}
+         two["checkpoint"], "--out", root / "run-3ps", *optimizer], TIMEOUT))
+    return {"two": two, "one": one, "three": three,
+            "slot_dim": 1 if request.param == "rowwise_adagrad" else 4}
 
 
 def _load(dump: dict) -> dict[str, np.ndarray]:
@@ -75,6 +79,7 @@ def test_checkpoints_hold_trained_state(runs):
     b = _expected(runs["one"]["checkpoint"])
     for state in (a, b):
         assert state["table"].shape == (ROWS, 4)
+        assert state["accumulator"].shape == (ROWS, runs["slot_dim"])
         # Training changed the accumulator of the rows it touched, so a
         # restore that left slots at their initial value cannot pass.
         changed = np.mean(np.any(state["accumulator"] != INITIAL_ACCUMULATOR,

@@ -4,6 +4,7 @@ reference, one accumulator per row."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from psrec.models.optim.rowwise import RowwiseAdagrad
@@ -56,3 +57,28 @@ def test_the_rowwise_update_equals_a_numpy_reference():
     np.testing.assert_allclose(accumulator.numpy(), want_acc, rtol=1e-5)
     np.testing.assert_allclose(table.numpy(), want_table, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_a_dynamic_table_s_reset_rows_refill_their_row_accumulators():
+    """``models.dynamic.table.reset_rows`` (eviction and admission) resets
+    the ``[shard_rows, 1]`` accumulator of the reset rows, shard by shard,
+    and leaves the others."""
+    import types
+
+    from psrec.models.dynamic.table import reset_rows
+    shards = [tf.Variable(tf.zeros([3, 4])), tf.Variable(tf.zeros([2, 4]))]
+    optimizer = RowwiseAdagrad(LR, initial_accumulator_value=INITIAL)
+    optimizer._create_all_weights(shards)  # noqa: SLF001
+    for shard in shards:
+        optimizer.get_slot(shard, "accumulator").assign(
+            tf.fill([shard.shape[0], 1], 9.0))
+    values = tf.fill([2, 4], 5.0)
+    reset_rows(types.SimpleNamespace(variables=shards), np.array([1, 4]),
+               values, optimizer)
+    accumulators = np.concatenate([
+        optimizer.get_slot(s, "accumulator").numpy() for s in shards])
+    assert accumulators.shape == (5, 1)
+    assert accumulators[:, 0].tolist() == pytest.approx(
+        [9.0, INITIAL, 9.0, 9.0, INITIAL])
+    rows = np.concatenate([s.numpy() for s in shards])
+    assert (rows[[1, 4]] == 5.0).all() and (rows[[0, 2, 3]] == 0.0).all()
