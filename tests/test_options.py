@@ -30,8 +30,8 @@ from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.optim.config import DENSE_OPTIMIZERS
 from psrec.models.optim.config import OPTIMIZERS
 from psrec.models.optim.config import SPARSE_OPTIMIZERS
-from psrec.models.optim.config import slot_text
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import slot_text
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.options import field_default
