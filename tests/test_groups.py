@@ -6,19 +6,20 @@ one-class groups are left out and counted; weighting; slices."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from psrec.ps_cluster.evaluation.breakdown import Breakdown
 from psrec.ps_cluster.evaluation.groups import GROUP_BIN_WIDTH
 from psrec.ps_cluster.evaluation.groups import GROUP_LOGIT_RANGE
 from psrec.ps_cluster.evaluation.groups import GROUP_SLOTS
-from psrec.ps_cluster.evaluation.groups import Breakdown
+from psrec.ps_cluster.evaluation.groups import breakdown_statistics
 from psrec.ps_cluster.evaluation.metrics import batch_statistics
 from psrec.ps_cluster.evaluation.metrics import merge
-from psrec.ps_cluster.evaluation.groups import breakdown_statistics
 
 
 def brute_auc(labels, scores) -> float:
@@ -146,3 +147,90 @@ def test_slices_top_values_and_other():
     assert f"slice/item={top[0]}/auc" in scalars
     assert "slice item=other" in result.summary()
     assert math.isnan(result.gauc if result.gauc is not None else math.nan)
+
+
+# -- in process: psrec train (one device) and psrec eval --------------------
+
+
+@pytest.fixture(scope="module")
+def run_with_breakdown(tmp_path_factory):
+    """A short one-device run of the small criteo-like data with
+    ``--group-by C1 --slice-by C2 --slice-top 3``."""
+    from psrec.launch.cli.main import main
+    from tests._ps_helpers import untrained_checkpoint_and_data
+    root = tmp_path_factory.mktemp("gauc")
+    _, manifest = untrained_checkpoint_and_data(root)
+    flags = ["--group-by", "C1", "--slice-by", "C2", "--slice-top", "3"]
+    assert main(["train", "--strategy", "one-device", "--data",
+                 str(manifest.root), "--model", "dlrm", "--batch-size", "64",
+                 "--steps", "20", "--workdir", str(root / "run"),
+                 "--json", "--no-export", *flags]) == 0
+    return manifest, root / "run", flags
+
+
+def test_a_run_reports_gauc_and_slices_everywhere(run_with_breakdown,
+                                                  capsys):
+    import json
+
+    from psrec.launch.cli.main import main
+    manifest, run, flags = run_with_breakdown
+    capsys.readouterr()
+    evaluated = json.loads((run / "summary.json").read_text())["eval"]
+    assert 0.0 <= evaluated["gauc"] <= 1.0
+    assert evaluated["group_by"] == "C1" and evaluated["groups_exact"]
+    groups = evaluated["gauc_groups"] + evaluated["gauc_skipped_groups"]
+    assert 1 <= evaluated["gauc_groups"] and groups <= 100  # 100 buckets
+    slices = evaluated["slices"]
+    assert [s["id"] for s in slices][-1] == "other" and len(slices) == 4
+    assert sum(s["count"] for s in slices) == evaluated["count"]
+    counts = [s["count"] for s in slices[:3]]
+    assert counts == sorted(counts, reverse=True)
+    # TensorBoard: eval/gauc and the slices' scalars.
+    tags = set()
+    for path in (run / "tensorboard").rglob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            tags |= {v.tag for v in event.summary.value}
+    assert "eval/gauc" in tags
+    assert f"eval/slice/C2={slices[0]['id']}/auc" in tags
+    # psrec eval of the run's checkpoint: the same figures from the other
+    # eval path (one pass here vs. the trainer's per-shard functions).
+    assert main(["eval", str(run / "checkpoints"), "--data",
+                 str(manifest.root), "--checkpoint", "latest", "--json",
+                 *flags]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["gauc"] == pytest.approx(evaluated["gauc"], abs=1e-5)
+    assert again["gauc_groups"] == evaluated["gauc_groups"]
+    assert [s["id"] for s in again["slices"]] == [s["id"] for s in slices]
+    assert main(["eval", str(run / "checkpoints"), "--data",
+                 str(manifest.root), "--checkpoint", "latest",
+                 *flags]) == 0
+    text = capsys.readouterr().out
+    assert "GAUC by C1 (impressions)" in text and "slice C2=other" in text
+
+
+def test_a_column_not_in_the_spec_is_refused_in_one_line(
+        run_with_breakdown, capsys):
+    from psrec.launch.cli.main import main
+    manifest, run, _ = run_with_breakdown
+    capsys.readouterr()
+    assert main(["eval", str(run / "checkpoints"), "--data",
+                 str(manifest.root), "--group-by", "user"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--group-by user" in err[0] and "C1" in err[0]
+
+
+def test_the_heartbeat_carries_the_gauc():
+    from types import SimpleNamespace
+
+    from psrec.launch.monitor.heartbeat import reporter_fields
+    from psrec.ps_cluster.evaluation.metrics import EvalResult
+    result = EvalResult(count=10, positives=3.0, logloss=0.5, auc=0.7,
+                        id_sum=0, gauc=0.65, group_by="user")
+    fields = reporter_fields(SimpleNamespace(
+        loss=0.4, last_eval=result, last_eval_step=5))
+    assert fields["eval"] == {"step": 5, "auc": 0.7, "logloss": 0.5,
+                              "gauc": 0.65}
+    plain = reporter_fields(SimpleNamespace(loss=0.4, last_eval=dataclasses
+                                            .replace(result, gauc=None),
+                                            last_eval_step=5))
+    assert "gauc" not in plain["eval"]

@@ -25,7 +25,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from psrec.ps_cluster.evaluation.groups import Breakdown
+from psrec.ps_cluster.evaluation.breakdown import Breakdown
 from psrec.ps_cluster.evaluation.groups import group_metrics
 
 AUC_BINS = 65_536
