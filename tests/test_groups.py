@@ -175,7 +175,11 @@ def test_a_run_reports_gauc_and_slices_everywhere(run_with_breakdown,
     from psrec.launch.cli.main import main
     manifest, run, flags = run_with_breakdown
     capsys.readouterr()
-    evaluated = json.loads((run / "summary.json").read_text())["eval"]
+    from psrec.launch.job.run import JobSummary
+    saved = json.loads((run / "summary.json").read_text())
+    evaluated = saved["eval"]
+    text = JobSummary.from_dict(saved).summary()  # psrec train's summary
+    assert "GAUC by C1 (impressions)" in text and "slice C2=other" in text
     assert 0.0 <= evaluated["gauc"] <= 1.0
     assert evaluated["group_by"] == "C1" and evaluated["groups_exact"]
     groups = evaluated["gauc_groups"] + evaluated["gauc_skipped_groups"]
@@ -234,3 +238,44 @@ def test_the_heartbeat_carries_the_gauc():
                                             .replace(result, gauc=None),
                                             last_eval_step=5))
     assert "gauc" not in plain["eval"]
+
+
+@pytest.mark.cluster
+def test_gauc_under_ps_is_merged_from_the_closures_sums(
+        ps_cluster, small_criteo_spec, criteo_data, tmp_path):
+    """Under ParameterServerStrategy each eval shard is a closure on a
+    worker returning its per-group sums; the coordinator's merge gives the
+    GAUC and slices of one pass over the same checkpoint in this process."""
+    from psrec.data.input.config import InputConfig
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.export import evaluate_checkpoint
+    from psrec.models.ranking.config import ModelConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.config import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
+    manifest, _ = criteo_data
+    model = ModelConfig(interaction="dot", top_mlp=(8,))
+    checkpoints = tmp_path / "checkpoints"
+    loop = LoopConfig(steps=10, steps_per_closure=5, eval_every=0,
+                      checkpoint_every=0, keep_best="none", group_by="C1",
+                      gauc_weighting="uniform", slice_by="C2", slice_top=2)
+    JobConfig(workdir=tmp_path, spec=small_criteo_spec, model_name="dlrm",
+              model=model, loop=loop).write(checkpoints)
+    trainer = Trainer(build_ps_strategy(ps_cluster), small_criteo_spec,
+                      model, input_config=InputConfig(batch_size=64),
+                      checkpoint_dir=checkpoints)
+    result = trainer.train(trainer.dataset_fn(manifest), loop,
+                           eval_manifest=manifest).eval
+    assert len(manifest.files("eval")) == 4  # four closures merged
+    single = evaluate_checkpoint(checkpoints, manifest, checkpoint="latest",
+                                 breakdown=loop.breakdown())
+    assert result.count == single.count == 4000
+    assert result.gauc_weighting == "uniform"
+    assert result.gauc == pytest.approx(single.gauc, abs=1e-5)
+    assert (result.gauc_groups, result.gauc_skipped_groups) == (
+        single.gauc_groups, single.gauc_skipped_groups)
+    assert [s["id"] for s in result.slices] == [
+        s["id"] for s in single.slices]
+    assert [s["count"] for s in result.slices] == [
+        s["count"] for s in single.slices]
+    assert sum(s["count"] for s in result.slices) == 4000
