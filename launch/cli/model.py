@@ -7,6 +7,7 @@ is :mod:`psrec.launch.cli.model_run`, imported only when one runs."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from psrec.data.format.manifest import SPLITS
 from psrec.data.format.manifest import Manifest
@@ -19,6 +20,7 @@ from psrec.launch.cli.support import add_model_flag
 from psrec.launch.cli.support import existing_files
 from psrec.launch.job.config import BenchConfig
 from psrec.launch.job.config import JobConfig
+from psrec.launch.job.config import check_breakdown
 from psrec.launch.job.config import check_curves
 from psrec.launch.monitor.progress_bar import add_progress_flag
 from psrec.ps_cluster.training.config import LoopConfig
@@ -95,10 +97,29 @@ def add_eval(sub: argparse._SubParsersAction, name: str
                    "to WORKDIR/eval/<checkpoint>-<split>/ and the PR curve "
                    "to WORKDIR/tensorboard/eval-<checkpoint>-<split>/ "
                    "(WORKDIR: the folder holding CHECKPOINT_DIR)")
+    add_breakdown_flags(p)
     _add_checkpoint_flag(p)
     add_progress_flag(p)
     add_json_flag(p)
     return p
+
+
+def add_breakdown_flags(group) -> None:
+    """``--group-by``, ``--gauc-weighting``, ``--slice-by``,
+    ``--slice-top`` (``psrec train`` and ``psrec eval``)."""
+    add_option(group, LoopConfig, "group_by", metavar="COLUMN")
+    add_option(group, LoopConfig, "gauc_weighting")
+    add_option(group, LoopConfig, "slice_by", metavar="COLUMN")
+    add_option(group, LoopConfig, "slice_top", type=positive, metavar="N")
+
+
+def breakdown_of(args: argparse.Namespace):
+    """The :class:`~psrec.ps_cluster.evaluation.breakdown.Breakdown` of
+    the flags of :func:`add_breakdown_flags`."""
+    return LoopConfig(group_by=args.group_by,
+                      gauc_weighting=args.gauc_weighting,
+                      slice_by=args.slice_by,
+                      slice_top=args.slice_top).breakdown()
 
 
 def check_export(args: argparse.Namespace) -> None:
@@ -115,6 +136,10 @@ def check_eval(args: argparse.Namespace) -> None:
     record = JobConfig.read(args.checkpoint_dir)
     if args.plots:
         check_curves(record)
+    check_breakdown(dataclasses.replace(
+        record.loop, group_by=args.group_by,
+        gauc_weighting=args.gauc_weighting, slice_by=args.slice_by,
+        slice_top=args.slice_top), record.spec, record.retrieval)
 
 
 def check_predict(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ import sys
 
 from psrec.data.format.manifest import Manifest
 from psrec.errors import EXIT_OK
+from psrec.launch.cli.model import breakdown_of
 from psrec.launch.cli.model import keep_columns
 from psrec.launch.cli.support import print_result
 from psrec.launch.job import bench
@@ -57,7 +58,8 @@ def run_eval(args: argparse.Namespace) -> int:
                                  split=args.split,
                                  checkpoint=args.checkpoint,
                                  progress=progress_for(args),
-                                 curves=args.plots)
+                                 curves=args.plots,
+                                 breakdown=breakdown_of(args))
     plots = None
     if args.plots:
         result, curves = result

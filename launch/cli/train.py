@@ -23,6 +23,7 @@ from psrec.launch.cli.data_service import add_data_server_command
 from psrec.launch.cli.data_service import add_input_flags
 from psrec.launch.cli.data_service import local_data_service
 from psrec.launch.cli.data_service import resolve_input_mode
+from psrec.launch.cli.model import add_breakdown_flags
 from psrec.launch.cli.options import add_option
 from psrec.launch.cli.options import given
 from psrec.launch.cli.options import refuse_given_out_of_scope
@@ -343,6 +344,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     reliability = p.add_argument_group("reliability")
     add_reliability_flags(reliability)
     add_checkpoint_flags(reliability)
+    add_breakdown_flags(p.add_argument_group(
+        "evaluation breakdown", "GAUC and per-slice metrics of each eval"))
 
     metrics_flags.add_metrics_flags(p.add_argument_group("monitoring"))
     output = p.add_argument_group("output")

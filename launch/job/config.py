@@ -187,6 +187,21 @@ def check_keep_best(loop: LoopConfig, spec: FeatureSpec,
                               retrieval)
 
 
+def check_breakdown(loop: LoopConfig, spec: FeatureSpec,
+                    retrieval: RetrievalConfig | None) -> None:
+    """``--group-by`` and ``--slice-by`` name single-valued categorical
+    features of the spec, of a task with ranking metrics (exit 2)."""
+    breakdown = loop.breakdown()
+    if breakdown.active and not has_ranking_metrics(spec, retrieval):
+        flag = "--group-by" if breakdown.group_by else "--slice-by"
+        raise ConfigError(
+            f"{flag}: GAUC and slices are AUC/logloss breakdowns of a binary "
+            "label; this run is " + ("a retrieval task" if retrieval
+                                     else "a regression (loss: mse)")
+            + ": drop it.")
+    breakdown.check(spec)
+
+
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
     """Everything ``psrec train`` needs; each field's option metadata says
@@ -299,6 +314,7 @@ class JobConfig:
         if self.retrieval is not None:
             check_no_dynamic_tables(self.spec)
         check_keep_best(self.loop, self.spec, self.retrieval)
+        check_breakdown(self.loop, self.spec, self.retrieval)
         if not has_ranking_metrics(self.spec, self.retrieval):
             # The default metric does not exist: the default is then none
             # (a value set otherwise was refused just above).

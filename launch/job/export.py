@@ -50,8 +50,10 @@ from psrec.progress import SILENT
 from psrec.progress import Progress
 from psrec.ps_cluster.checkpoint.best import choose_checkpoint
 from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
+from psrec.ps_cluster.evaluation.breakdown import Breakdown
 from psrec.ps_cluster.evaluation.curves import Curves
 from psrec.ps_cluster.evaluation.curves import bucket_statistics
+from psrec.ps_cluster.evaluation.groups import breakdown_statistics
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import add_statistics
 from psrec.ps_cluster.evaluation.metrics import batch_statistics
@@ -188,7 +190,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                         checkpoint: str | None = None,
                         neg_sample_rate: float | None = None, *,
                         progress: Progress = SILENT,
-                        curves: bool = False
+                        curves: bool = False,
+                        breakdown: Breakdown = Breakdown()
                         ) -> EvalResult | tuple[EvalResult, Curves]:
     """AUC/logloss/calibration of a checkpoint on a split (every example
     once), on logits corrected by ``log(neg_sample_rate)``.
@@ -203,6 +206,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
         :func:`~psrec.ps_cluster.evaluation.curves.bucket_statistics` in
         the same pass and return ``(result, Curves)`` (a binary-label
         ranking run only).
+      breakdown: GAUC and slices to add (``--group-by``, ``--slice-by``;
+        checked by the caller: ``check_breakdown``).
 
     Raises:
       ConfigError: the manifest has no rows in ``split`` (exit 2); with
@@ -234,6 +239,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                                  record.spec.label.loss == "mse")  # RMSE
         if curves:
             stats.update(bucket_statistics(batch[label], logits))
+        stats.update(breakdown_statistics(breakdown, batch, batch[label],
+                                          logits))
         return stats
 
     step = tf.function(statistics)
@@ -244,7 +251,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
             part = {k: np.asarray(v) for k, v in step(batch).items()}
             total = part if total is None else add_statistics([total, part])
             task.advance(int(tf.shape(batch[label])[0]))
-    result = merge([total])
+    result = merge([total], breakdown, record.spec)
     return (result, Curves.from_totals(total)) if curves else result
 
 

@@ -124,6 +124,8 @@ class JobSummary:
                          f"{self.eval.logloss:.4f}  calibration "
                          f"{self.eval.calibration:.2f}  on {self.eval.count} "
                          "eval examples")
+            lines += [f"               {line}"
+                      for line in self.eval.breakdown_lines()]
         cluster = (f"{self.workers} workers + {self.ps} PS"
                    if self.strategy == "ps" else
                    f"{self.replicas} replica(s) on {self.workers} worker(s)")

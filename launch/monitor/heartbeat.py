@@ -221,8 +221,8 @@ def reporter_fields(reporter) -> dict[str, Any]:
     result, step = reporter.last_eval, reporter.last_eval_step
     if result is not None:
         data["eval"] = {"step": step}
-        for name in ("auc", "logloss"):  # a retrieval eval has neither
-            try:
+        for name in ("auc", "logloss", "gauc"):  # retrieval: none of them
+            try:  # gauc: None without --group-by
                 value = float(getattr(result, name))
             except (AttributeError, TypeError, ValueError):
                 continue

@@ -111,6 +111,8 @@ class HeartbeatCollector:
              (beat.get("eval") or {}).get("auc")),
             ("psrec_eval_logloss", "log loss of the last evaluation",
              (beat.get("eval") or {}).get("logloss")),
+            ("psrec_eval_gauc", "GAUC (--group-by) of the last evaluation",
+             (beat.get("eval") or {}).get("gauc")),
             ("psrec_last_checkpoint_timestamp_seconds", "when the latest "
              "checkpoint was written (Unix time)",
              beat.get("checkpoint_time")),

@@ -25,6 +25,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from psrec.ps_cluster.evaluation.breakdown import Breakdown
+from psrec.ps_cluster.evaluation.groups import group_metrics
+
 AUC_BINS = 65_536
 AUC_LOGIT_RANGE = 32.0  # sigmoid(-32) ~ 1.3e-14: nothing real lies beyond.
 AUC_BIN_WIDTH = 2 * AUC_LOGIT_RANGE / AUC_BINS  # 1/1024 logit.
@@ -125,6 +128,19 @@ class EvalResult:
     mean_prediction: float = math.nan
     calibration: float | None = None
     rmse: float | None = None  # regression (``loss: mse``) only
+    # ``--group-by`` (psrec.ps_cluster.evaluation.groups): GAUC, its error
+    # bound, the groups scored and those left out (one class only).
+    gauc: float | None = None
+    gauc_error_bound: float | None = None
+    gauc_groups: int | None = None
+    gauc_skipped_groups: int | None = None
+    group_by: str | None = None
+    gauc_weighting: str | None = None
+    groups_exact: bool | None = None
+    # ``--slice-by``: one dict per slice (id, count, positives, auc,
+    # auc_error_bound, logloss, calibration), the last one ``other``.
+    slice_by: str | None = None
+    slices: list | None = None
 
     def __post_init__(self) -> None:
         if self.calibration is None:
@@ -148,12 +164,50 @@ class EvalResult:
             return f"eval: {self.count} examples, RMSE {self.rmse:.4f}"
         return (f"eval: {self.count} examples, AUC {self.auc:.4f}, logloss "
                 f"{self.logloss:.4f}, calibration {self.calibration:.2f}, "
-                f"positive rate {self.positive_rate:.4f}")
+                f"positive rate {self.positive_rate:.4f}"
+                + "".join(f"\n  {line}" for line in self.breakdown_lines()))
+
+    def gauc_line(self) -> str | None:
+        """``GAUC by COLUMN ...`` (None without ``--group-by``)."""
+        if self.group_by is None:
+            return None
+        return (f"GAUC by {self.group_by} ({self.gauc_weighting}) "
+                f"{self.gauc:.4f} (error <= {self.gauc_error_bound:.4f}) "
+                f"over {self.gauc_groups} groups; "
+                f"{self.gauc_skipped_groups} with one class left out"
+                + ("" if self.groups_exact is not False else
+                   "; values share group slots (approximate grouping)"))
+
+    def breakdown_lines(self) -> list[str]:
+        """The GAUC line and one line per slice (none without
+        ``--group-by`` and ``--slice-by``)."""
+        lines = [self.gauc_line()] if self.group_by is not None else []
+        for s in self.slices or ():
+            lines.append(
+                f"slice {self.slice_by}={s['id']}: {s['count']} examples, "
+                f"AUC {s['auc']:.4f}, logloss {s['logloss']:.4f}, "
+                f"calibration {s['calibration']:.2f}")
+        return lines
+
+    def scalars(self) -> dict[str, float]:
+        """The TensorBoard scalars of this evaluation (``eval/NAME``)."""
+        values = {"auc": self.auc, "logloss": self.logloss}
+        if self.gauc is not None:
+            values["gauc"] = self.gauc
+        for s in self.slices or ():
+            for name in ("auc", "logloss", "calibration"):
+                values[f"slice/{self.slice_by}={s['id']}/{name}"] = s[name]
+        return values
 
 
-def merge(parts: list[dict[str, np.ndarray]]) -> EvalResult:
-    """The :class:`EvalResult` of the summed statistics of ``parts``."""
+def merge(parts: list[dict[str, np.ndarray]],
+          breakdown: Breakdown | None = None, spec=None) -> EvalResult:
+    """The :class:`EvalResult` of the summed statistics of ``parts`` (with
+    ``breakdown``: also its GAUC and slices, of the feature spec
+    ``spec``)."""
     total = add_statistics(parts)
+    extra = (group_metrics(total, breakdown, spec)
+             if breakdown is not None and breakdown.active else {})
     count = int(total["count"])
     positives = float(total["positives"])
     prediction_sum = float(total["prediction_sum"])
@@ -165,4 +219,4 @@ def merge(parts: list[dict[str, np.ndarray]]) -> EvalResult:
         mean_prediction=prediction_sum / count if count else math.nan,
         calibration=prediction_sum / positives if positives else math.nan,
         rmse=(math.sqrt(float(total["squared_error_sum"]) / max(1, count))
-              if "squared_error_sum" in total else None))
+              if "squared_error_sum" in total else None), **extra)

@@ -12,6 +12,8 @@ from psrec.options import Codec
 from psrec.options import check_choices
 from psrec.options import option
 from psrec.options import qualified
+from psrec.ps_cluster.evaluation.breakdown import GAUC_WEIGHTINGS
+from psrec.ps_cluster.evaluation.breakdown import Breakdown
 
 #: Evaluations per run when ``eval_every`` is None.
 AUTO_EVALS = 5
@@ -69,6 +71,25 @@ class LoopConfig(Codec, where="loop"):
         strategies=("ps", "mirrored", "one-device"),
         help="stop after N evaluations in a row without improvement of "
         "--keep-best's metric; 0: never")
+    group_by: str | None = option(
+        None, flag="--group-by",
+        help="also report GAUC: the AUC of each group of examples with the "
+        "same value of this single-valued categorical column (e.g. a user "
+        "id), averaged; groups with one class only are left out and "
+        "counted. Computed in the eval closures from per-group histograms "
+        "(exact grouping up to 4096 ids; docs/models.md)")
+    gauc_weighting: str = option(
+        "impressions", flag="--gauc-weighting", choices=GAUC_WEIGHTINGS,
+        help="GAUC's average over groups: weighted by each group's eval "
+        "examples, or uniform (one vote per group, uAUC)")
+    slice_by: str | None = option(
+        None, flag="--slice-by",
+        help="also report AUC, logloss and calibration per value of this "
+        "single-valued categorical column: the --slice-top values with the "
+        "most eval examples, and the rest as `other`")
+    slice_top: int = option(
+        10, flag="--slice-top",
+        help="values of --slice-by reported one by one")
 
     def __post_init__(self) -> None:
         check_at_least(self, 1, "steps_per_closure", "in_flight_per_worker",
@@ -76,6 +97,7 @@ class LoopConfig(Codec, where="loop"):
         if self.steps is not None:
             check_at_least(self, 1, "steps")
         check_at_least(self, 0, "checkpoint_every", "early_stop_patience")
+        check_at_least(self, 1, "slice_top")
         if self.eval_every is not None:
             check_at_least(self, 0, "eval_every")
         check_choices(self)
@@ -84,6 +106,11 @@ class LoopConfig(Codec, where="loop"):
               self.early_stop_patience,
               "needs a metric to watch: set "
               f"`{qualified(self, 'keep_best')}` to auc or logloss")
+
+    def breakdown(self) -> Breakdown:
+        """The evaluation breakdown of ``group_by`` and ``slice_by``."""
+        return Breakdown(self.group_by, self.gauc_weighting, self.slice_by,
+                         self.slice_top)
 
     def sized(self, epoch_steps: int, *, early_stop: bool,
               workers: int = 1) -> LoopConfig:

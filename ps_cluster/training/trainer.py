@@ -38,6 +38,7 @@ from psrec.ps_cluster.checkpoint.keeper import Progress
 from psrec.ps_cluster.cluster.strategy import StrategyError
 from psrec.ps_cluster.cluster.strategy import cluster_resolver
 from psrec.ps_cluster.cluster.strategy import is_chief
+from psrec.ps_cluster.evaluation.breakdown import Breakdown
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import merge
 from psrec.ps_cluster.training.config import LoopConfig
@@ -131,6 +132,7 @@ class Trainer:
         check_choice("precision", precision, PRECISIONS, StrategyError)
         self.strategy = strategy
         self.spec = spec
+        self.breakdown = Breakdown()  # train() sets its loop's
         self.input_config = input_config
         self.micro_batches = micro_batches
         self.precision = precision
@@ -281,9 +283,12 @@ class Trainer:
         ranking metrics on logits corrected for the negative sampling of
         the train data."""
         model, shift = self.model, self.logit_shift
+        breakdown = self.breakdown
         return make_eval_function(
             (lambda batch: tf.cast(model(batch), tf.float32) + shift)
-            if shift else model, self.spec, batch_size, block_rows), merge
+            if shift else model, self.spec, batch_size, block_rows,
+            breakdown), functools.partial(merge, breakdown=breakdown,
+                                          spec=self.spec)
 
     # -- training -------------------------------------------------------------
 
@@ -355,6 +360,7 @@ class Trainer:
         """
         beat = heartbeat or (lambda phase: None)
         self.eval_beat, loop = (lambda: beat("eval")), loop.resolved()
+        self.breakdown = loop.breakdown()  # GAUC / slices of each eval
         check(not loop.early_stop_patience
               or can_stop_early(self.is_ps, self.num_workers),
               "LoopConfig.early_stop_patience",
