@@ -327,3 +327,22 @@ def test_progbar_never_writes_to_stdout(capsys):
         task.advance(5)
     assert capsys.readouterr().out == ""
     assert "5/5" in stream.getvalue()
+
+
+def test_the_training_bar_ends_its_line_before_what_follows():
+    """On a terminal the bar is redrawn with ``\\r``; whatever the run says
+    next -- ``psrec train: interrupted (SIGINT) ...`` after Ctrl-C, an error
+    -- must start a line of its own, not be glued to the bar."""
+    from psrec.launch.monitor.progress import ProgressReporter
+
+    terminal = FakeTerminal()
+    reporter = ProgressReporter(total_steps=100, stream=terminal)
+    reporter.update(7, 0.5, 64)
+    assert not terminal.getvalue().endswith("\n")  # the bar is open
+    reporter.close()
+    terminal.write("psrec train: interrupted (SIGINT)\n")
+    *_, bar, last, _ = terminal.getvalue().split("\n")
+    assert bar.lstrip("\r").startswith("step 7/100")
+    assert last == "psrec train: interrupted (SIGINT)"
+    reporter.close()  # closing twice adds no empty line
+    assert terminal.getvalue().endswith("(SIGINT)\n")

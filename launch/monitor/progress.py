@@ -65,6 +65,7 @@ class ProgressReporter:
         self.last_eval: EvalResult | None = None
         self.last_eval_step: int | None = None
         self._last_draw = 0.0
+        self._line_open = False  # a terminal bar not yet ended by a newline
         self._last_logged_step = start_step
         self.loss = float("nan")
         self._extra = extra
@@ -98,6 +99,7 @@ class ProgressReporter:
             self._last_draw = now
             self.stream.write("\r" + self._line(step, loss, speed))
             self.stream.flush()
+            self._line_open = True
         elif not self.tty and (step - self._last_logged_step >= self.log_every
                                or step >= self.total):
             self._last_logged_step = step
@@ -128,8 +130,7 @@ class ProgressReporter:
 
     def boundary(self, step: int, result: EvalResult | None,
                  checkpoint: str | None = None) -> None:
-        if self.tty:
-            self.stream.write("\n")
+        self._end_line()
         if result is not None:
             self.last_eval, self.last_eval_step = result, step
             self.stream.write(f"step {step}: {result.summary()}\n")
@@ -151,7 +152,16 @@ class ProgressReporter:
                           f"{record.value:.4f}, kept as {record.checkpoint}\n")
         self.stream.flush()
 
+    def _end_line(self) -> None:
+        """Ends the terminal bar's line, so what is written next (an eval,
+        the interrupted line, an error) starts a line of its own."""
+        if self._line_open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._line_open = False
+
     def close(self) -> None:
+        self._end_line()
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
