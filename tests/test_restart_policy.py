@@ -357,3 +357,33 @@ def test_a_frozen_ps_is_killed_and_only_it_is_restarted(tmp_path):
                             [*roles.processes.values(), *before.values()]):
                 process.kill()
                 process.wait()
+
+
+def test_a_worker_lost_as_the_coordinator_finishes_is_still_reported(
+        tmp_path):
+    """A worker that dies between the supervisor's last look and the
+    coordinator's (successful) exit is named in the run's output: the run
+    ends 0 and says which worker it lost, with its signal."""
+    from psrec.launch.supervise.supervisor import Supervisor
+    from psrec.launch.supervise.supervisor import SupervisorConfig
+    roles = None
+    with _listening_cluster() as (cluster, _, tasks):
+        try:
+            roles = _Roles(cluster, tasks)
+            victim = tasks[-1]
+            roles.processes[victim].kill()
+            roles.processes[victim].wait()
+            lines = []
+            supervisor = Supervisor(roles, [], SupervisorConfig(backoff=0.0),
+                                    tmp_path, log=lines.append)
+            supervisor.coordinator = subprocess.Popen(
+                [sys.executable, "-c", "pass"])
+            supervisor.coordinator.wait()
+            assert supervisor._watch() == (0, None)
+            assert lines == [
+                f"psrec supervisor: {victim.name} died (exit -9) before the "
+                "coordinator exited; the run ends without it"], lines
+        finally:
+            for process in [] if roles is None else roles.processes.values():
+                process.kill()
+                process.wait()
