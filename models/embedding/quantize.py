@@ -93,14 +93,14 @@ class QuantizedTable(tf.Module):
                              "int8")
         self.dtype = dtype
         self.rows, self.dim = (int(n) for n in table.shape)
-        blocks = [table[start:start + BLOCK_ROWS].numpy()
-                  for start in range(0, self.rows, BLOCK_ROWS)]
+        blocks = (table[start:start + BLOCK_ROWS].numpy()
+                  for start in range(0, self.rows, BLOCK_ROWS))
         if dtype == "float16":
             self.values = tf.Variable(
                 np.concatenate([b.astype(np.float16) for b in blocks]),
                 trainable=False, name="values")
             return
-        parts = [quantize_rows(block) for block in blocks]
+        parts = [quantize_rows(block) for block in blocks]  # one at a time
         self.codes, self.scale, self.bias = (
             tf.Variable(np.concatenate([p[i] for p in parts]),
                         trainable=False, name=field)
