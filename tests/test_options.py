@@ -34,6 +34,7 @@ from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import slot_text
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.retrieval.config import RetrievalConfig
+from psrec.models.serving.config import ExportConfig
 from psrec.options import field_default
 from psrec.options import has_default
 from psrec.options import option_of
@@ -47,7 +48,7 @@ from tests._forbid import forbid
 CONFIGS = (JobConfig, StrategyConfig, SyntheticData, InputConfig,
            OptimizerConfig, LoopConfig, PartitionConfig, RetrievalConfig,
            ConversionOptions, InferOptions, K8sJob, RestartLimits,
-           SupervisorConfig, ModelConfig)
+           SupervisorConfig, ModelConfig, ExportConfig)
 
 
 def _parser(*words):

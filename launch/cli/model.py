@@ -23,6 +23,8 @@ from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import check_breakdown
 from psrec.launch.job.config import check_curves
 from psrec.launch.monitor.progress_bar import add_progress_flag
+from psrec.models.serving.config import ExportConfig
+from psrec.options import option_values
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri import is_uri
 from psrec.uri_path import as_path
@@ -76,6 +78,7 @@ def add_export(sub: argparse._SubParsersAction, name: str
     p.add_argument("--version", type=positive, default=None,
                    help="version number (default: one more than the "
                    "largest in OUT, 1 for none); refused if it exists")
+    add_option(p, ExportConfig, "table_dtype")
     _add_checkpoint_flag(p)
     add_json_flag(p)
     return p
@@ -124,8 +127,11 @@ def breakdown_of(args: argparse.Namespace):
 
 def check_export(args: argparse.Namespace) -> None:
     """What ``psrec export`` refuses before its run imports TensorFlow: a
-    checkpoint folder without the ``job.json`` of a run."""
-    JobConfig.read(args.checkpoint_dir)
+    checkpoint folder without the ``job.json`` of a run, ``--table-dtype``
+    other than float32 for a retrieval run."""
+    record = JobConfig.read(args.checkpoint_dir)
+    option_values(args, ExportConfig).check_task(
+        record.retrieval is not None, args.checkpoint_dir)
 
 
 def check_eval(args: argparse.Namespace) -> None:

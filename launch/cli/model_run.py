@@ -23,6 +23,7 @@ from psrec.launch.job.export import export_checkpoint
 from psrec.launch.job.export import sampling_note
 from psrec.launch.job.plots import write_plots
 from psrec.launch.monitor.progress_bar import progress_for
+from psrec.models.serving.config import ExportConfig
 from psrec.models.serving.scoring import score_files
 from psrec.options import option_values
 from psrec.ps_cluster.checkpoint.best import choose_checkpoint
@@ -31,16 +32,27 @@ from psrec.ps_cluster.checkpoint.best import choose_checkpoint
 def run_export(args: argparse.Namespace) -> int:
     JobConfig.read(args.checkpoint_dir)  # a run's folder, or one line
     chosen = choose_checkpoint(args.checkpoint_dir, args.checkpoint)
+    config = option_values(args, ExportConfig)
     report = export_checkpoint(args.checkpoint_dir, args.out,
-                               args.checkpoint, version=args.version)
+                               args.checkpoint, version=args.version,
+                               config=config)
     rate = training_neg_sample_rate(args.checkpoint_dir)
     print_result(args, {"saved_model": report.path, **_chosen_dict(chosen),
                         "version": report.version, "root": report.root,
-                        "neg_sample_rate": rate, "warmup": report.warmup},
+                        "neg_sample_rate": rate, "warmup": report.warmup,
+                        "table_dtype": config.table_dtype},
                  f"{report.path} (version {report.version}): "
-                 f"{chosen.describe()}{sampling_note(rate)}\n"
+                 f"{chosen.describe()}{sampling_note(rate)}"
+                 f"{_table_note(config)}\n"
                  f"warmup requests: {report.warmup}")
     return EXIT_OK
+
+
+def _table_note(config: ExportConfig) -> str:
+    """What the CLI says about the tables' storage ("" for float32)."""
+    if config.table_dtype == "float32":
+        return ""
+    return f"; tables stored as {config.table_dtype}"
 
 
 def _chosen_dict(chosen) -> dict:

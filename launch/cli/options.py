@@ -25,6 +25,7 @@ from psrec.errors import ConfigError
 from psrec.launch.job.config import JobConfig
 from psrec.launch.supervise.restart_policy import SupervisorConfig
 from psrec.models.retrieval.config import RetrievalConfig
+from psrec.models.serving.config import ExportConfig
 from psrec.options import field_default
 from psrec.options import field_named
 from psrec.options import has_default
@@ -36,7 +37,7 @@ from psrec.options import scope_error
 _GIVEN = "psrec_given_options"
 #: The configurations whose fields :func:`translate` turns into flags.
 _CONFIGS = (JobConfig, RetrievalConfig, ConversionOptions, InferOptions,
-            SupervisorConfig)
+            SupervisorConfig, ExportConfig)
 _MISSING = object()
 
 

@@ -36,8 +36,10 @@ from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import check_curves
 from psrec.launch.job.data import training_neg_sample_rate
 from psrec.models.build import build_model
+from psrec.models.embedding.quantize import table_storage
 from psrec.models.ranking.model import RankingModel
 from psrec.models.retrieval.config import RECALL_KS
+from psrec.models.serving.config import ExportConfig
 from psrec.models.serving.export import export_saved_model
 from psrec.models.serving.retrieval_export import QUERY_TOWER_DIR
 from psrec.models.serving.retrieval_export import export_retrieval
@@ -122,7 +124,8 @@ def run_manifest(checkpoint_dir: str | Path) -> Manifest | None:
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
                       checkpoint: str | None = None, *,
                       version: int | None = None,
-                      manifest: Manifest | None = None) -> ExportReport:
+                      manifest: Manifest | None = None,
+                      config: ExportConfig = ExportConfig()) -> ExportReport:
     """Exports a checkpoint of a training run as version ``version`` (None:
     the next) of the export folder ``out_dir`` (a path or URI).
 
@@ -131,11 +134,15 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
         the run recorded one, else the latest.
       manifest: the run's data, for the warmup rows; None: the one its
         ``job.json`` names (:func:`run_manifest`).
+      config: how the SavedModel stores its tables (a ranking run's only).
 
     Raises:
       ConfigError: ``version`` exists already (see
-        :func:`psrec.models.serving.versions.publish`).
+        :func:`psrec.models.serving.versions.publish`); a table dtype other
+        than float32 for a retrieval run.
     """
+    config.check_task(JobConfig.read(checkpoint_dir).retrieval is not None,
+                      str(checkpoint_dir))
     model, record, path = restore_plain_model(
         checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
     if record.retrieval is not None:  # top-K model, query tower, embeddings
@@ -152,13 +159,17 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
     root = str(out_dir)
     name = _model_name(root)
 
+    storage = table_storage(model.sparse_arch, config.table_dtype)
+
     def write(folder: str) -> None:
         export_saved_model(model, record.spec, folder,
-                           logit_shift=logit_shift(rate))
+                           logit_shift=logit_shift(rate),
+                           table_dtype=config.table_dtype)
         write_json_atomic(os.path.join(folder, EXPORT_INFO), {
             "checkpoint": path, "spec_hash": record.spec.fingerprint(),
             "label": record.spec.label.name, "neg_sample_rate": rate,
-            "logit_shift": logit_shift(rate), "warmup": rows.source})
+            "logit_shift": logit_shift(rate), "warmup": rows.source,
+            "table_dtype": config.table_dtype, "tables": storage})
         write_warmup(folder, rows.inputs, name)
 
     published = publish(root, write, version)

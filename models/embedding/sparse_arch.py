@@ -24,6 +24,7 @@ from psrec.features.spec.columns import TableConfig
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.dynamic.shards import ShardLayout
 from psrec.models.dynamic.table import DynamicTable
+from psrec.models.embedding.quantize import QuantizedTable
 from psrec.models.embedding.table_init import fill_table
 from psrec.models.embedding.table_init import fills_in_blocks
 
@@ -73,9 +74,14 @@ def table_variables(variable) -> list[tf.Variable]:
 
 def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
     """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``;
-    each distinct id is fetched once, one gather per shard."""
+    each distinct id is fetched once, one gather per shard. ``table``: a
+    (sharded) variable, or a :class:`QuantizedTable` (serving)."""
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
+    if isinstance(table, QuantizedTable):  # float32 rows of the distinct ids
+        rows = table.gather(unique)
+        return tf.reshape(tf.gather(rows, index),
+                          tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
     if tf.executing_eagerly() and hasattr(table, "variables"):
         # In eager mode TensorFlow's lookup on a ShardedVariable silently
         # concatenates the whole table on the caller (measured: the model's
@@ -100,14 +106,23 @@ class SparseArch(tf_keras.layers.Layer):
       wide: also create a ``[rows, 1]`` first-order weight table per table.
       default_scale: initializer scale of the tables whose spec leaves
         ``scale`` unset (``ModelConfig.init_scale``); None: ``1/sqrt(dim)``.
+      serving: ``(tables, dynamic_tables)`` to read instead of creating
+        tables (:meth:`with_tables`).
     """
 
     def __init__(self, spec: FeatureSpec, wide: bool = False,
                  default_scale: float | None = None,
+                 serving: tuple[dict, dict] | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.spec = spec
         self.wide = wide
+        self._by_table = collections.defaultdict(list)
+        for feature in spec.categorical:
+            self._by_table[feature.table].append(feature)
+        if serving is not None:
+            self.tables, self.dynamic_tables = dict(serving[0]), serving[1]
+            return
         self.tables = {}
         with table_creation_scope():
             for table in spec.tables:
@@ -133,9 +148,14 @@ class SparseArch(tf_keras.layers.Layer):
             t.name: DynamicTable(t, ShardLayout.of(self.tables[t.name]),
                                  _initializer(t, default_scale))
             for t in spec.tables if t.dynamic}
-        self._by_table = collections.defaultdict(list)
-        for feature in spec.categorical:
-            self._by_table[feature.table].append(feature)
+
+    def with_tables(self, tables: dict[str, object]) -> "SparseArch":
+        """An arch of the same spec that reads ``tables`` (``name -> `` a
+        plain variable or a :class:`QuantizedTable`) and this
+        arch's dynamic tables (their id -> row maps); for serving only."""
+        return SparseArch(self.spec, wide=self.wide,
+                          serving=(tables, self.dynamic_tables),
+                          name=self.name)
 
     def table_variables(self) -> list[tf.Variable]:
         """All shard variables of all tables (sparse-optimizer variables)."""

@@ -21,6 +21,11 @@ vocabulary lookups run through ``features.transforms.ops.CategoricalEncoder``
 model, so serving sees what training saw. The model is rebuilt without any
 distribution strategy (plain variables; ``tf.saved_model.load`` cannot load
 sharded variables) and restored from the checkpoint, verified by value.
+
+The tables are stored as trained (float32) or, with ``table_dtype``
+(``psrec export --table-dtype``), as float16 or per-row int8 and
+dequantized on lookup (``models.embedding.quantize``); the signature is the
+same.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import CategoricalEncoder
 from psrec.features.transforms.ops import derive_all
 from psrec.models.dynamic.table import freeze_tables
+from psrec.models.embedding.quantize import serving_tables
 from psrec.models.ranking.model import RankingModel
 
 _DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
@@ -92,13 +98,17 @@ class ServingModule(tf.Module):
 
 
 def export_saved_model(model: RankingModel, spec: FeatureSpec,
-                       out_dir: str | Path, logit_shift: float = 0.0) -> str:
+                       out_dir: str | Path, logit_shift: float = 0.0,
+                       table_dtype: str = "float32") -> str:
     """Writes the serving SavedModel of a model with plain variables into
     ``out_dir`` (a path or URI; ``logit_shift``: see
-    :class:`ServingModule`) and returns ``out_dir`` as a string. Versioned
-    export folders are :mod:`psrec.models.serving.versions`' business."""
-    module = ServingModule(model, spec, logit_shift=logit_shift)
+    :class:`ServingModule`; ``table_dtype``: how its tables are stored,
+    ``ExportConfig.table_dtype``) and returns ``out_dir`` as a string.
+    Versioned export folders are :mod:`psrec.models.serving.versions`'
+    business."""
     out = str(out_dir)
-    tf.saved_model.save(module, out,
-                        signatures={"serving_default": module.serve})
+    with serving_tables(model, table_dtype):
+        module = ServingModule(model, spec, logit_shift=logit_shift)
+        tf.saved_model.save(module, out,
+                            signatures={"serving_default": module.serve})
     return out
