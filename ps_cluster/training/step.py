@@ -90,10 +90,25 @@ class DynamicLossScale(tf.Module):
                         self.good_steps.assign(new_good))
 
 
-def _all_finite(grads: list) -> tf.Tensor:
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(
-        g.values if isinstance(g, tf.IndexedSlices) else g))
-        for g in grads if g is not None])
+def finite_flag(grads: list, loss: tf.Tensor | None = None) -> tf.Tensor:
+    """True iff every value of ``grads`` (the values of ``IndexedSlices``)
+    and ``loss`` is finite, from ONE scalar: their float32 sum.
+
+    A NaN or an inf anywhere makes the sum NaN or inf, and a sum of finite
+    values is finite unless it overflows float32 (|sum| > 3.4e38): such an
+    exploding update is reported as not finite too, which is the wanted
+    outcome. One ``reduce_sum`` per gradient and one ``is_finite`` replace
+    an ``is_finite`` (a boolean copy of every gradient) and a
+    ``reduce_all`` per gradient (issue 22: the per-gradient check cost
+    about 9% of a step)."""
+    parts = [tf.reduce_sum(tf.cast(
+        g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32))
+        for g in grads if g is not None]
+    if loss is not None:
+        parts.append(tf.cast(tf.reshape(loss, []), tf.float32))
+    if not parts:
+        return tf.constant(True)
+    return tf.math.is_finite(tf.add_n(parts))
 
 
 def ids_per_example(spec: FeatureSpec, table: str) -> int:
@@ -233,9 +248,8 @@ class TrainStep:
                         tf.distribute.ParameterServerStrategy)
         if not ps:
             grads = context.all_reduce("SUM", grads)
-        finite = _all_finite(grads)
-        if self.stops_on_non_finite:
-            finite = tf.logical_and(finite, tf.math.is_finite(loss))
+        finite = finite_flag(grads,
+                             loss if self.stops_on_non_finite else None)
         finite = tf.equal(context.all_reduce("SUM", tf.cast(
             tf.logical_not(finite), tf.float32)), 0.0)
         split = len(table_grads)
