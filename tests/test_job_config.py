@@ -67,6 +67,8 @@ def _ps_job(tmp_path: Path) -> JobConfig:
                                   shards=3),
         workers=3, ps=2, stall_timeout=None, checkpoint_writers="tasks",
         data_service="grpc://127.0.0.1:5050",
+        warm_start=str(tmp_path / "yesterday/checkpoints/ckpt-100"),
+        reset_optimizer=True,
         retrieval=RetrievalConfig(  # every field differs from its default
             tower_mlp=(8,), output_dim=8, temperature=0.1, normalize=False,
             logq=False, uniform_negatives=4, remove_accidental_hits=False))
@@ -94,14 +96,15 @@ def test_job_config_round_trips_through_dict_and_job_json(tmp_path, build):
 def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
     """The codec test above would miss a field the codec drops if that field
     kept its default: the mirrored job sets every field but partition, ps,
-    workers and checkpoint_writers (refused under mirrored), data_service (a
-    PS job's dispatcher) and retrieval (a ranking job), which the PS job
-    sets."""
+    workers, checkpoint_writers, warm_start and reset_optimizer (refused
+    under mirrored), data_service (a PS job's dispatcher) and retrieval (a
+    ranking job), which the PS job sets."""
     config, default = _mirrored_job(tmp_path), JobConfig()
     same = {f.name for f in dataclasses.fields(JobConfig)
             if getattr(config, f.name) == getattr(default, f.name)}
     assert same == {"partition", "ps", "workers", "checkpoint_writers",
-                    "data_service", "retrieval"}
+                    "data_service", "retrieval", "warm_start",
+                    "reset_optimizer"}
     ps = _ps_job(tmp_path)
     assert all(getattr(ps, name) != getattr(default, name) for name in same)
     strategy = config.strategy

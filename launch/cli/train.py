@@ -38,6 +38,7 @@ from psrec.launch.job.config import StrategyConfig
 from psrec.launch.job.config import SyntheticData
 from psrec.launch.job.config import has_ranking_metrics
 from psrec.launch.job.config import keep_best_error
+from psrec.launch.job.warm_start import resolve_warm_start
 from psrec.launch.job.workdir import claim_workdir
 from psrec.launch.local.netns import add_allow_exposed_flag
 from psrec.launch.supervise.restart_policy import RestartLimits
@@ -157,6 +158,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # Refused before anything is written or started: another job's workdir
     # (exit 2), or one another psrec train holds (exit 2, its pid named).
     with claim_workdir(config, lock=_runs_the_job(config)):
+        # The warm-start source checked and its feature plan made (exit 2)
+        # before any server starts; a workdir with its own checkpoint
+        # resumes it instead.
+        config = resolve_warm_start(config, _log(args))
         return _train(args, config, metrics)
 
 
@@ -344,6 +349,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     reliability = p.add_argument_group("reliability")
     add_reliability_flags(reliability)
     add_checkpoint_flags(reliability)
+    warm = p.add_argument_group(
+        "warm start", "start from another run's checkpoint (a new workdir)")
+    add_option(warm, JobConfig, "warm_start")
+    add_option(warm, JobConfig, "reset_optimizer")
     add_breakdown_flags(p.add_argument_group(
         "evaluation breakdown", "GAUC and per-slice metrics of each eval"))
 

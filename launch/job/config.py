@@ -309,7 +309,24 @@ class JobConfig:
         "the service the local launcher started (it hands the coordinator "
         "this job with the address set); None: none")
 
+    warm_start: str | None = option(
+        None, flag="--warm-start", strategies=("ps",),
+        help="start from another run's checkpoint: its workdir (its latest "
+        "checkpoint), its checkpoints folder or one checkpoint prefix "
+        "(.../checkpoints/ckpt-N), on any PS count; tables, dense weights "
+        "and optimizer slots are carried where the spec and model still "
+        "fit them, the rest starts fresh (one line per feature). The step "
+        "counter starts at 0. Only a workdir without a checkpoint of its "
+        "own is warm-started: a rerun resumes its own checkpoints")
+    reset_optimizer: bool = option(
+        False, flag="--reset-optimizer", strategies=("ps",),
+        help="with --warm-start: fresh optimizer slots (and iteration "
+        "counts) instead of the source's")
+
     def __post_init__(self) -> None:
+        check(not self.reset_optimizer or self.warm_start is not None,
+              qualified(self, "reset_optimizer"), self.reset_optimizer,
+              f"applies with `{qualified(self, 'warm_start')}` only")
         check_model_spec(self.spec, self.model, self.model_name)
         if self.retrieval is not None:
             check_no_dynamic_tables(self.spec)

@@ -418,6 +418,8 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
             "the checkpoint's values)")
         if trainer.chief:
             write_restore_report(config.workdir, trainer, restored)
+    elif config.warm_start is not None:  # a new workdir: from the source
+        _warm_start(config, trainer, manifest, cluster, log)
     reporter = make_reporter(config, trainer, heartbeat, extra=(
         (lambda: _per_worker(trainer)) if trainer.is_ps else None))
     watchdog = None
@@ -453,6 +455,22 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
             f"improvement of {config.loop.keep_best}; best: "
             f"{result.best.summary() if result.best else None}")
     return result, trainer
+
+
+def _warm_start(config: JobConfig, trainer, manifest: Manifest,
+                cluster: ClusterSpec | None, log) -> None:
+    """Fills the fresh trainer from ``config.warm_start`` (checked again
+    here: the coordinator may run long after the CLI did) and logs one line
+    per feature not carried as-is and the summary."""
+    from psrec.launch.job.warm_start import check_source
+    source = check_source(config, str(config.warm_start))
+    with translated_errors(manifest, cluster):
+        result = trainer.warm_start(source.prefix, source.plan,
+                                    reset_optimizer=config.reset_optimizer)
+    for line in result.lines:
+        log(line)
+    log(result.summary + " (verified against the checkpoint's values; "
+        "step counter starts at 0)")
 
 
 def _barrier(strategy) -> None:

@@ -93,6 +93,12 @@ def _walk(root) -> list[tuple[object, str]]:
     return order
 
 
+def lookup_tables(root: tf.train.Checkpoint) -> dict[str, object]:
+    """``<path>/.ATTRIBUTES/table`` -> lookup table of everything ``root``
+    saves (:func:`psrec.ps_cluster.checkpoint.tables.live_tables`)."""
+    return live_tables(_walk(root))
+
+
 def live_tensors(root: tf.train.Checkpoint) -> dict[str, LiveTensor]:
     """Checkpoint key -> live variable of everything ``root`` saves (save
     counter and object graph excepted), without saving anything."""

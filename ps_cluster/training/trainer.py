@@ -35,6 +35,8 @@ from psrec.ps_cluster.checkpoint.best import BestRecord
 from psrec.ps_cluster.checkpoint.best import BestTracker
 from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
 from psrec.ps_cluster.checkpoint.keeper import Progress
+from psrec.ps_cluster.checkpoint.keeper import io_options
+from psrec.ps_cluster.checkpoint.warm_start import apply_warm_start
 from psrec.ps_cluster.cluster.strategy import StrategyError
 from psrec.ps_cluster.cluster.strategy import cluster_resolver
 from psrec.ps_cluster.cluster.strategy import is_chief
@@ -231,6 +233,15 @@ class Trainer:
         path = self.keeper.restore()
         self.progress.resumes.assign_add(1)
         return path
+
+    def warm_start(self, path: str, plan, *, reset_optimizer: bool = False):
+        """Fills the fresh state from another run's checkpoint ``path`` by
+        ``plan`` (a ``WarmStartPlan``), verified by value; the progress
+        stays at step 0. Returns the ``WarmStartResult``."""
+        return apply_warm_start(
+            self.checkpoint, str(path), plan,
+            reset_optimizer=reset_optimizer,
+            io_device=io_options().experimental_io_device or "/device:CPU:0")
 
     def save(self) -> str | None:
         """Saves a checkpoint; returns its path on the chief. Every worker
