@@ -124,7 +124,7 @@ def test_no_option_shows_its_default_twice():
 
 
 @pytest.mark.parametrize("command, flag, default", [
-    ("train", "--sparse-lr", "0.05"), ("train", "--stall-timeout", "900.0"),
+    ("train", "--sparse-lr", "0.2"), ("train", "--stall-timeout", "900.0"),
     ("train", "--seed", "0"), ("train", "--keep-best", "auc"),
     ("train", "--model", "dcn"), ("bench", "--steps", "300"),
     ("advise", "--repeats", "5"), ("convert", "--eval-fraction",

@@ -114,7 +114,7 @@ class OptimizerConfig(Codec, where="optimizer"):
         "adam", flag="--dense-optimizer", choices=DENSE_OPTIMIZERS,
         help="optimizer of the dense towers")
     sparse_lr: float = option(
-        0.05, flag="--sparse-lr",
+        0.2, flag="--sparse-lr",
         help="embedding-table learning rate at --base-batch-size")
     dense_lr: float = option(
         0.001, flag="--dense-lr",
