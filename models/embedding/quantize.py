@@ -19,16 +19,13 @@ float32, so under ``int8`` such a table is stored as float16
 
 The tables are quantized from the model's own (plain, unsharded) variables
 in blocks of rows: nothing but the quantized copy and one block exists
-beside the float32 table. :func:`serving_tables` swaps a model's
-``sparse_arch`` for one that reads the quantized tables (the float32
-variables are then no longer part of the model, so a SavedModel written
-inside it holds only the quantized ones).
+beside the float32 table. ``ShardedTablesModel.tables_stored_as``
+(``models.embedding.sparse_arch``) has the model read the quantized tables
+for the time of an export (the float32 variables are then no longer part of
+the model, so a SavedModel written then holds only the quantized ones).
 """
 
 from __future__ import annotations
-
-import contextlib
-from typing import Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -139,21 +136,3 @@ def table_storage(arch, table_dtype: str) -> dict[str, str]:
     ``table_dtype`` (what an export records)."""
     return {name: storage_dtype(table_dtype, int(table.shape[1]))
             for name, table in arch.tables.items()}
-
-
-@contextlib.contextmanager
-def serving_tables(model, table_dtype: str) -> Iterator[None]:
-    """Inside, ``model.sparse_arch`` reads its tables stored as
-    ``table_dtype`` (its dynamic tables' maps unchanged) and the float32
-    table variables are not part of ``model``; the original arch is back
-    afterwards. ``float32``: nothing changes."""
-    if table_dtype == "float32":
-        yield
-        return
-    original = model.sparse_arch
-    model.sparse_arch = original.with_tables(
-        quantize_tables(original, table_dtype))
-    try:
-        yield
-    finally:
-        model.sparse_arch = original

@@ -25,6 +25,7 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.models.dynamic.shards import ShardLayout
 from psrec.models.dynamic.table import DynamicTable
 from psrec.models.embedding.quantize import QuantizedTable
+from psrec.models.embedding.quantize import quantize_tables
 from psrec.models.embedding.table_init import fill_table
 from psrec.models.embedding.table_init import fills_in_blocks
 
@@ -230,6 +231,24 @@ class SparseArch(tf_keras.layers.Layer):
 class ShardedTablesModel(tf_keras.Model):
     """A model over a ``sparse_arch`` (:class:`SparseArch`): its variables
     split between the sparse and the dense optimizer."""
+
+    @contextlib.contextmanager
+    def tables_stored_as(self, table_dtype: str) -> Iterator[None]:
+        """Inside, the model reads its tables stored as ``table_dtype``
+        (``models.embedding.quantize``; its dynamic tables' maps unchanged)
+        and its float32 table variables are not part of it, so a SavedModel
+        written inside holds only the stored form; the trained arch is back
+        afterwards. ``float32``: nothing changes."""
+        if table_dtype == "float32":
+            yield
+            return
+        trained = self.sparse_arch
+        self.sparse_arch = trained.with_tables(
+            quantize_tables(trained, table_dtype))
+        try:
+            yield
+        finally:
+            self.sparse_arch = trained
 
     def embedding_variables(self) -> list[tf.Variable]:
         """Shard variables of every table: trained by the sparse optimizer."""

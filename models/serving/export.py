@@ -39,7 +39,6 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import CategoricalEncoder
 from psrec.features.transforms.ops import derive_all
 from psrec.models.dynamic.table import freeze_tables
-from psrec.models.embedding.quantize import serving_tables
 from psrec.models.ranking.model import RankingModel
 
 _DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
@@ -107,7 +106,7 @@ def export_saved_model(model: RankingModel, spec: FeatureSpec,
     Versioned export folders are :mod:`psrec.models.serving.versions`'
     business."""
     out = str(out_dir)
-    with serving_tables(model, table_dtype):
+    with model.tables_stored_as(table_dtype):
         module = ServingModule(model, spec, logit_shift=logit_shift)
         tf.saved_model.save(module, out,
                             signatures={"serving_default": module.serve})

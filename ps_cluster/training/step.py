@@ -99,8 +99,8 @@ def finite_flag(grads: list, loss: tf.Tensor | None = None) -> tf.Tensor:
     exploding update is reported as not finite too, which is the wanted
     outcome. One ``reduce_sum`` per gradient and one ``is_finite`` replace
     an ``is_finite`` (a boolean copy of every gradient) and a
-    ``reduce_all`` per gradient (issue 22: the per-gradient check cost
-    about 9% of a step)."""
+    ``reduce_all`` per gradient (measured about 3x cheaper:
+    docs/benchmarks.md, the step's cost)."""
     parts = [tf.reduce_sum(tf.cast(
         g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32))
         for g in grads if g is not None]
