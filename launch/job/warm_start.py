@@ -100,8 +100,9 @@ def find_source(source: str) -> tuple[str, object]:
                  "folder or one checkpoint prefix (.../checkpoints/ckpt-N)")
 
 
-def _task(job: dict) -> str:
-    return "retrieval" if job.get("retrieval") is not None else "ranking"
+def _task(retrieval) -> str:
+    """The task of a job whose retrieval settings are ``retrieval``."""
+    return "retrieval" if retrieval is not None else "ranking"
 
 
 def check_source(config: JobConfig, source: str) -> WarmSource:
@@ -124,9 +125,9 @@ def check_source(config: JobConfig, source: str) -> WarmSource:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise _error(source, f"{record} cannot be read ({error})",
                      "give a checkpoint psrec train wrote") from None
-    mine = "retrieval" if config.retrieval is not None else "ranking"
-    if _task(job) != mine:
-        raise _error(source, f"is a {_task(job)} run ({record}), this one "
+    theirs, mine = _task(job.get("retrieval")), _task(config.retrieval)
+    if theirs != mine:
+        raise _error(source, f"is a {theirs} run ({record}), this one "
                      f"is a {mine} run", f"warm-start from a {mine} run")
     return WarmSource(str(prefix), job, plan_warm_start(spec, config.spec))
 

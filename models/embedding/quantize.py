@@ -123,12 +123,10 @@ def quantize_tables(arch, table_dtype: str
     """Every table of ``arch`` (a ``SparseArch`` of plain variables) stored as
     :func:`storage_dtype` says: ``name -> QuantizedTable`` (or the variable
     itself for ``float32``)."""
-    tables = {}
-    for name, table in arch.tables.items():
-        dtype = storage_dtype(table_dtype, int(table.shape[1]))
-        tables[name] = (table if dtype == "float32"
-                        else QuantizedTable(table, dtype, name=name))
-    return tables
+    storage = table_storage(arch, table_dtype)
+    return {name: (table if storage[name] == "float32"
+                   else QuantizedTable(table, storage[name], name=name))
+            for name, table in arch.tables.items()}
 
 
 def table_storage(arch, table_dtype: str) -> dict[str, str]:

@@ -79,6 +79,12 @@ def _is_optimizer(key: str) -> bool:
     return _SLOT in key or key.startswith(_OPTIMIZER_ROOTS)
 
 
+def _is_dense(key: str) -> bool:
+    """A dense weight of the model (not a table, not optimizer state)."""
+    return (key.startswith("model/") and not key.startswith(_TABLES)
+            and not _is_optimizer(key))
+
+
 def _table_of(key: str, tables: tuple[str, ...]) -> tuple[str, str] | None:
     """``(table, rest of the key after the table's name)`` when ``key``
     belongs to one of ``tables`` (its variable, its wide companion, their
@@ -165,8 +171,7 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
         if key in shapes and list(shapes[key]) == list(live[key].shape) and (
                 dtypes[key] == live[key].dtype):
             whole.append(key)
-        elif key.startswith("model/") and not key.startswith(_TABLES) and (
-                not _is_optimizer(key)):
+        elif _is_dense(key):
             fresh_dense.append(key)
     for key in whole:
         copy_rows(path, key, live[key], io_device)
@@ -188,8 +193,7 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
             f"warm start from {path}: {len(bad)} key(s) differ from the "
             f"checkpoint after the copy: {bad[:8]}; nothing was trained on "
             "the partial state.")
-    dense_keys = [k for k in live if k.startswith("model/")
-                  and not k.startswith(_TABLES) and not _is_optimizer(k)]
+    dense_keys = [k for k in live if _is_dense(k)]
     dense = ("carried" if not fresh_dense else
              f"re-initialised (shape changed) for {len(fresh_dense)} of "
              f"{len(dense_keys)} variables: "
