@@ -135,6 +135,26 @@ def test_the_summary_lists_only_the_epochs_that_fell_short():
         "  WARNING: train rows not visited: ..."]
 
 
+def test_the_summary_calls_rows_still_read_ahead_untrained_not_short():
+    """The demo's shape: the run stops just into epoch 3, and epoch 2's
+    last rows are still in the input's buffers. No warning, so the summary
+    names them as read ahead instead of listing epoch 2 as short."""
+    rows = np.arange(1000)
+    tally = CoverageTally(rows=1000, read_ahead=100)
+    _epochs(tally, rows, rows[:940], rows[:70])
+    epochs = tally.epochs()
+    assert [e.finished for e in epochs] == [True, True, False]
+    assert coverage_warning(epochs, "data-service") is None
+    summary = argparse.Namespace(
+        coverage=[c.to_dict() for c in epochs], input_mode="data-service",
+        coverage_warning=None)
+    assert coverage_lines(summary) == [
+        "  input:       --input-mode data-service; 3 epoch(s) this "
+        "coordinator session, 2 finished, 60 of their rows still read ahead "
+        "in the input when the run stopped (it holds up to 100): untrained, "
+        "not lost (per epoch: summary.json)"]
+
+
 def test_a_genuine_miss_still_warns():
     """Half of each epoch's rows after a lost worker (static mode): far more
     missing than the read-ahead holds."""

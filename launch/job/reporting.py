@@ -109,15 +109,26 @@ def coverage_lines(summary) -> list[str]:
     rows twice, then the warning (every epoch: ``summary.json``)."""
     if not summary.coverage:
         return []
+    short = [c for c in summary.coverage
+             if c["finished"] and c["fraction"] < WARN_BELOW]
+    # Without a warning, the finished epochs' missing rows are no more than
+    # the input holds read ahead when a run stops: untrained, not lost.
+    held = sum(c["rows"] - c["seen"] for c in short
+               ) if not summary.coverage_warning else 0
     listed = [c for c in summary.coverage
-              if c["repeats"] or (c["finished"] and c["fraction"] < WARN_BELOW)]
+              if c["repeats"] or (c in short and not held)]
     judged = sum(c["finished"] for c in summary.coverage)
     head = (f"  input:       --input-mode {summary.input_mode}; "
             f"{len(summary.coverage)} epoch(s) this coordinator session, "
             f"{judged} finished")
+    if held:
+        head += (f", {held:,} of their rows still read ahead in the input "
+                 f"when the run stopped (it holds up to "
+                 f"{short[0]['read_ahead']:,}): untrained, not lost")
     if not listed:
-        return [f"{head}, each saw >= {100 * WARN_BELOW:.0f}% of the train "
-                "rows once (per epoch: summary.json)"]
+        once = "" if held else (f", each saw >= {100 * WARN_BELOW:.0f}% of "
+                                "the train rows once")
+        return [f"{head}{once} (per epoch: summary.json)"]
     lines = [f"{head}; below {100 * WARN_BELOW:.0f}% of the train rows or "
              "with rows seen twice:"]
     for c in listed:
