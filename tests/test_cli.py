@@ -126,7 +126,7 @@ def test_no_option_shows_its_default_twice():
 @pytest.mark.parametrize("command, flag, default", [
     ("train", "--sparse-lr", "0.2"), ("train", "--stall-timeout", "900.0"),
     ("train", "--seed", "0"), ("train", "--keep-best", "auc"),
-    ("train", "--model", "dcn"), ("bench", "--steps", "300"),
+    ("train", "--model", "deepfm"), ("bench", "--steps", "300"),
     ("advise", "--repeats", "5"), ("convert", "--eval-fraction",
      "0.1 unless --eval-files picks the eval rows"),
     ("convert", "--split", "tail"), ("eval", "--split", "eval")])

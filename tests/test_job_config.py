@@ -33,8 +33,8 @@ from tests._forbid import forbid
 def _mirrored_job(tmp_path: Path) -> JobConfig:
     """A job where every field differs from its default."""
     return JobConfig(
-        workdir=tmp_path / "run", spec=movielens(dim=4), model_name="deepfm",
-        model=model_config("deepfm", top_mlp=(16, 8), batch_norm="sync",
+        workdir=tmp_path / "run", spec=movielens(dim=4), model_name="wide_deep",
+        model=model_config("wide_deep", top_mlp=(16, 8), batch_norm="sync",
                            cross_low_rank=3),
         optimizer=OptimizerConfig(sparse="ftrl", dense="sgd", sparse_lr=0.3,
                                   dense_lr=0.02, base_batch_size=512,

@@ -48,7 +48,8 @@ def test_another_model_in_a_dcn_workdir_is_refused_before_anything(
         tmp_path, capsys, monkeypatch):
     from psrec.launch.cli.main import main
     workdir = tmp_path / "criteo"
-    seen = _record_job(workdir, monkeypatch, "--allow-exposed")
+    seen = _record_job(workdir, monkeypatch, "--model", "dcn",
+                       "--allow-exposed")
     before = _hashes(workdir)
     assert "checkpoints/job.json" in before
     capsys.readouterr()

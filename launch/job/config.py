@@ -29,6 +29,7 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.monitor.heartbeat import run_state_dir
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.sizing import DEFAULT_MEMORY_FRACTION
+from psrec.models.ranking.config import DEFAULT_MODEL
 from psrec.models.ranking.config import MODEL_PRESETS
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import check_model_spec
@@ -221,11 +222,11 @@ class JobConfig:
     spec: FeatureSpec = option(default_factory=criteo,
                                decode=FeatureSpec.from_dict,
                                help="the feature spec", flag="--spec")
-    model_name: str = option("dcn", flag="--model",
+    model_name: str = option(DEFAULT_MODEL, flag="--model",
                              choices=tuple(MODEL_PRESETS),
                              help="named model configuration")
     model: ModelConfig = option(
-        default_factory=lambda: model_config("dcn"),
+        default_factory=lambda: model_config(DEFAULT_MODEL),
         help="the architecture (default: the named configuration)")
     optimizer: OptimizerConfig = option(
         OptimizerConfig(), help="optimizers and learning rates")

@@ -119,6 +119,12 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 
+#: The model ``--model`` names when not given: DeepFM, measured above DCN-v2
+#: on the Criteo sample, MovieLens and synthetic Criteo at the default flags
+#: (docs/decisions.md, Issue 23, "Default-flag quality").
+DEFAULT_MODEL = "deepfm"
+
+
 def model_config(name: str, **overrides: object) -> ModelConfig:
     """A named configuration, optionally with fields replaced; an unknown
     name or field is a :class:`ModelConfigError`."""

@@ -28,6 +28,7 @@ from psrec.models.optim.sizing import DeviceMemory
 from psrec.models.optim.sizing import SizeEstimate
 from psrec.models.optim.sizing import device_memory_bytes
 from psrec.models.optim.sizing import estimate_replicated_bytes
+from psrec.models.ranking.config import DEFAULT_MODEL
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config as named_model
 from psrec.ps_cluster.planner.advise_measure import gradient_traffic
@@ -172,7 +173,7 @@ def recommend(size: SizeEstimate, memory: DeviceMemory,
         "compute grows and re-run advise)")
 
 
-def advise(spec: FeatureSpec, model_name: str = "dcn", *,
+def advise(spec: FeatureSpec, model_name: str = DEFAULT_MODEL, *,
            model: ModelConfig | None = None, batch_size: int = 1024,
            optimizer: OptimizerConfig = OptimizerConfig(),
            memory_fraction: float = DEFAULT_MEMORY_FRACTION, threshold: float = DEFAULT_THRESHOLD,
