@@ -11,6 +11,8 @@ byte, the full split export at the later step; the refusals."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -93,11 +95,16 @@ def run(tmp_path_factory):
     for args in (["--out", str(root / "all")],
                  ["--out", str(root / "S"), "--split", "--checkpoint",
                   "ckpt-20"],
-                 ["--out", str(root / "S"), "--split", "--delta-since", "1"],
+                 ["--out", str(root / "S"), "--split", "--delta-since", "1",
+                  "--json"],
                  ["--out", str(root / "F"), "--split"]):
-        assert main(["export", checkpoints, "--checkpoint", "latest", *args]
-                    if "--checkpoint" not in args else
-                    ["export", checkpoints, *args]) == 0, args
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["export", checkpoints, "--checkpoint", "latest",
+                         *args] if "--checkpoint" not in args else
+                        ["export", checkpoints, *args]) == 0, args
+        if "--json" in args:
+            (root / "delta.json").write_text(printed.getvalue())
     return root
 
 
@@ -186,6 +193,12 @@ def test_a_delta_holds_the_changed_rows_and_applies_to_the_full_export(
             deleted = pq.read_table(delta / entry["deleted_file"])
             assert set(deleted.column("key").to_pylist()) == set(old) - set(
                 new)
+    printed = json.loads((run / "delta.json").read_text())  # --json
+    assert printed["version"] == 2 and printed["step"] == 30
+    assert printed["split"]["base"]["version"] == 1
+    assert printed["split"]["tables"]["hashed"] == {
+        k: manifest["tables"]["hashed"][k] for k in
+        ("rows", "delta_rows", "changed", "admitted", "deleted")}
     hashed = manifest["tables"]["hashed"]
     assert 0 < hashed["delta_rows"] < hashed["rows"] / 2  # not all changed
     items = manifest["tables"]["items"]
@@ -231,6 +244,7 @@ def test_refusals_in_one_line(run, tmp_path, capsys):
              str(run / "S"), "--split", "--delta-since", "7"], 2,
             "is not a split export version")
     assert not (tmp_path / "o").exists()
+    assert sorted(p.name for p in (run / "S").iterdir()) == ["1", "2"]
     # A damaged copy of the base: bad data (exit 1), nothing published.
     damaged = tmp_path / "damaged"
     (damaged / "tables").mkdir(parents=True)
