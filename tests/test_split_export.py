@@ -243,6 +243,10 @@ def test_refusals_in_one_line(run, tmp_path, capsys):
     refused(["export", str(run / "run" / "checkpoints"), "--out",
              str(run / "S"), "--split", "--delta-since", "7"], 2,
             "is not a split export version")
+    refused(["predict", "--model", str(run / "S"), "--data",
+             str(run / "raw" / "train.parquet"), "--out",
+             str(tmp_path / "p.parquet")], 2, f"{run / 'S' / '2'} is a split "
+            "export", "without --split")
     assert not (tmp_path / "o").exists()
     assert sorted(p.name for p in (run / "S").iterdir()) == ["1", "2"]
     # A damaged copy of the base: bad data (exit 1), nothing published.
