@@ -27,6 +27,7 @@ holding a few blocks of each at a time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -38,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from psrec.data.format.files import open_arrow_input
+from psrec.data.format.files import parquet_sink
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.uri_path import as_path
@@ -83,13 +86,13 @@ class TableWriter:
         import pyarrow.parquet as pq
         self.table, self.dim, self.rows = table, dim, 0
         as_path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._file = as_path(path).open("wb")
+        self._sink = contextlib.ExitStack()
         # Dictionary-encoded table names; statistics (min/max) of the keys
         # only: a reader skips row groups by key range (those of the floats
         # cost 4x the write time and no reader uses them).
         self._writer = pq.ParquetWriter(
-            self._file, _schema(dim), use_dictionary=["table"],
-            write_statistics=["table", "key"])
+            self._sink.enter_context(parquet_sink(path)), _schema(dim),
+            use_dictionary=["table"], write_statistics=["table", "key"])
         self._keys: list[np.ndarray] = []
         self._vectors: list[np.ndarray] = []
         self._buffered = 0
@@ -132,14 +135,14 @@ class TableWriter:
         if self._buffered:
             self._flush(self._buffered)
         self._writer.close()
-        self._file.close()
+        self._sink.close()
 
 
 def read_blocks(path: str | Path, dim: int | None) -> Iterator[Block]:
     """The rows of a table file, a row group at a time (``dim`` None: a
     key-only file; its vectors are None)."""
     import pyarrow.parquet as pq
-    with as_path(path).open("rb") as stream:
+    with open_arrow_input(path) as stream:
         columns = ["key"] + ([] if dim is None else ["vector"])
         for batch in pq.ParquetFile(stream).iter_batches(
                 batch_size=ROW_GROUP_ROWS, columns=columns):
