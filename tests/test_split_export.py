@@ -73,8 +73,9 @@ def _rows(rows: int, seed: int, items: int, narrow: bool = False
 def run(tmp_path_factory):
     """The run (checkpoints at steps 20 and 30; its last 10 steps read
     few cities, users and items), its exports: ``all`` (all-in-one, step 30),
-    ``S/1`` (split, step 20), ``S/2`` (delta on 1, step 30), ``F/1``
-    (split, step 30)."""
+    ``S/1`` (split, step 20), ``S/2`` (delta on 1, step 30), ``S/3``
+    (delta on 2, the same step: nothing changed), ``F/1`` (split, step
+    30)."""
     root = tmp_path_factory.mktemp("split")
     (root / "raw").mkdir()
     pq.write_table(pa.concat_tables([_rows(1280, 0, 150),
@@ -97,6 +98,7 @@ def run(tmp_path_factory):
                   "ckpt-20"],
                  ["--out", str(root / "S"), "--split", "--delta-since", "1",
                   "--json"],
+                 ["--out", str(root / "S"), "--split", "--delta-since", "2"],
                  ["--out", str(root / "F"), "--split"]):
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
@@ -221,6 +223,21 @@ def test_a_delta_holds_the_changed_rows_and_applies_to_the_full_export(
     assert mine["applied"] == [1, 2] and mine["kind"] == "full"
     assert _client_scores(applied, client_inputs(
         _rows(50, 9, 150), SPEC)).shape == (50,)
+    # A delta of a delta (nothing changed since) applies to the version
+    # applied before, as to a chain of both deltas.
+    empty = _manifest(run / "S" / "3")
+    assert empty["base"] == {"version": 2, "step": 30,
+                             "checkpoint": manifest["checkpoint"]}
+    assert {e["delta_rows"] for e in empty["tables"].values()} == {0}
+    for argv, out in (([str(applied)], "kv2"),
+                      ([str(base), str(delta)], "kv3")):
+        assert main(["apply-delta", *argv, str(run / "S" / "3"), "--out",
+                     str(tmp_path / out)]) == 0
+        again = _manifest(tmp_path / out / "3")
+        assert again["tables"] == theirs["tables"]
+        for table in theirs["tables"]:
+            name = f"tables/{table}.parquet"
+            assert again["files"][name] == theirs["files"][name], table
 
 
 def test_refusals_in_one_line(run, tmp_path, capsys):
@@ -234,7 +251,7 @@ def test_refusals_in_one_line(run, tmp_path, capsys):
             assert word in error, error
 
     refused(["apply-delta", str(full), str(delta), "--out",
-             str(tmp_path / "o")], 2, "delta on version 1 (step 20)",
+             str(tmp_path / "o")], 2, "delta on version 1 (step 20, ",
             f"not on {full}")
     refused(["apply-delta", str(delta), str(delta), "--out",
              str(tmp_path / "o")], 2, "BASE_DIR must be a full")
@@ -245,10 +262,10 @@ def test_refusals_in_one_line(run, tmp_path, capsys):
             "is not a split export version")
     refused(["predict", "--model", str(run / "S"), "--data",
              str(run / "raw" / "train.parquet"), "--out",
-             str(tmp_path / "p.parquet")], 2, f"{run / 'S' / '2'} is a split "
+             str(tmp_path / "p.parquet")], 2, f"{run / 'S' / '3'} is a split "
             "export", "without --split")
     assert not (tmp_path / "o").exists()
-    assert sorted(p.name for p in (run / "S").iterdir()) == ["1", "2"]
+    assert sorted(p.name for p in (run / "S").iterdir()) == ["1", "2", "3"]
     # A damaged copy of the base: bad data (exit 1), nothing published.
     damaged = tmp_path / "damaged"
     (damaged / "tables").mkdir(parents=True)

@@ -288,9 +288,12 @@ class Bundle:
         return self.manifest["kind"]
 
     @property
-    def digest(self) -> str:
-        """The sha256 of its manifest file: what a delta names its base by."""
-        return _sha256(as_path(self.path) / MANIFEST)[1]
+    def state(self) -> dict[str, object]:
+        """What its tables are the state of: version, step and checkpoint
+        (a delta names its base by these; an applied version has its last
+        delta's, so the next delta applies to it as to that delta)."""
+        return {key: self.manifest[key]
+                for key in ("version", "step", "checkpoint")}
 
     def describe(self) -> str:
         return (f"{self.path} ({self.kind} split version {self.version}, "
@@ -369,8 +372,8 @@ def chain_of(bundle: Bundle, root: str | Path) -> list[Bundle]:
 
 
 def check_base(base: Bundle, delta: Bundle) -> None:
-    """Refuses ``delta`` unless it was made on ``base`` (version number and
-    manifest digest).
+    """Refuses ``delta`` unless it was made on the state of ``base``
+    (:attr:`Bundle.state`: version, step and checkpoint).
 
     Raises:
       ConfigError: naming both (exit 2).
@@ -379,12 +382,12 @@ def check_base(base: Bundle, delta: Bundle) -> None:
     if delta.kind != "delta":
         raise ConfigError(f"{delta.describe()} is not a delta; give the "
                           "delta versions after the base.")
-    if (wanted.get("version") != base.version
-            or wanted.get("manifest_sha256") != base.digest):
+    if wanted != base.state:
         raise ConfigError(
             f"{delta.path} is a delta on version {wanted.get('version')} "
-            f"(step {wanted.get('step')}), not on {base.describe()}: give "
-            "the version it was made on, then its deltas in order.")
+            f"(step {wanted.get('step')}, {wanted.get('checkpoint')}), not "
+            f"on {base.describe()}: give the version it was made on, then "
+            "its deltas in order.")
 
 
 def table_state(chain: list[Bundle], table: str) -> Iterator[Block]:

@@ -252,9 +252,7 @@ def publish_split(model: RankingModel, spec: FeatureSpec, root: str | Path,
                 "--delta-since).")
         for bundle in chain:
             bundle.verify()
-        manifest.update(kind="delta", base={
-            "version": base.version, "step": base.manifest["step"],
-            "manifest_sha256": base.digest})
+        manifest.update(kind="delta", base=base.state)
 
     def write(folder: str) -> None:
         module = SplitServingModule(model, spec, info.get("logit_shift", 0.0))
