@@ -93,13 +93,13 @@ def run(tmp_path_factory):
                  "--workdir", str(root / "run"),
                  "--no-export"]) == 0
     checkpoints = str(root / "run" / "checkpoints")
-    for args in (["--out", str(root / "all")],
-                 ["--out", str(root / "S"), "--split", "--checkpoint",
+    for args in (["--out", str(root / "S"), "--split", "--checkpoint",
                   "ckpt-20"],
                  ["--out", str(root / "S"), "--split", "--delta-since", "1",
                   "--json"],
                  ["--out", str(root / "S"), "--split", "--delta-since", "2"],
-                 ["--out", str(root / "F"), "--split"]):
+                 ["--out", str(root / "F"), "--split"],
+                 ["--out", str(root / "all")]):
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             assert main(["export", checkpoints, "--checkpoint", "latest",

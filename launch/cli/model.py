@@ -68,8 +68,9 @@ def add_export(sub: argparse._SubParsersAction, name: str
         name, help="checkpoint dir -> serving SavedModel version",
         description="Writes OUT/<version>/ (a SavedModel with "
         "assets.extra/tf_serving_warmup_requests built from the run's eval "
-        "rows), published atomically, as TF Serving expects; an existing "
-        "version is never overwritten.")
+        "rows; with --split a split bundle: model/, tables/*.parquet, "
+        "manifest.json), published atomically, as TF Serving expects; an "
+        "existing version is never overwritten.")
     p.add_argument("checkpoint_dir",
                    help="checkpoint folder of a run (with its job.json)")
     p.add_argument("--out", required=True,
