@@ -260,6 +260,9 @@ def test_refusals_in_one_line(run, tmp_path, capsys):
     refused(["export", str(run / "run" / "checkpoints"), "--out",
              str(run / "S"), "--split", "--delta-since", "7"], 2,
             "is not a split export version")
+    refused(["export", str(run / "run" / "checkpoints"), "--out",
+             str(run / "S"), "--split", "--table-dtype", "int8"], 2,
+            "`--table-dtype` = int8", "drop `--table-dtype`")
     refused(["predict", "--model", str(run / "S"), "--data",
              str(run / "raw" / "train.parquet"), "--out",
              str(tmp_path / "p.parquet")], 2, f"{run / 'S' / '3'} is a split "

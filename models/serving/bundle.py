@@ -219,10 +219,14 @@ def diff(base: Iterable[Block], current: Iterable[Block], dim: int,
     time: ``((keys, vectors) to upsert, keys deleted)``; ``counts`` is
     updated as it goes."""
     for (kb, vb), (kc, vc) in _aligned(base, current, (dim, dim)):
-        _, ib, ic = np.intersect1d(kb, kc, assume_unique=True,
-                                   return_indices=True)
-        upsert = np.ones(kc.size, bool)
-        upsert[ic[_same(vb[ib], vc[ic])]] = False
+        if kb.size == kc.size and np.array_equal(kb, kc):  # same keys
+            ib = ic = np.arange(kc.size)
+            upsert = ~_same(vb, vc)
+        else:
+            _, ib, ic = np.intersect1d(kb, kc, assume_unique=True,
+                                       return_indices=True)
+            upsert = np.ones(kc.size, bool)
+            upsert[ic[_same(vb[ib], vc[ic])]] = False
         gone = np.ones(kb.size, bool)
         gone[ib] = False
         counts.admitted += kc.size - ic.size
@@ -241,6 +245,9 @@ def apply(base: Iterable[Block], upserts: Iterable[Block],
             yield kb[keep], vb[keep]
 
     for (kb, vb), (ku, vu) in _aligned(kept(), upserts, (dim, dim)):
+        if ku.size == 0:
+            yield kb, vb
+            continue
         keep = ~np.isin(kb, ku, assume_unique=True)
         keys = np.concatenate([kb[keep], ku])
         order = np.argsort(keys, kind="stable")
