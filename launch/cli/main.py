@@ -166,6 +166,8 @@ COMMANDS: tuple[Command | SelfRunning, ...] = (
     SelfRunning(retrieval_flags.add_commands),
     Command("export", model.add_export, f"{_CLI}.model_run:run_export",
             model.check_export),
+    Command("apply-delta", model.add_apply_delta,
+            f"{_CLI}.bundle_run:run_apply_delta"),
     Command("eval", model.add_eval, f"{_CLI}.model_run:run_eval",
             model.check_eval),
     Command("predict", model.add_predict, f"{_CLI}.model_run:run_predict",
@@ -192,7 +194,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "data": ("ingest", "convert", "audit-shards", "spec", "synth"),
     "train": ("train", "advise", "plan", "bench", "server", "data-server",
               "tf-config", "k8s"),
-    "serve": ("export", "predict", "score"),
+    "serve": ("export", "apply-delta", "predict", "score"),
     "inspect": ("runs", "show", "eval", "embeddings"),
 }
 
@@ -213,6 +215,7 @@ EXAMPLES: dict[str, str] = {
     "server": "psrec server --cluster cluster.json --role ps --index 0",
     "data-server": "psrec data-server --role dispatcher --port 5050",
     "export": "psrec export runs/dcn/checkpoints --out model/",
+    "apply-delta": "psrec apply-delta kv/3 kv/4 kv/5 --out kv-full/",
     "eval": "psrec eval runs/dcn/checkpoints --data data/",
     "predict": "psrec predict --model model/ --data raw/ --out "
                "scores.parquet",

@@ -68,8 +68,9 @@ def add_export(sub: argparse._SubParsersAction, name: str
         name, help="checkpoint dir -> serving SavedModel version",
         description="Writes OUT/<version>/ (a SavedModel with "
         "assets.extra/tf_serving_warmup_requests built from the run's eval "
-        "rows), published atomically, as TF Serving expects; an existing "
-        "version is never overwritten.")
+        "rows; with --split a split bundle: model/, tables/*.parquet, "
+        "manifest.json), published atomically, as TF Serving expects; an "
+        "existing version is never overwritten.")
     p.add_argument("checkpoint_dir",
                    help="checkpoint folder of a run (with its job.json)")
     p.add_argument("--out", required=True,
@@ -79,7 +80,32 @@ def add_export(sub: argparse._SubParsersAction, name: str
                    help="version number (default: one more than the "
                    "largest in OUT, 1 for none); refused if it exists")
     add_option(p, ExportConfig, "table_dtype")
+    add_option(p, ExportConfig, "split")
+    add_option(p, ExportConfig, "delta_since", type=positive,
+               metavar="VERSION")
     _add_checkpoint_flag(p)
+    add_json_flag(p)
+    return p
+
+
+def add_apply_delta(sub: argparse._SubParsersAction, name: str
+                    ) -> argparse.ArgumentParser:
+    """``psrec apply-delta``: a split version and its deltas -> the next
+    full split version (pyarrow only: no TensorFlow, no cluster)."""
+    p = sub.add_parser(
+        name, help="split base + delta versions -> the full split version",
+        description="Applies delta bundles (`psrec export --split "
+        "--delta-since`) to a full split version and publishes the result "
+        "as OUT/<the last delta's version>/, atomically: the tables a full "
+        "split export at the last delta's step writes, byte for byte, and "
+        "the last delta's dense SavedModel. Each delta must be made on the "
+        "version before it; every input file is checked against its "
+        "manifest. Needs no TensorFlow.")
+    p.add_argument("base_dir", help="a full split version folder (OUT/3)")
+    p.add_argument("delta_dirs", nargs="+", metavar="delta_dir",
+                   help="delta version folders, oldest first (OUT/4 OUT/5)")
+    p.add_argument("--out", required=True,
+                   help="versioned folder to publish the full version in")
     add_json_flag(p)
     return p
 

@@ -13,6 +13,7 @@ from psrec.data.format.manifest import Manifest
 from psrec.errors import EXIT_OK
 from psrec.launch.cli.model import breakdown_of
 from psrec.launch.cli.model import keep_columns
+from psrec.launch.cli.bundle_run import bundle_lines
 from psrec.launch.cli.support import print_result
 from psrec.launch.job import bench
 from psrec.launch.job.config import BenchConfig
@@ -37,13 +38,18 @@ def run_export(args: argparse.Namespace) -> int:
                                args.checkpoint, version=args.version,
                                config=config)
     rate = training_neg_sample_rate(args.checkpoint_dir)
-    print_result(args, {"saved_model": report.path, **_chosen_dict(chosen),
-                        "version": report.version, "root": report.root,
-                        "neg_sample_rate": rate, "warmup": report.warmup,
-                        "table_dtype": config.table_dtype},
-                 f"{report.path} (version {report.version}): "
-                 f"{chosen.describe()}{sampling_note(rate)}"
-                 f"{_table_note(config)}\n"
+    result = {"saved_model": report.path, **_chosen_dict(chosen),
+              "version": report.version, "root": report.root,
+              "neg_sample_rate": rate, "warmup": report.warmup,
+              "table_dtype": config.table_dtype}
+    head = (f"{report.path} (version {report.version}): "
+            f"{chosen.describe()}{sampling_note(rate)}")
+    if report.bundle is not None:
+        print_result(args, {**result, "split": report.bundle},
+                     f"{head}\n{bundle_lines(report.bundle)}")
+        return EXIT_OK
+    print_result(args, result,
+                 f"{head}{_table_note(config)}\n"
                  f"warmup requests: {report.warmup}")
     return EXIT_OK
 

@@ -44,6 +44,7 @@ from psrec.models.serving.export import export_saved_model
 from psrec.models.serving.retrieval_export import QUERY_TOWER_DIR
 from psrec.models.serving.retrieval_export import export_retrieval
 from psrec.models.serving.retrieval_export import query_spec
+from psrec.models.serving.split_export import publish_split
 from psrec.models.serving.versions import ExportVersion
 from psrec.models.serving.versions import publish
 from psrec.models.serving.warmup import warmup_rows
@@ -97,6 +98,9 @@ class ExportReport:
       neg_sample_rate: the training data's negative sampling rate (the
         serving logits are corrected by its log).
       warmup: where the warmup requests' rows came from.
+      bundle: a split export's kind, base and rows per table
+        (:meth:`~psrec.models.serving.bundle.Bundle.summary`); None for a
+        SavedModel.
     """
 
     path: str
@@ -105,6 +109,7 @@ class ExportReport:
     checkpoint: str
     neg_sample_rate: float
     warmup: str
+    bundle: dict | None = None
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -153,6 +158,16 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
                             root=str(out_dir), checkpoint=path,
                             neg_sample_rate=1.0, warmup=source)
     rate = training_neg_sample_rate(checkpoint_dir)
+    if config.split:  # dense SavedModel + tables as Parquet, no warmup
+        bundle = publish_split(model, record.spec, out_dir, {
+            "step": choose_checkpoint(checkpoint_dir, checkpoint).step,
+            "checkpoint": path, "spec_hash": record.spec.fingerprint(),
+            "label": record.spec.label.name, "neg_sample_rate": rate,
+            "logit_shift": logit_shift(rate)}, version, config.delta_since)
+        return ExportReport(path=bundle.path, version=bundle.version,
+                            root=str(out_dir), checkpoint=path,
+                            neg_sample_rate=rate, warmup=SPLIT_WARMUP,
+                            bundle=bundle.summary())
     if manifest is None:
         manifest = run_manifest(checkpoint_dir)
     rows = warmup_rows(record.spec, manifest)
@@ -179,6 +194,9 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
 
 
 EXPORT_INFO = "psrec_export.json"
+#: What a split export says of warmup requests (its dense model's inputs are
+#: rows of the key-value store, which TF Serving warmup cannot know).
+SPLIT_WARMUP = "none (split export)"
 
 
 def _model_name(root: str) -> str:

@@ -187,6 +187,31 @@ class SparseArch(tf_keras.layers.Layer):
                             for f, r in zip(features, rows)})
         return outputs[0], (outputs[1] if self.wide else {})
 
+    def pool(self, rows: dict[str, tf.Tensor], keys: dict[str, tf.Tensor],
+             wide_rows: dict[str, tf.Tensor] | None = None):
+        """What :meth:`call` returns, from rows looked up elsewhere (a split
+        export's key-value store): ``rows[name]``, a feature's gathered
+        rows (``[B, dim]``, or ``[B, L, dim]`` for a multi-hot feature),
+        ``keys[name]`` its ids (only their sign is read: negative is
+        padding, masked out of a multi-hot feature) and, with ``wide``,
+        ``wide_rows[name]`` its first-order rows (``[B(, L), 1]``)."""
+        def combined(source):
+            return {f.name: self._combine(
+                f, keys.get(f.name), tf.reshape(source[f.name], [-1, tf.shape(
+                    source[f.name])[-1]]))
+                for f in self.spec.categorical}
+
+        embeddings = combined(rows)
+        ordered = [embeddings[f.name] for f in self.spec.categorical]
+        if not self.wide:
+            return ordered, None
+        wide = combined(wide_rows)
+        return ordered, self._wide_logit(wide)
+
+    def _wide_logit(self, wide: dict[str, tf.Tensor]) -> tf.Tensor:
+        return tf.add_n(
+            [tf.reshape(wide[f.name], [-1]) for f in self.spec.categorical])
+
     @staticmethod
     def _combine(feature, ids: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         width = tf.shape(rows)[-1]
@@ -223,9 +248,7 @@ class SparseArch(tf_keras.layers.Layer):
         ordered = [embeddings[f.name] for f in self.spec.categorical]
         if not self.wide:
             return ordered, None
-        wide_logit = tf.add_n(
-            [tf.reshape(wide[f.name], [-1]) for f in self.spec.categorical])
-        return ordered, wide_logit
+        return ordered, self._wide_logit(wide)
 
 
 class ShardedTablesModel(tf_keras.Model):

@@ -110,6 +110,24 @@ class RankingModel(ShardedTablesModel):
 
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
         embeddings, wide_logit = self.sparse_arch(batch)
+        return self.head(embeddings, wide_logit, batch)
+
+    def dense_layers(self) -> dict[str, object]:
+        """Every part of the model but its tables, by role (what a split
+        export's dense SavedModel holds)."""
+        parts = {"projections": dict(self.projections),
+                 "interaction_arch": self.interaction_arch,
+                 "over_arch": self.over_arch}
+        for name in ("dense_arch", "wide_dense"):
+            if getattr(self, name) is not None:
+                parts[name] = getattr(self, name)
+        return parts
+
+    def head(self, embeddings: list[tf.Tensor], wide_logit, batch):
+        """The logits ``[B]`` of the pooled ``embeddings`` (spec order) and
+        ``wide_logit`` (None without a wide part) that
+        :class:`SparseArch` returns, with the dense matrix of ``batch``:
+        everything after the table lookups."""
         embeddings = [
             self.projections[f.table](e) if f.table in self.projections
             else e for f, e in zip(self.spec.categorical, embeddings)]

@@ -52,6 +52,32 @@ def serving_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
             for name, (dtype, is_list) in spec.raw_inputs.items()}
 
 
+def dense_batch(spec: FeatureSpec, raw: dict[str, tf.Tensor]
+                ) -> dict[str, tf.Tensor]:
+    """``{DENSE_COLUMN: [batch, dense features]}`` of raw dense values
+    (``{}`` without dense features)."""
+    if not spec.dense:
+        return {}
+    return {DENSE_COLUMN: tf.stack(
+        [tf.cast(raw[f.name], tf.float32) for f in spec.dense], axis=1)}
+
+
+def encode_ids(encoder: CategoricalEncoder, spec: FeatureSpec,
+               raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """``feature name -> int64 ids`` (``[batch]``, multi-hot ``[batch,
+    max_length]`` padded with -1) of the raw values of every categorical
+    feature (derived ones from their sources)."""
+    derived = derive_all(spec.derived, raw)
+    ids = {}
+    for feature in spec.categorical:
+        values = derived.get(feature.name, raw.get(feature.name))
+        if feature.multi_hot:
+            ids[feature.name] = encoder.encode_lists(feature.name, values)
+        else:
+            ids[feature.name] = encoder.encode(feature.name, values)
+    return ids
+
+
 class ServingModule(tf.Module):
     """Raw values -> model batch -> click probability.
 
@@ -75,20 +101,8 @@ class ServingModule(tf.Module):
 
     def model_batch(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """The model's input batch for raw values (ids, dense matrix)."""
-        spec = self._spec
-        batch = {}
-        if spec.dense:
-            batch[DENSE_COLUMN] = tf.stack(
-                [tf.cast(raw[f.name], tf.float32) for f in spec.dense], axis=1)
-        derived = derive_all(spec.derived, raw)
-        for feature in spec.categorical:
-            values = derived.get(feature.name, raw.get(feature.name))
-            if feature.multi_hot:
-                ids = self.encoder.encode_lists(feature.name, values)
-            else:
-                ids = self.encoder.encode(feature.name, values)
-            batch[feature.name] = ids
-        return batch
+        return {**dense_batch(self._spec, raw),
+                **encode_ids(self.encoder, self._spec, raw)}
 
     def _serve(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         logit = self.model(self.model_batch(raw), training=False)

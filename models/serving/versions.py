@@ -21,6 +21,7 @@ from typing import Callable
 import tensorflow as tf
 
 from psrec.errors import ConfigError
+from psrec.models.serving.bundle import MANIFEST
 
 SAVED_MODEL = "saved_model.pb"
 _gfile = tf.io.gfile
@@ -85,6 +86,15 @@ def resolve(path: str) -> ExportVersion:
         return ExportVersion(path, int(name) if name.isdigit() else None)
     complete = [v for v in versions(path)
                 if _gfile.exists(_join(_join(path, str(v)), SAVED_MODEL))]
+    split = [folder for folder in [path] + [_join(path, str(v)) for v in
+                                            versions(path)]
+             if _gfile.exists(_join(folder, MANIFEST))]
+    if not complete and split:
+        raise ConfigError(
+            f"{split[-1]} is a split export (`psrec export --split`): its "
+            "tables are for a key-value store beside model/; scoring files "
+            "needs an all-in-one export: `psrec export CHECKPOINT_DIR --out "
+            "DIR` without --split.")
     if not complete:
         raise ConfigError(
             f"{path} is not an exported model (no saved_model.pb, no version "
