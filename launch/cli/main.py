@@ -385,8 +385,27 @@ def parse(parser: argparse.ArgumentParser,
     if extra and into and not any(a.startswith("-") for a in extra):
         setattr(args, into, [*getattr(args, into), *extra])
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        command = command_parser(parser, argv)
+        flags = [a.split("=", 1)[0] for a in extra if a.startswith("--")]
+        options = [o for o in command._option_string_actions
+                   if o.startswith("--")]
+        hint = did_you_mean(flags[0], options) if flags else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
+
+
+def command_parser(parser: argparse.ArgumentParser,
+                   argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``argv`` names (``psrec k8s
+    render``'s for ``["k8s", "render", ...]``): its error names the
+    command, and a misspelt flag is matched against its options."""
+    for word in argv:
+        subparsers = [a for a in parser._actions
+                      if isinstance(a, _SubParsers)]
+        if not subparsers or word not in subparsers[0].choices:
+            break
+        parser = subparsers[0].choices[word]
+    return parser
 
 
 def run_command(command: str, run: Callable[[], int]) -> int:

@@ -30,6 +30,7 @@ import tensorflow as tf
 from psrec.data.format.files import write_json_atomic
 from psrec.errors import ConfigError
 from psrec.errors import DataError
+from psrec.errors import did_you_mean
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.uri import name as uri_name
 from psrec.uri_path import UriPath
@@ -224,7 +225,9 @@ def choose_checkpoint(directory: str | Path, which: str | None = None
     match = _CKPT_RE.match(which)
     if match is None:
         raise ConfigError(f"`--checkpoint` = {which!r} is not latest, best "
-                          "or ckpt-N.")
+                          "or ckpt-N" + (did_you_mean(which, (
+                              "latest", "best", *_kept(directory)))
+                              or "."))
     step = int(match.group(1))
     path = directory / which
     if (directory / (which + ".index")).is_file():
@@ -234,8 +237,13 @@ def choose_checkpoint(directory: str | Path, which: str | None = None
     if record is not None and record.step == step:
         return ChosenCheckpoint(record.path(directory), record.checkpoint,
                                 step, record)
-    kept = sorted(p.stem for p in directory.glob("ckpt-*.index"))
+    kept = _kept(directory)
     raise ConfigError(f"`--checkpoint` = {which!r}: no such checkpoint in "
                       f"{directory} (kept: {', '.join(kept) or 'none'}"
                       f"{'; best: ckpt-' + str(record.step) if record else ''}"
-                      ").")
+                      f"){did_you_mean(which, kept) or '.'}")
+
+
+def _kept(directory) -> list[str]:
+    """The ``ckpt-N`` names kept in ``directory``."""
+    return sorted(p.stem for p in directory.glob("ckpt-*.index"))
