@@ -16,9 +16,9 @@ from typing import Any
 from typing import Mapping
 from typing import Sequence
 
+from psrec.errors import did_you_mean
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.columns import raise_problems
-from psrec.errors import did_you_mean
 
 TIME_KINDS = ("hour_of_day", "day_of_week")
 DERIVED_KINDS = TIME_KINDS + ("bucketize", "cross")

@@ -21,10 +21,10 @@ import dataclasses
 from typing import Any
 from typing import Sequence
 
+from psrec.errors import did_you_mean
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.columns import SpecError
-from psrec.errors import did_you_mean
 
 TOWER_KEYS = ("query", "candidate", "candidate_id")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+from psrec.errors import did_you_mean
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_json_flag
-from psrec.errors import did_you_mean
 from psrec.uri import is_uri
 from psrec.uri_path import as_path
 
