@@ -205,6 +205,7 @@ def test_plots_of_a_regression_run_are_refused_in_one_line(
     assert (code, imported, lines) == (2, False, err)
 
 
+@pytest.mark.slow  # a short one-device run: ~32 s on a loaded machine
 def test_train_plots_draws_the_checkpoint_it_exports(tmp_path,
                                                      checkpoint_and_data):
     """``psrec train --plots``: after the run, one more evaluation of the
