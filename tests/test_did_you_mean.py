@@ -99,6 +99,18 @@ def test_a_misspelt_checkpoint_prefix_suggests_a_kept_one(tmp_path, capsys):
     assert f"did you mean '{folder / 'ckpt-40'}'?" in _error_line(capsys)
 
 
+@pytest.mark.parametrize("typed, meant", [
+    ("runs/old/checkpoints/ckpt-4", "runs/old/checkpoints/ckpt-40"),
+    ("runs/olld", "runs/old")])
+def test_a_misspelt_warm_start_source_suggests_one_beside_it(tmp_path, typed,
+                                                            meant):
+    from psrec.launch.job.warm_start import find_source
+    _checkpoints(tmp_path / "runs" / "old" / "checkpoints", 20, 40)
+    with pytest.raises(ConfigError,
+                       match=f"did you mean '{tmp_path / meant}'\\?"):
+        find_source(str(tmp_path / typed))
+
+
 def test_a_misspelt_workdir_suggests_a_run_beside_it(tmp_path, capsys):
     (tmp_path / "runs" / "criteo" / "checkpoints").mkdir(parents=True)
     (tmp_path / "runs" / "criteo" / "checkpoints" / "job.json").write_text(
