@@ -83,14 +83,37 @@ def _checkpoints(folder: Path, *steps: int) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("which, meant", [
-    ("latets", "latest"), ("bset", "best"), ("ckpt-41", "ckpt-40")])
-def test_a_misspelt_checkpoint_name_suggests_a_kept_one(tmp_path, which,
-                                                       meant):
+def test_a_misspelt_checkpoint_name_suggests_a_kept_one(tmp_path):
     from psrec.ps_cluster.checkpoint.best import choose_checkpoint
     folder = _checkpoints(tmp_path / "checkpoints", 20, 40)
-    with pytest.raises(ConfigError, match=f"did you mean {meant!r}\\?"):
-        choose_checkpoint(folder, which)
+    with pytest.raises(ConfigError, match="did you mean 'ckpt-40'\\?"):
+        choose_checkpoint(folder, "ckpt-41")
+
+
+@pytest.mark.parametrize("which, meant", [
+    ("latets", "latest"), ("bset", "best"), ("ckpt40", "ckpt-40")])
+def test_a_misspelt_checkpoint_word_is_refused_before_the_export(
+        tmp_path, capsys, which, meant):
+    from psrec.launch.job.config import JobConfig
+    folder = _checkpoints(tmp_path / "checkpoints", 20, 40)
+    JobConfig().write(folder)
+    assert _exit_code(["export", str(folder), "--out", str(tmp_path / "m"),
+                       "--checkpoint", which]) == 2
+    assert f"did you mean {meant!r}?" in _error_line(capsys)
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_misspelt_checkpoint_word_is_refused_without_tensorflow(
+        tmp_path):
+    from psrec.launch.job.config import JobConfig
+    from tests.test_fast_errors import _psrec
+    folder = _checkpoints(tmp_path / "checkpoints", 20, 40)
+    JobConfig().write(folder)
+    code, tensorflow, err, _ = _psrec(
+        ["export", str(folder), "--out", str(tmp_path / "m"),
+         "--checkpoint", "latets"], tmp_path)
+    assert code == 2 and not tensorflow, err
+    assert "did you mean 'latest'?" in err[-1]
 
 
 def test_a_misspelt_checkpoint_prefix_suggests_a_kept_one(tmp_path, capsys):
