@@ -61,6 +61,15 @@ def test_a_misspelt_flag_names_its_command_and_the_flag(argv, command, meant,
     assert f"did you mean {meant!r}?" in line
 
 
+def test_a_misspelt_required_flag_is_named_beside_the_missing_one(capsys):
+    assert _exit_code(["k8s", "render", "--backend", "tfjob", "--nmae",
+                       "ctr", "--image", "psrec:1", "--workdir", "w"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("psrec k8s render: error: the following "
+                           "arguments are required: --name;"), line
+    assert "--nmae is not an option; did you mean '--name'?" in line
+
+
 @pytest.mark.parametrize("argv, meant", [
     (["trian"], "train"),
     (["ingest", "cvs", "x.csv", "--out", "pq"], "csv"),
