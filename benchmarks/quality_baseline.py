@@ -44,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 
+from psrec.models.ranking.config import DEFAULT_MODEL
+
 # One default configuration, then one change at a time (flag lists).
 GRID: dict[str, list[str]] = {
     # (the tables of docs/benchmarks.md were measured when the default
@@ -58,10 +60,9 @@ GRID: dict[str, list[str]] = {
     "--sparse-lr 0.2": ["--sparse-lr", "0.2"],
     "--sparse-lr 0.5": ["--sparse-lr", "0.5"],
     "--dense-lr 0.003": ["--dense-lr", "0.003"],
-    "--model deepfm": ["--model", "deepfm"],
+    # (and when the default model was dcn: then `--model deepfm` was a row)
+    "--model dcn": ["--model", "dcn"],
     "--model dlrm": ["--model", "dlrm"],
-    "--model deepfm --sparse-lr 0.2": ["--model", "deepfm",
-                                       "--sparse-lr", "0.2"],
     # the baseline's length: up to 20 epochs, 3 evaluations of patience
     # (an evaluation about once an epoch: EPOCH is the epoch's steps,
     # rounded to a multiple of the default --steps-per-closure 10)
@@ -74,7 +75,8 @@ PS_DEFAULT = "default flags, --strategy ps (1 worker + 1 PS)"
 
 
 def _model_of(flags: list[str]) -> str:
-    return flags[flags.index("--model") + 1] if "--model" in flags else "dcn"
+    return (flags[flags.index("--model") + 1] if "--model" in flags
+            else DEFAULT_MODEL)
 
 
 def _load_split(manifest, spec, split: str) -> dict:
@@ -261,7 +263,7 @@ def main() -> None:
     plan = []
     for seed in seeds:
         for model in args.baseline_models.split(","):
-            if model and (seed == seeds[0] or model == "dcn"):
+            if model and (seed == seeds[0] or model == DEFAULT_MODEL):
                 plan.append(("baseline", model, seed, None))
     for config in configs:
         for seed in (seeds if config == DEFAULT or args.all_seeds

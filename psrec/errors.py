@@ -77,7 +77,8 @@ def check(ok: bool, name: str, value: object, allowed: str,
     """Raises ``error("`name` = value allowed.")`` unless ``ok``: the one
     shape of every configuration check's message."""
     if not ok:
-        raise error(f"`{name}` = {value!r} {allowed}.")
+        end = "" if allowed.endswith("?") else "."
+        raise error(f"`{name}` = {value!r} {allowed}{end}")
 
 
 def check_at_least(config: object, low: int, *names: str,
@@ -94,7 +95,8 @@ def check_choice(name: str, value: object, choices: tuple,
                  error: type[PsrecError] = ConfigError) -> None:
     """``value`` is one of ``choices``."""
     check(value in choices, name, value,
-          f"is not one of {', '.join(map(str, choices))}", error)
+          f"is not one of {', '.join(map(str, choices))}"
+          f"{did_you_mean(value, choices)}", error)
 
 
 def one_line(error: BaseException) -> str:
@@ -137,8 +139,18 @@ def os_error_cause(error: BaseException) -> str | None:
 
 def did_you_mean(value: object, choices: object) -> str:
     """``"; did you mean 'x'?"`` for the choice closest to a misspelt
-    ``value`` (:func:`difflib.get_close_matches`), ``""`` when none is
-    close: what an error refusing an unknown name appends."""
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices],
-                                      n=1)
+    ``value``, ``""`` when none is close: what every error refusing an
+    unknown name from a closed set appends. A choice equal but for case
+    wins (``c1`` -> ``C1``); else the closest by
+    :func:`difflib.get_close_matches`, compared without case."""
+    names = [str(c) for c in choices]
+    text = str(value)
+    folded = {}
+    for name in names:
+        folded.setdefault(name.casefold(), name)
+    if text.casefold() in folded:
+        close = [folded[text.casefold()]]
+    else:
+        close = [folded[c] for c in difflib.get_close_matches(
+            text.casefold(), list(folded), n=1)]
     return f"; did you mean {close[0]!r}?" if close else ""

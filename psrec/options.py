@@ -26,6 +26,7 @@ from typing import Iterator
 
 from psrec.errors import ConfigError
 from psrec.errors import check_choice
+from psrec.errors import did_you_mean
 
 #: The metadata key of an option field.
 OPTION = "psrec.option"
@@ -187,7 +188,8 @@ def from_dict(cls: Any, data: dict[str, Any], where: str = "") -> Any:
         named = [f"{where}.{key}" if where else key for key in unknown]
         scope = f" in {where!r}" if where else ""
         raise ConfigError(f"unknown job keys {named}; known{scope}: "
-                          f"{', '.join(fields)}.")
+                          f"{', '.join(fields)}"
+                          f"{did_you_mean(unknown[0], fields) or '.'}")
     values = {}
     for key, value in data.items():
         field = fields[key]

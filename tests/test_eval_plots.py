@@ -203,3 +203,54 @@ def test_plots_of_a_regression_run_are_refused_in_one_line(
         ["eval", str(checkpoints), "--data", str(manifest.root), "--plots"],
         tmp_path)
     assert (code, imported, lines) == (2, False, err)
+
+
+@pytest.mark.slow  # a short one-device run: ~32 s on a loaded machine
+def test_train_plots_draws_the_checkpoint_it_exports(tmp_path,
+                                                     checkpoint_and_data):
+    """``psrec train --plots``: after the run, one more evaluation of the
+    checkpoint the export takes (the best) writes the curves where ``psrec
+    eval --plots`` of that checkpoint would, and the summary names them."""
+    from psrec.data.input.config import InputConfig
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.config import StrategyConfig
+    from psrec.launch.job.plots import plot_folders
+    from psrec.launch.job.run import run_job
+    from psrec.models.optim.config import OptimizerConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.checkpoint.best import choose_checkpoint
+    from psrec.ps_cluster.training.config import LoopConfig
+    _, manifest = checkpoint_and_data
+    config = JobConfig(
+        workdir=tmp_path / "run", spec=manifest.load_spec(), data=manifest.root,
+        model_name="dlrm",
+        model=model_config("dlrm", bottom_mlp=(8,), top_mlp=(8,)),
+        optimizer=OptimizerConfig(warmup_steps=0),
+        input=InputConfig(batch_size=64),
+        loop=LoopConfig(steps=2, steps_per_closure=2, eval_every=2),
+        strategy=StrategyConfig(kind="one-device"), export=False,
+        plots=True)
+    lines = []
+    summary = run_job(config, log=lines.append)
+    best = choose_checkpoint(config.checkpoint_dir)
+    assert best.best is not None and best.name.startswith("best/")
+    folder, board = plot_folders(config.checkpoint_dir, best.name, "eval")
+    assert summary.plots == str(folder)
+    assert f"  plots:       {folder}" in summary.summary()
+    assert any(line.startswith(f"plots: {folder}/") for line in lines)
+    for name in ("roc", "pr", "calibration"):
+        ET.parse(folder / f"{name}.svg")
+    saved = json.loads((folder / "curves.json").read_text())
+    # The curves are the best checkpoint's: its evaluation's AUC again.
+    assert saved["checkpoint"] == best.name
+    assert saved["auc"] == pytest.approx(best.best.auc, abs=1e-3)
+    (step, _), = _pr_summaries(board)
+    assert step == best.step
+
+
+def test_train_plots_without_a_binary_label_is_refused_before_it_starts():
+    from psrec.errors import ConfigError
+    from psrec.features.spec.presets import movielens_rating
+    from psrec.launch.job.config import JobConfig
+    with pytest.raises(ConfigError, match="--plots: .*regression"):
+        JobConfig(spec=movielens_rating(), plots=True)

@@ -52,7 +52,8 @@ def _mirrored_job(tmp_path: Path) -> JobConfig:
         data=tmp_path / "data" / "manifest.json",
         synthetic=SyntheticData(rows=999, eval_fraction=0.3, files=3,
                                 shards=5, seed=4),
-        export=False, verify_checksums=False, max_corrupt_records=5,
+        export=False, plots=True, verify_checksums=False,
+        max_corrupt_records=5,
         keep_checkpoints=7, stall_timeout=12.5, connect_timeout=9.0,
         grace_period=4.5)
 

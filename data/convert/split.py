@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from psrec.errors import ConfigError
 from psrec.errors import DataError
+from psrec.errors import did_you_mean
 
 
 class OrderColumnError(DataError):
@@ -64,7 +65,8 @@ def _order_column(paths: Sequence[str], column: str) -> pa.ChunkedArray:
         if column not in schema.names:
             raise ConfigError(
                 f"`--order-by` = {column!r} is not a column of {path}; its "
-                f"columns: {', '.join(schema.names)}.")
+                f"columns: {', '.join(schema.names)}"
+                f"{did_you_mean(column, schema.names) or '.'}")
         values = pq.read_table(path, columns=[column]).column(column)
         if kind is not None and values.type != kind:
             raise ConfigError(

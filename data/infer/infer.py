@@ -312,7 +312,8 @@ def infer_spec(inputs: Sequence[str | Path], label: str, out: str | Path,
           f"{', '.join(schema.names)})")
     unknown = [name for name in exclude if name not in schema.names]
     check(not unknown, qualified(options, "exclude"), ",".join(unknown),
-          f"names no column; columns: {', '.join(schema.names)}")
+          f"names no column; columns: {', '.join(schema.names)}"
+          f"{did_you_mean(unknown[0], schema.names) if unknown else ''}")
     label_config, label_note = _label(stats[label], options.label_threshold)
     dense: list[tuple[DenseFeature, str]] = []
     categorical: list[tuple[dict[str, Any], str, list[str] | None]] = []

@@ -31,6 +31,7 @@ from psrec.data.ingest.common import invalid_rows
 from psrec.data.ingest.common import open_input
 from psrec.data.ingest.common import write_each
 from psrec.errors import check
+from psrec.errors import did_you_mean
 from psrec.progress import SILENT
 from psrec.progress import Progress
 from psrec.progress import Task
@@ -48,7 +49,8 @@ def check_column_types(column_types: Mapping[str, str]) -> None:
     """Each ``{column: type}`` names one of :data:`COLUMN_TYPES`."""
     for column, name in column_types.items():
         check(name in COLUMN_TYPES, f"types[{column}]", name,
-              f"must be one of {', '.join(COLUMN_TYPES)}", error=IngestUsageError)
+              f"must be one of {', '.join(COLUMN_TYPES)}"
+              f"{did_you_mean(name, COLUMN_TYPES)}", error=IngestUsageError)
 
 
 def _check_options(delimiter: str, column_types: Mapping[str, str],
@@ -217,8 +219,9 @@ def ingest_csv(paths: Sequence[str | Path], out_dir: str | Path, *,
         unknown = sorted(set(types) - set(names))
         if unknown:
             raise IngestUsageError(
-                f"--types names column(s) {unknown} that {str(src)!r} lacks "
-                f"(its columns: {', '.join(names)}); fix the names.")
+                f"--types names column(s) {unknown} that {str(src)!r} lacks"
+                f"{did_you_mean(unknown[0], names)} (its columns: "
+                f"{', '.join(names)}); fix the names.")
         plans.append((src, names))
     with input_task(progress, sources) as task:
         files, total, _ = write_each(out_dir, plans, lambda src, dst, names: (

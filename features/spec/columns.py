@@ -12,6 +12,7 @@ from typing import Any
 from typing import Sequence
 
 from psrec.errors import ConfigError
+from psrec.errors import did_you_mean
 from psrec.features.spec.dynamic import dynamic_problems
 from psrec.uri_path import as_path
 
@@ -59,7 +60,8 @@ def _check_choice(where: str, key: str, value: Any,
     if value in allowed:
         return []
     return [f"{where}: `{key}` = {value!r} is not allowed; use one of "
-            f"{', '.join(map(repr, allowed))}."]
+            f"{', '.join(map(repr, allowed))}"
+            f"{did_you_mean(value, allowed) or '.'}"]
 
 
 def _check_int(where: str, key: str, value: Any,

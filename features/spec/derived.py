@@ -16,6 +16,7 @@ from typing import Any
 from typing import Mapping
 from typing import Sequence
 
+from psrec.errors import did_you_mean
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.columns import raise_problems
 
@@ -110,7 +111,8 @@ class DerivedFeature:
             problems.append(f"{where}: `name` must be a non-empty string.")
         if self.kind not in DERIVED_KINDS:
             problems.append(f"{where}: `kind` = {self.kind!r} is not allowed;"
-                            f" use one of {', '.join(DERIVED_KINDS)}.")
+                            f" use one of {', '.join(DERIVED_KINDS)}"
+                            f"{did_you_mean(self.kind, DERIVED_KINDS) or '.'}")
         want = "two or more" if self.kind == "cross" else "exactly one"
         count_ok = (len(self.sources) >= 2 if self.kind == "cross"
                     else len(self.sources) == 1)
@@ -181,9 +183,12 @@ def _source_problem(feature: DerivedFeature, source: str,
                 f"{source!r} first.")
     if feature.kind == "cross":
         if kind is None or kind == "dense":
+            named = [n for n, k in kinds.items() if not isinstance(k, str)]
+            hint = did_you_mean(source, [*named, *sorted(earlier)]) if (
+                kind is None) else ""
             return (f"{where} is not a categorical feature; a cross joins "
                     "categorical (or derived) features: add it to "
-                    "`categorical` first.")
+                    f"`categorical` first{hint or '.'}")
     elif feature.kind == "bucketize":
         if kind is not None and kind != "dense":
             return (f"{where} is a categorical feature; bucketize reads a "

@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 from typing import Mapping
 
+from psrec.errors import did_you_mean
+
 TABLE_MODES = ("hashed", "dynamic")
 EVICTION_POLICIES = ("lfu", "ttl")
 # The keys that only a dynamic table takes, with their defaults (left out
@@ -40,7 +42,8 @@ def dynamic_problems(where: str, table: Any) -> list[str]:
     mode = table.mode
     if mode not in TABLE_MODES:
         return [f"{where}: `mode` = {mode!r} is not allowed; use one of "
-                f"{', '.join(map(repr, TABLE_MODES))}."]
+                f"{', '.join(map(repr, TABLE_MODES))}"
+                f"{did_you_mean(mode, TABLE_MODES) or '.'}"]
     if mode == "hashed":
         given = [f"`{key}`" for key, default in DYNAMIC_DEFAULTS.items()
                  if getattr(table, key) != default]
@@ -59,8 +62,9 @@ def dynamic_problems(where: str, table: Any) -> list[str]:
     problems += _positive(where, "maintenance_every", table.maintenance_every)
     if table.evict not in EVICTION_POLICIES:
         allowed = ", ".join(map(repr, EVICTION_POLICIES))
+        hint = did_you_mean(table.evict, EVICTION_POLICIES)
         problems.append(f"{where}: `evict` = {table.evict!r} is not allowed; "
-                        f"use one of {allowed}.")
+                        f"use one of {allowed}{hint or '.'}")
     if table.evict == "ttl":
         if table.ttl_steps is None:
             problems.append(f"{where}: `evict` = 'ttl' needs `ttl_steps` "

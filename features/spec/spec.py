@@ -304,7 +304,8 @@ def _cross_problems(label: LabelConfig | None,
                 problems.append(
                     f"categorical feature {feature.name!r}: `table` = "
                     f"{feature.table!r} is not defined; defined tables: "
-                    f"{sorted(defined) or 'none'}.")
+                    f"{sorted(defined) or 'none'}"
+                    f"{did_you_mean(feature.table, sorted(defined)) or '.'}")
             continue
         if feature.raw_ids != table.dynamic:
             problems.append(

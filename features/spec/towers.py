@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any
 from typing import Sequence
 
+from psrec.errors import did_you_mean
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.columns import SpecError
@@ -83,7 +84,8 @@ def towers_problems(towers: TowersConfig | None,
                 problems.append(
                     f"towers: `{key}` names {name!r}, which is not a dense "
                     f"or categorical feature of the spec; known: "
-                    f"{sorted(known)}.")
+                    f"{sorted(known)}"
+                    f"{did_you_mean(name, sorted(known)) or '.'}")
     both = sorted(set(towers.query) & set(towers.candidate))
     if both:
         problems.append(f"towers: {both} are in both `query` and "
@@ -102,7 +104,8 @@ def towers_problems(towers: TowersConfig | None,
     if towers.candidate_id not in towers.candidate:
         problems.append(
             f"towers: `candidate_id` = {towers.candidate_id!r} must be one "
-            f"of the `candidate` features {list(towers.candidate)}.")
+            f"of the `candidate` features {list(towers.candidate)}"
+            f"{did_you_mean(towers.candidate_id, towers.candidate) or '.'}")
     elif feature is not None and feature.multi_hot:
         problems.append(
             f"towers: `candidate_id` = {towers.candidate_id!r} is a list "
@@ -119,8 +122,8 @@ def towers_from_dict(data: Any, problems: list[str]) -> TowersConfig | None:
         problems.append(f"towers: expected a mapping with keys "
                         f"{', '.join(TOWER_KEYS)}, got {data!r}.")
         return None
-    found = [f"towers: unknown key {key!r}; allowed keys: "
-             f"{', '.join(TOWER_KEYS)}." for key in data
+    found = [f"towers: unknown key {key!r}{did_you_mean(key, TOWER_KEYS)} "
+             f"(allowed keys: {', '.join(TOWER_KEYS)})." for key in data
              if key not in TOWER_KEYS]
     found += [f"towers: missing required key `{key}`." for key in TOWER_KEYS
               if key not in data]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from psrec.errors import did_you_mean
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.support import UsageError
 from psrec.launch.cli.support import add_json_flag
@@ -51,6 +52,10 @@ def check_stats(args: argparse.Namespace) -> None:
     if is_uri(path) or as_path(path).is_dir() or as_path(
             f"{path}.index").is_file():
         return
+    folder = as_path(path).parent
+    kept = sorted(str(folder / p.stem) for p in folder.glob("ckpt-*.index")
+                  ) if folder.is_dir() else []
     raise UsageError(f"checkpoint {path!r} does not exist (no folder, no "
                      f"{path}.index); give a checkpoint prefix such as "
-                     "DIR/ckpt-100 or its folder.")
+                     "DIR/ckpt-100 or its folder"
+                     f"{did_you_mean(path, kept) or '.'}")

@@ -101,10 +101,41 @@ class Parser(argparse.ArgumentParser):
                 f"{did_you_mean(value, choices)}"))
         super()._check_value(action, value)
 
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, except that a missing required option is reported
+        with the flag given instead, when one was misspelt (``the following
+        arguments are required: --name; --nmae is not an option; did you
+        mean '--name'?``): argparse stops at the missing one before it
+        looks at unknown flags."""
+        words = list(sys.argv[1:] if args is None else args)
+        try:
+            return super().parse_known_args(args, namespace)
+        except _MissingRequired as missing:
+            given = words[:words.index("--")] if "--" in words else words
+            unknown = [word.split("=", 1)[0] for word in given
+                       if word.startswith("--") and word.split("=", 1)[0]
+                       not in self._option_string_actions]
+            hint = "" if not unknown else (
+                f"; {unknown[0]} is not an option"
+                f"{did_you_mean(unknown[0], self._option_string_actions)}")
+            self._exit_with(f"{missing}{hint}")
+
     def error(self, message: str) -> None:  # type: ignore[override]
         line = " ".join(message.split())
+        if line.startswith("the following arguments are required"):
+            raise _MissingRequired(line)
+        self._exit_with(line)
+
+    def _exit_with(self, line: str) -> None:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {line} (see "
                   f"`{self.prog} --help`)\n")
+
+
+class _MissingRequired(Exception):
+    """argparse's "the following arguments are required" error, on its way
+    to :meth:`Parser.parse_known_args`."""
 
 
 # -- the commands: parsers without TensorFlow, run by modules imported late --
@@ -388,8 +419,27 @@ def parse(parser: argparse.ArgumentParser,
     if extra and into and not any(a.startswith("-") for a in extra):
         setattr(args, into, [*getattr(args, into), *extra])
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        command = command_parser(parser, argv)
+        flags = [a.split("=", 1)[0] for a in extra if a.startswith("--")]
+        options = [o for o in command._option_string_actions
+                   if o.startswith("--")]
+        hint = did_you_mean(flags[0], options) if flags else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
+
+
+def command_parser(parser: argparse.ArgumentParser,
+                   argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``argv`` names (``psrec k8s
+    render``'s for ``["k8s", "render", ...]``): its error names the
+    command, and a misspelt flag is matched against its options."""
+    for word in argv:
+        subparsers = [a for a in parser._actions
+                      if isinstance(a, _SubParsers)]
+        if not subparsers or word not in subparsers[0].choices:
+            break
+        parser = subparsers[0].choices[word]
+    return parser
 
 
 def run_command(command: str, run: Callable[[], int]) -> int:

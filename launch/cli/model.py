@@ -25,6 +25,7 @@ from psrec.launch.job.config import check_curves
 from psrec.launch.monitor.progress_bar import add_progress_flag
 from psrec.models.serving.config import ExportConfig
 from psrec.options import option_values
+from psrec.ps_cluster.checkpoint.names import check_checkpoint_name
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri import is_uri
 from psrec.uri_path import as_path
@@ -153,9 +154,11 @@ def breakdown_of(args: argparse.Namespace):
 
 def check_export(args: argparse.Namespace) -> None:
     """What ``psrec export`` refuses before its run imports TensorFlow: a
-    checkpoint folder without the ``job.json`` of a run, ``--table-dtype``
-    other than float32 for a retrieval run."""
+    checkpoint folder without the ``job.json`` of a run, a ``--checkpoint``
+    that names no checkpoint, ``--table-dtype`` other than float32 for a
+    retrieval run."""
     record = JobConfig.read(args.checkpoint_dir)
+    check_checkpoint_name(args.checkpoint_dir, args.checkpoint)
     option_values(args, ExportConfig).check_task(
         record.retrieval is not None, args.checkpoint_dir)
 
@@ -163,9 +166,11 @@ def check_export(args: argparse.Namespace) -> None:
 def check_eval(args: argparse.Namespace) -> None:
     """What ``psrec eval`` refuses before its run imports TensorFlow: a
     missing manifest (``--data``), a checkpoint folder without ``job.json``
-    (in the run's order), ``--plots`` of a run without a binary label."""
+    (in the run's order), a ``--checkpoint`` that names no checkpoint,
+    ``--plots`` of a run without a binary label."""
     Manifest.load(args.data)
     record = JobConfig.read(args.checkpoint_dir)
+    check_checkpoint_name(args.checkpoint_dir, args.checkpoint)
     if args.plots:
         check_curves(record)
     check_breakdown(dataclasses.replace(

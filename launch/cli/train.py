@@ -365,6 +365,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_option(output, LoopConfig, "eval_every", type=non_negative,
                default=_JOB.loop.eval_every)
     add_option(output, JobConfig, "export")
+    add_option(output, JobConfig, "plots")
     p.set_defaults(run=_cmd_train)
 
     p = sub.add_parser("advise",

@@ -157,7 +157,7 @@ def check_curves(record: JobConfig) -> None:
             else "a regression run (`loss: mse`, reported as RMSE)")
     raise ConfigError(
         "--plots: ROC, precision-recall and calibration curves need a "
-        f"binary label; this checkpoint is {kind}: drop --plots.")
+        f"binary label; this is {kind}: drop --plots.")
 
 
 def keep_best_error(keep_best: str, patience: int, spec: FeatureSpec,
@@ -259,6 +259,13 @@ class JobConfig:
                      help="number of parameter-server tasks")
     export: bool = option(True, flag="--no-export",
                           help="do not export a SavedModel at the end")
+    plots: bool = option(
+        False, flag="--plots",
+        help="at the end, evaluate the exported checkpoint (the best, else "
+        "the latest) once more on the eval split and write its ROC, "
+        "precision-recall and calibration curves as `psrec eval --plots` "
+        "does: SVGs in WORKDIR/eval/<checkpoint>-eval/, a PR curve in "
+        "TensorBoard")
     verify_checksums: bool = option(
         True, flag="--no-verify-checksums",
         help="check shard presence and size but not sha256")
@@ -333,6 +340,8 @@ class JobConfig:
             check_no_dynamic_tables(self.spec)
         check_keep_best(self.loop, self.spec, self.retrieval)
         check_breakdown(self.loop, self.spec, self.retrieval)
+        if self.plots:
+            check_curves(self)
         if not has_ranking_metrics(self.spec, self.retrieval):
             # The default metric does not exist: the default is then none
             # (a value set otherwise was refused just above).

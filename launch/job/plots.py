@@ -1,4 +1,4 @@
-"""``psrec eval --plots``: the ROC, precision-recall and calibration curves
+"""``psrec eval --plots`` and ``psrec train --plots``: the ROC, precision-recall and calibration curves
 of an evaluation as SVG files (hand-written, no plotting library) and its
 PR curve for TensorBoard's PR-curve plugin.
 

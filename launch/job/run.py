@@ -80,6 +80,7 @@ class JobSummary:
     input_mode: str = "static"
     coverage: list = dataclasses.field(default_factory=list)  # per epoch
     coverage_warning: str | None = None
+    plots: str | None = None  # the folder of --plots
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -152,6 +153,8 @@ class JobSummary:
             f"  data:        {shown_path(self.manifest)}",
             f"  checkpoint:  {shown_path(self.checkpoint)}",
             f"  tensorboard: {shown_path(self.tensorboard)}"]
+        if self.plots is not None:
+            lines.append(f"  plots:       {shown_path(self.plots)}")
         return "\n".join(lines)
 
     def _best_lines(self) -> list[str]:
@@ -268,17 +271,19 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
                 log, beat, live)
         num_ps = live.num_ps
     export_path, exported = None, None
+    # The best checkpoint when the run keeps and recorded one, else the
+    # latest: what the export and the plots are of.
+    which = "latest" if config.loop.keep_best == "none" else None
     if config.export and result.checkpoint is not None:
         from psrec.launch.job.export import export_checkpoint
         from psrec.ps_cluster.checkpoint.best import choose_checkpoint
-        # The best checkpoint when the run keeps and recorded one, else the
-        # latest.
-        which = "latest" if config.loop.keep_best == "none" else None
         exported = choose_checkpoint(config.checkpoint_dir, which)
         export_path = export_checkpoint(  # workdir/export/<version>
             config.checkpoint_dir, workdir / "export", which,
             manifest=manifest).path
         log(f"exported {exported.describe()} to {shown_path(export_path)}")
+    plots = (_plots(config, manifest, which, log)
+             if config.plots and result.checkpoint is not None else None)
     if exported is not None and exported.best is not None:
         exported_auc = exported.best.auc
     elif exported is not None and exported.path == result.checkpoint and (
@@ -305,9 +310,32 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
         best=result.best,
         exported_checkpoint=exported.name if exported else None,
         exported_auc=exported_auc, stopped_early_at=result.stopped_early_at,
+        plots=plots,
         **coverage_fields(result, config.input.mode, log))
     write_json_atomic(workdir / "summary.json", summary.to_dict())
     return summary
+
+
+def _plots(config: JobConfig, manifest: Manifest, which: str | None,
+           log) -> str | None:
+    """``--plots``: the curves of checkpoint ``which`` (None: the best) on
+    the eval split, written as ``psrec eval --plots`` writes them, in one
+    more evaluation pass; returns their folder (None without an eval
+    split)."""
+    if not manifest.shards.get("eval") or manifest.rows("eval") == 0:
+        log("--plots: no eval split, so no plots (hold out eval rows with "
+            "`psrec convert --eval-fraction 0.1`)")
+        return None
+    from psrec.launch.job.export import evaluate_checkpoint
+    from psrec.launch.job.plots import write_plots
+    from psrec.ps_cluster.checkpoint.best import choose_checkpoint
+    chosen = choose_checkpoint(config.checkpoint_dir, which)
+    _, curves = evaluate_checkpoint(config.checkpoint_dir, manifest,
+                                    checkpoint=which, curves=True)
+    files = write_plots(curves, config.checkpoint_dir, chosen.name, "eval",
+                        chosen.step)
+    log(files.summary())
+    return files.folder
 
 
 # The job processes psrec's launchers start: the coordinator of a supervised

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from psrec.errors import ConfigError
+from psrec.errors import did_you_mean
 from psrec.launch.job.config import JOB_FILE
 from psrec.launch.job.config import JobConfig
 from psrec.options import field_default
@@ -152,10 +153,13 @@ def read_run(folder: str | Path) -> RunRecord:
     path = Path(folder)
     job_file = path / "checkpoints" / JOB_FILE
     if not job_file.is_file():
+        siblings = [str(p) for p in sorted(path.parent.iterdir())
+                    if (p / "checkpoints" / JOB_FILE).is_file()] if (
+            path.parent.is_dir()) else []
         raise NotAWorkdirError(
             f"{path} is not a psrec workdir: {job_file} not found (psrec "
             "train --workdir DIR writes it); list the runs of a folder with "
-            "`psrec runs FOLDER`.")
+            f"`psrec runs FOLDER`{did_you_mean(path, siblings) or '.'}")
     job = _json(job_file)
     if not isinstance(job, dict):
         raise NotAWorkdirError(f"{job_file} holds no job (a JSON object).")

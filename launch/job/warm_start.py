@@ -23,6 +23,7 @@ import json
 import re
 from pathlib import Path
 
+from psrec.errors import did_you_mean
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.job.config import JOB_FILE
 from psrec.launch.job.config import JobConfig
@@ -72,6 +73,18 @@ def _exists(prefix: str) -> bool:
     return as_path(prefix + ".index").is_file()
 
 
+def _beside(path) -> list[str]:
+    """The sources in ``path``'s folder a misspelt ``path`` may have meant:
+    its checkpoint prefixes, and its folders that hold checkpoints or are
+    runs."""
+    folder = path.parent
+    if not folder.is_dir():
+        return []
+    return [str(folder / p.stem) for p in folder.glob("ckpt-*.index")] + [
+        str(p) for p in folder.iterdir()
+        if (p / _STATE_FILE).is_file() or (p / "checkpoints").is_dir()]
+
+
 def find_source(source: str) -> tuple[str, object]:
     """``(checkpoint prefix, its checkpoints folder)`` of ``source`` (see
     the module docstring)."""
@@ -91,7 +104,8 @@ def find_source(source: str) -> tuple[str, object]:
             folder = folder.parent
         return str(path), folder
     if not path.exists():
-        raise _error(source, "no such file or folder",
+        raise _error(source, "no such file or folder"
+                     f"{did_you_mean(source, _beside(path))}",
                      "give another run's workdir, its checkpoints folder or "
                      "one checkpoint prefix (.../checkpoints/ckpt-N)")
     raise _error(source, "holds no checkpoint (no checkpoints/checkpoint "

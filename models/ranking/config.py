@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_choice
+from psrec.errors import did_you_mean
 from psrec.options import Codec
 from psrec.options import option
 
@@ -131,12 +132,14 @@ def model_config(name: str, **overrides: object) -> ModelConfig:
     if name not in MODEL_PRESETS:
         raise ModelConfigError(
             f"`--model` = {name!r} is not one of "
-            f"{', '.join(MODEL_PRESETS)}.")
+            f"{', '.join(MODEL_PRESETS)}"
+            f"{did_you_mean(name, MODEL_PRESETS) or '.'}")
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise ModelConfigError(
-            f"unknown model option(s) {unknown}; allowed: {sorted(fields)}.")
+            f"unknown model option(s) {unknown}; allowed: {sorted(fields)}"
+            f"{did_you_mean(unknown[0], sorted(fields)) or '.'}")
     return dataclasses.replace(MODEL_PRESETS[name], **overrides)
 
 

@@ -47,6 +47,7 @@ from psrec.data.format.files import atomic_output
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import check
+from psrec.errors import did_you_mean
 from psrec.features.transforms.ops import MISSING_INT
 from psrec.features.transforms.ops import MISSING_TOKEN
 from psrec.models.serving.versions import resolve
@@ -156,9 +157,10 @@ def check_inputs(path: str, schema: pa.Schema,
             what = ("the exported model" if column in inputs else
                     "--label/--keep")
             raise ConfigError(
-                f"{path}: column {column!r} required by {what} is missing "
-                f"(found: {', '.join(schema.names)}); the export takes "
-                "the raw columns that `psrec ingest` wrote.")
+                f"{path}: column {column!r} required by {what} is missing"
+                f"{did_you_mean(column, schema.names)} (found: "
+                f"{', '.join(schema.names)}); the export takes the raw "
+                "columns that `psrec ingest` wrote.")
         if column in inputs:
             arrow_type = schema.field(column).type
             if not _type_ok(arrow_type, inputs[column]):

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,10 @@ import tensorflow as tf
 from psrec.data.format.files import write_json_atomic
 from psrec.errors import ConfigError
 from psrec.errors import DataError
+from psrec.errors import did_you_mean
+from psrec.ps_cluster.checkpoint.names import CHECKPOINT_NAME
+from psrec.ps_cluster.checkpoint.names import check_checkpoint_name
+from psrec.ps_cluster.checkpoint.names import kept_checkpoints
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.uri import name as uri_name
 from psrec.uri_path import UriPath
@@ -37,7 +40,6 @@ from psrec.uri_path import as_path
 
 BEST_FILE = "best.json"
 BEST_DIR = "best"
-_CKPT_RE = re.compile(r"^ckpt-(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,11 +223,8 @@ def choose_checkpoint(directory: str | Path, which: str | None = None
         step = int(name.rsplit("-", 1)[-1])
         same = record if record is not None and record.source == name else None
         return ChosenCheckpoint(path, name, step, same)
-    match = _CKPT_RE.match(which)
-    if match is None:
-        raise ConfigError(f"`--checkpoint` = {which!r} is not latest, best "
-                          "or ckpt-N.")
-    step = int(match.group(1))
+    check_checkpoint_name(directory, which)
+    step = int(CHECKPOINT_NAME.match(which).group(1))
     path = directory / which
     if (directory / (which + ".index")).is_file():
         same = record if record is not None and record.source == which else (
@@ -234,8 +233,9 @@ def choose_checkpoint(directory: str | Path, which: str | None = None
     if record is not None and record.step == step:
         return ChosenCheckpoint(record.path(directory), record.checkpoint,
                                 step, record)
-    kept = sorted(p.stem for p in directory.glob("ckpt-*.index"))
+    kept = kept_checkpoints(directory)
     raise ConfigError(f"`--checkpoint` = {which!r}: no such checkpoint in "
                       f"{directory} (kept: {', '.join(kept) or 'none'}"
                       f"{'; best: ckpt-' + str(record.step) if record else ''}"
-                      ").")
+                      f"){did_you_mean(which, kept) or '.'}")
+

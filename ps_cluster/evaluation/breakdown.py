@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from psrec.errors import ConfigError
+from psrec.errors import did_you_mean
 
 #: ``--gauc-weighting``: a group's AUC weighs by its examples, or 1.
 GAUC_WEIGHTINGS = ("impressions", "uniform")
@@ -44,12 +45,13 @@ class Breakdown:
                 continue
             feature = features.get(column)
             if feature is None or feature.multi_hot:
-                names = ", ".join(sorted(
-                    n for n, f in features.items() if not f.multi_hot))
+                names = sorted(n for n, f in features.items()
+                               if not f.multi_hot)
                 what = ("is multi-hot (a list): give a single-valued one"
                         if feature is not None else
                         "is not a categorical feature of the spec")
+                hint = did_you_mean(column, names) if feature is None else ""
                 raise ConfigError(f"{flag} {column}: {what}; choose one of: "
-                                  f"{names}.")
+                                  f"{', '.join(names)}{hint or '.'}")
 
 
