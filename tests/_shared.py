@@ -1,6 +1,7 @@
-"""The read-only shared data folder next to the checkout
-(``<repo>/../shared/data``): real samples that must never be copied into
-the repository."""
+"""What several test modules share: the read-only shared data folder next
+to the checkout (``<repo>/../shared/data``: real samples that must never be
+copied into the repository) and a user's files that would shadow psrec's
+modules if psrec imported from the working directory."""
 
 from pathlib import Path
 
@@ -21,3 +22,18 @@ def shared_data(relative: str) -> Path:
             "read-only shared data folder next to the repository "
             "(<repo>/../shared/data).")
     return path
+
+
+#: Generic module names a user's working directory may hold.
+GENERIC_MODULES = ("data", "models", "features", "launch", "ps_cluster",
+                   "tests")
+
+
+def write_shadowing_modules(folder: Path) -> tuple[str, ...]:
+    """Writes ``NAME.py`` for each generic module name into ``folder``, each
+    raising ``user module NAME.py was imported``; returns the file names."""
+    names = tuple(f"{name}.py" for name in GENERIC_MODULES)
+    for name in names:
+        (folder / name).write_text(
+            f"raise RuntimeError('user module {name} was imported')\n")
+    return names

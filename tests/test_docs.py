@@ -38,6 +38,7 @@ from tests._proc import WatchedProcess
 from tests._proc import kill_pids
 from tests._proc import processes_matching
 from tests._shared import shared_data
+from tests._shared import write_shadowing_modules
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
@@ -419,10 +420,13 @@ def test_the_readme_quick_start_runs_end_to_end_as_written(tmp_path):
     first failure). The clone's root is an empty folder beside a
     ``shared`` link, so the script's own ``../shared/data`` path is what
     it reads, and it writes under ``runs/`` only (never the source
-    tree)."""
+    tree). The folder also holds a user's ``models.py``, ``data.py``, ...
+    that raise when imported: every command, and the cluster's children
+    started with that working directory, import psrec's own modules."""
     sample = shared_data("criteo/criteo_combined_10390.txt")
     root = tmp_path / "clone"
     root.mkdir()
+    shadows = write_shadowing_modules(root)
     (tmp_path / "shared").symlink_to(sample.parents[2])
     readme = [block for block in fenced_blocks(REPO / "README.md")
               if block.include == "docs/tutorials/criteo.sh"]
@@ -456,7 +460,9 @@ def test_the_readme_quick_start_runs_end_to_end_as_written(tmp_path):
     run.wait_for(r"wrote train 8312, eval 2078", 10)
     run.wait_for(r"step 40: eval: 2078 examples, AUC 0\.\d+", 10)
     run.wait_for(r"scored 10,390 rows of 1 file", 10)
-    assert [p.name for p in root.iterdir()] == ["runs"]
+    assert "was imported" not in run.output
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        ("runs",) + shadows)
     out = root / "runs" / "criteo"
     assert (out / "model" / "1" / "saved_model.pb").is_file()
     assert (out / "run" / "export" / "1" / "saved_model.pb").is_file()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import psrec
+from tests._shared import write_shadowing_modules
 
 GENERIC = ("data", "models", "features", "launch", "ps_cluster")
 PACKAGES = ("psrec", "psrec.features", "psrec.data", "psrec.models",
@@ -62,10 +63,10 @@ def test_importing_the_packages_does_not_import_tensorflow(tmp_path):
 
 @pytest.fixture()
 def shadowed(tmp_path: Path) -> Path:
-    """A working directory whose generic module names all raise."""
-    for name in GENERIC + ("tests",):
-        (tmp_path / f"{name}.py").write_text(
-            f"raise RuntimeError('user module {name}.py was imported')\n")
+    """A working directory whose generic module names all raise (the
+    cluster commands -- train, eval, export, predict -- run beside such
+    files in ``tests/test_docs.py``'s quick-start test)."""
+    write_shadowing_modules(tmp_path)
     return tmp_path
 
 
@@ -89,17 +90,3 @@ def test_data_commands_work_beside_shadowing_modules(shadowed):
          "--spec", "spec.yaml")
     _run(shadowed, "tf-config", "--ps-hosts", "127.0.0.1:2222",
          "--worker-hosts", "127.0.0.1:2223")
-
-
-@pytest.mark.cluster
-@pytest.mark.slow
-def test_train_eval_export_work_beside_shadowing_modules(shadowed):
-    """The supervised cluster's children (servers, coordinator) run with
-    the same working directory."""
-    _run(shadowed, "train", "--workdir", "run", "--synthetic-rows", 8000,
-         "--steps", 20, "--steps-per-closure", 5, "--checkpoint-every", 0,
-         "--batch-size", 256, "--no-export")
-    _run(shadowed, "eval", "run/checkpoints", "--data",
-         "run/data/tfrecord")
-    _run(shadowed, "export", "run/checkpoints", "--out", "exported")
-    assert (shadowed / "exported" / "1" / "saved_model.pb").is_file()
