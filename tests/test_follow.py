@@ -1,0 +1,191 @@
+"""``psrec train --follow``: test, then train each partition of a
+partitioned log, exactly once across crashes.
+
+The state protocol (plain Python) is tested on its own; the loop runs for
+real: one run with real OS processes (supervisor, PS, worker, coordinator)
+whose coordinator is SIGKILLed in the middle of a partition, and one
+one-device run that exports each partition and is rerun with --once as a
+batch scheduler would.
+"""
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import write_synthetic_parquet
+from psrec.features import criteo
+from psrec.launch.job.follow_state import FollowState
+from psrec.launch.job.follow_state import FollowStateError
+from psrec.launch.job.follow_state import PartitionRecord
+from psrec.launch.job.follow_state import pending
+from psrec.ps_cluster.training.loop import steps_per_epoch
+from tests._proc import PsrecRun
+from tests._proc import assert_no_leftovers
+from tests._proc import run_psrec
+
+BATCH = 64
+ROWS = 2500  # per partition; 20% eval
+DAYS = ("dt=2026-12-01", "dt=2026-12-02", "dt=2026-12-03")
+
+
+def _partition(log: Path, name: str, seed: int, shards: int = 2) -> Path:
+    spec = criteo()
+    raw = log.parent / "raw" / name
+    files = write_synthetic_parquet(spec, raw, ROWS, files=1, seed=seed)
+    convert(files, spec, log / name,
+            ConversionOptions(shards=shards, eval_fraction=0.2))
+    return log / name
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory) -> Path:
+    """Three converted partitions and an unfinished fourth (Parquet, no
+    manifest: not ready)."""
+    root = tmp_path_factory.mktemp("follow") / "log"
+    for seed, name in enumerate(DAYS):
+        _partition(root, name, seed)
+    write_synthetic_parquet(criteo(), root / "dt=2026-12-04", 10, files=1)
+    return root
+
+
+def _train_steps() -> int:
+    train_rows = ROWS - int(ROWS * 0.2)
+    return steps_per_epoch(train_rows, BATCH)
+
+
+def _record(name: str, phase: str, start: int, end: int) -> PartitionRecord:
+    return PartitionRecord(partition=name, phase=phase, rows=10,
+                           test={"auc": 0.6}, eval_step=start,
+                           start_step=start, end_step=end, began=0.0)
+
+
+def test_state_and_checkpoint_must_agree(tmp_path):
+    state = FollowState(dir="log")
+    state.check_step(0, "f")  # a new run
+    with pytest.raises(FollowStateError, match="step 5"):
+        state.check_step(5, "f")  # a checkpoint the state never saw
+    training = state.with_current(_record("a", "train", 0, 20))
+    for step in (0, 7, 20):  # a crash anywhere within the partition
+        training.check_step(step, "f")
+    with pytest.raises(FollowStateError, match=r"\[0, 20\]"):
+        training.check_step(21, "f")
+    exporting = state.with_current(_record("a", "export", 0, 20))
+    exporting.check_step(20, "f")
+    with pytest.raises(FollowStateError, match="rolled back"):
+        exporting.check_step(10, "f")  # the checkpoint folder went back
+    done = state.with_done(_record("a", "done", 0, 20))
+    done.check_step(20, "f")
+    with pytest.raises(FollowStateError):
+        done.check_step(15, "f")
+    # the file round trip keeps every field
+    done.with_current(_record("b", "train", 20, 40)).save(tmp_path)
+    again = FollowState.load(tmp_path, "log")
+    assert again.done == done.done and again.current.partition == "b"
+    assert json.loads((tmp_path / "follow.json").read_text())["done"][0][
+        "steps"] == 20
+
+
+def test_partitions_in_name_order_up_to_the_first_not_ready(log):
+    ready, waiting = pending(log, set())
+    assert [p.name for p in ready] == list(DAYS)
+    assert waiting.name == "dt=2026-12-04"
+    assert "Parquet" in waiting.describe_waiting()
+    ready, waiting = pending(log, {DAYS[0], DAYS[1]})
+    assert [p.name for p in ready] == [DAYS[2]]
+
+
+def _state(workdir: Path) -> dict:
+    return json.loads((workdir / "checkpoints" / "follow.json").read_text())
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_follow_killed_mid_partition_resumes_it_exactly_once(tmp_path, log):
+    """The coordinator is SIGKILLed after a checkpoint in the middle of the
+    second partition; the supervisor restarts it, it resumes that partition
+    from the checkpoint without testing it again, and every partition is
+    trained exactly once: its recorded steps are one pass, the steps add
+    up, each was tested once at the step the previous one ended."""
+    per_partition = _train_steps()
+    mid = ((per_partition + 5) // 5 + 1) * 5  # a save within the second
+    workdir = tmp_path / "w"
+    run = PsrecRun([
+        "train", "--follow", log, "--follow-until", DAYS[2],
+        "--workdir", workdir, "--workers", "1", "--batch-size", BATCH,
+        "--steps-per-closure", "1", "--checkpoint-every", "5",
+        "--log-every", "5", "--no-export", "--keep-checkpoints", "20",
+        "--max-restarts", "1"])
+    try:
+        run.wait_for(rf"checkpoint .*ckpt-{mid}$", 300)
+        os.kill(run.coordinator_pids[-1], signal.SIGKILL)
+        killed = _state(workdir)["current"]
+        assert killed["partition"] == DAYS[1] and killed["phase"] == "train"
+        resumed = run.wait_for(r"resumed from \S+ at step (\d+)", 240)
+        assert killed["start_step"] < int(resumed.group(1)) < (
+            killed["end_step"])
+        run.wait_for(rf"follow: resuming partition {DAYS[1]} \(phase "
+                     r"train\)", 60)
+        assert run.wait(300) == 0, run.output[-3000:]
+    finally:
+        run.kill()
+        assert_no_leftovers(run, workdir)
+    state = _state(workdir)
+    assert state["current"] is None
+    assert [r["partition"] for r in state["done"]] == list(DAYS)
+    end = 0
+    for record in state["done"]:
+        assert record["steps"] == per_partition, record
+        assert record["start_step"] == record["eval_step"] == end
+        assert record["test"]["count"] == ROWS  # every row, before training
+        end = record["end_step"]
+    for day in DAYS:  # tested once each, the killed one included
+        assert len(re.findall(rf"follow: partition {day}: test before",
+                              run.output)) == 1
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["step"] == end == 3 * per_partition
+    assert [r["partition"] for r in summary["partitions"]] == list(DAYS)
+
+
+@pytest.mark.slow
+def test_once_exports_each_partition_and_a_rerun_trains_only_new_ones(
+        tmp_path, log):
+    """One device: --once processes the ready partitions (the unfinished
+    fourth stops it), one export version per partition; a rerun trains
+    nothing; a new partition is trained alone; following another folder
+    from this workdir is refused before anything starts."""
+    own = tmp_path / "log"
+    own.mkdir()
+    for day in DAYS[:2]:
+        os.symlink(log / day, own / day)
+    workdir = tmp_path / "w"
+    args = ["train", "--strategy", "one-device", "--follow", own, "--once",
+            "--workdir", workdir, "--batch-size", BATCH]
+    code, first = run_psrec(args, 600)
+    assert code == 0, first.output[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert [r["export_version"] for r in summary["partitions"]] == [1, 2]
+    info = json.loads((workdir / "export" / "2" / "psrec_export.json")
+                      .read_text())
+    assert info["checkpoint"].endswith(f"ckpt-{2 * _train_steps()}")
+    code, again = run_psrec(args, 600)
+    assert code == 0 and "test before train" not in again.output
+    os.symlink(log / DAYS[2], own / DAYS[2])
+    code, third = run_psrec(args, 600)
+    assert code == 0, third.output[-3000:]
+    assert re.findall(r"test before train", third.output) == [
+        "test before train"]
+    state = _state(workdir)
+    assert [r["export_version"] for r in state["done"]] == [1, 2, 3]
+    assert state["done"][2]["start_step"] == 2 * _train_steps()
+    began = time.monotonic()
+    code, other = run_psrec([*args[:4], log, *args[5:]], 120)
+    assert code == 2 and "FollowConfig.dir" not in other.output
+    assert "--follow" in other.output and "another job" in other.output
+    assert time.monotonic() - began < 60  # refused before any server
