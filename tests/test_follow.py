@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client import generate_latest
 
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
@@ -25,6 +27,8 @@ from psrec.launch.job.follow_state import FollowState
 from psrec.launch.job.follow_state import FollowStateError
 from psrec.launch.job.follow_state import PartitionRecord
 from psrec.launch.job.follow_state import pending
+from psrec.launch.monitor.heartbeat import heartbeat_path
+from psrec.launch.monitor.metrics_http import HeartbeatCollector
 from psrec.ps_cluster.training.loop import steps_per_epoch
 from tests._proc import PsrecRun
 from tests._proc import assert_no_leftovers
@@ -92,6 +96,27 @@ def test_state_and_checkpoint_must_agree(tmp_path):
         "steps"] == 20
 
 
+def test_what_follow_excludes_is_refused_naming_the_field():
+    from psrec.errors import ConfigError
+    from psrec.launch.job.config import FollowConfig
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.config import StrategyConfig
+    from psrec.ps_cluster.training.config import LoopConfig
+    with pytest.raises(ConfigError, match="FollowConfig.once"):
+        FollowConfig(once=True)  # without a folder
+    with pytest.raises(ConfigError, match="FollowConfig.until"):
+        FollowConfig(dir="logs", until="../dt=1")
+    follow = FollowConfig(dir="logs", once=True)
+    with pytest.raises(ConfigError, match="JobConfig.data"):
+        JobConfig(follow=follow, data=Path("data"))
+    with pytest.raises(ConfigError, match="LoopConfig.steps"):
+        JobConfig(follow=follow, loop=LoopConfig(steps=100))
+    with pytest.raises(ConfigError, match="ps / mirrored / one-device"):
+        JobConfig(follow=follow,
+                  strategy=StrategyConfig(kind="multi-worker-mirrored"))
+    assert JobConfig(follow=follow).follow.active  # the job's defaults fit
+
+
 def test_partitions_in_name_order_up_to_the_first_not_ready(log):
     ready, waiting = pending(log, set())
     assert [p.name for p in ready] == list(DAYS)
@@ -99,6 +124,18 @@ def test_partitions_in_name_order_up_to_the_first_not_ready(log):
     assert "Parquet" in waiting.describe_waiting()
     ready, waiting = pending(log, {DAYS[0], DAYS[1]})
     assert [p.name for p in ready] == [DAYS[2]]
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    import tensorflow as tf
+    tags: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "scalars":
+                    tags.setdefault(value.tag, []).append(
+                        (event.step, float(tf.make_ndarray(value.tensor))))
+    return {k: sorted(v) for k, v in tags.items()}
 
 
 def _state(workdir: Path) -> dict:
@@ -151,41 +188,51 @@ def test_follow_killed_mid_partition_resumes_it_exactly_once(tmp_path, log):
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["step"] == end == 3 * per_partition
     assert [r["partition"] for r in summary["partitions"]] == list(DAYS)
+    # /metrics: what the heartbeat says of the last partition
+    registry = CollectorRegistry()
+    registry.register(HeartbeatCollector(heartbeat_path(workdir)))
+    text = generate_latest(registry).decode()
+    assert "psrec_follow_partitions_total 3.0" in text
+    auc = float(re.search(r"^psrec_follow_test_auc (\S+)$", text,
+                          re.M).group(1))
+    assert auc == pytest.approx(state["done"][-1]["test"]["auc"])
 
 
 @pytest.mark.slow
 def test_once_exports_each_partition_and_a_rerun_trains_only_new_ones(
         tmp_path, log):
-    """One device: --once processes the ready partitions (the unfinished
-    fourth stops it), one export version per partition; a rerun trains
-    nothing; a new partition is trained alone; following another folder
-    from this workdir is refused before anything starts."""
+    """One device: --once processes the ready partition and exits, one
+    export version per partition; a rerun after a new partition arrived
+    tests and trains that one only; following another folder from this
+    workdir is refused before anything starts."""
     own = tmp_path / "log"
     own.mkdir()
-    for day in DAYS[:2]:
-        os.symlink(log / day, own / day)
+    os.symlink(log / DAYS[0], own / DAYS[0])
     workdir = tmp_path / "w"
     args = ["train", "--strategy", "one-device", "--follow", own, "--once",
-            "--workdir", workdir, "--batch-size", BATCH]
+            "--workdir", workdir, "--batch-size", BATCH, "--group-by", "C1"]
     code, first = run_psrec(args, 600)
     assert code == 0, first.output[-3000:]
+    os.symlink(log / DAYS[1], own / DAYS[1])
+    code, second = run_psrec(args, 600)
+    assert code == 0, second.output[-3000:]
+    assert re.findall(r"partition (\S+): test before train",
+                      second.output) == [DAYS[1]]
     summary = json.loads((workdir / "summary.json").read_text())
+    assert [r["partition"] for r in summary["partitions"]] == list(DAYS[:2])
     assert [r["export_version"] for r in summary["partitions"]] == [1, 2]
+    assert summary["partitions"][1]["start_step"] == _train_steps()
+    assert all(0 < r["test"]["gauc"] < 1 for r in summary["partitions"])
     info = json.loads((workdir / "export" / "2" / "psrec_export.json")
                       .read_text())
     assert info["checkpoint"].endswith(f"ckpt-{2 * _train_steps()}")
-    code, again = run_psrec(args, 600)
-    assert code == 0 and "test before train" not in again.output
-    os.symlink(log / DAYS[2], own / DAYS[2])
-    code, third = run_psrec(args, 600)
-    assert code == 0, third.output[-3000:]
-    assert re.findall(r"test before train", third.output) == [
-        "test before train"]
-    state = _state(workdir)
-    assert [r["export_version"] for r in state["done"]] == [1, 2, 3]
-    assert state["done"][2]["start_step"] == 2 * _train_steps()
+    tags = _scalars(workdir / "tensorboard" / "follow")
+    assert tags["follow/test_auc"] == [
+        (i + 1, pytest.approx(r["test"]["auc"]))
+        for i, r in enumerate(summary["partitions"])]
+    assert [v for _, v in tags["follow/export_version"]] == [1, 2]
     began = time.monotonic()
     code, other = run_psrec([*args[:4], log, *args[5:]], 120)
-    assert code == 2 and "FollowConfig.dir" not in other.output
-    assert "--follow" in other.output and "another job" in other.output
+    assert code == 2 and "another job" in other.output
+    assert "--follow" in other.output and "FollowConfig" not in other.output
     assert time.monotonic() - began < 60  # refused before any server
