@@ -117,6 +117,21 @@ def test_what_follow_excludes_is_refused_naming_the_field():
     assert JobConfig(follow=follow).follow.active  # the job's defaults fit
 
 
+def test_an_export_left_by_a_crash_is_found_not_repeated(tmp_path):
+    """A crash between a partition's export and its state write: the
+    rerun takes the version whose psrec_export.json names the
+    partition's checkpoint."""
+    from psrec.launch.job.follow import published_from
+    for version, step in ((1, 20), (2, 40)):
+        folder = tmp_path / "export" / str(version)
+        folder.mkdir(parents=True)
+        (folder / "psrec_export.json").write_text(json.dumps(
+            {"checkpoint": f"/w/checkpoints/ckpt-{step}"}))
+    assert published_from(tmp_path / "export", "ckpt-40") == 2
+    assert published_from(tmp_path / "export", "ckpt-4") is None
+    assert published_from(tmp_path / "nothing", "ckpt-40") is None
+
+
 def test_partitions_in_name_order_up_to_the_first_not_ready(log):
     ready, waiting = pending(log, set())
     assert [p.name for p in ready] == list(DAYS)
