@@ -117,6 +117,24 @@ def test_what_follow_excludes_is_refused_naming_the_field():
     assert JobConfig(follow=follow).follow.active  # the job's defaults fit
 
 
+def test_the_followed_folder_is_part_of_the_workdirs_job(tmp_path):
+    """A workdir that trained on --data, or followed another folder, holds
+    another job than a --follow run (named by its flag's field)."""
+    from psrec.launch.job.config import FollowConfig
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.workdir import job_differences
+    follow = JobConfig(workdir=tmp_path, follow=FollowConfig(dir="logs"))
+    data_job = JobConfig(workdir=tmp_path, data=Path("data")).to_dict()
+    assert "FollowConfig.dir" in [d[0] for d in job_differences(data_job,
+                                                                follow)]
+    other = JobConfig(workdir=tmp_path, follow=FollowConfig(dir="other"))
+    assert [d[0] for d in job_differences(other.to_dict(), follow)] == [
+        "FollowConfig.dir"]
+    again = JobConfig(workdir=tmp_path, follow=FollowConfig(
+        dir="logs", once=True, poll_seconds=5.0))  # how, not what
+    assert job_differences(again.to_dict(), follow) == []
+
+
 def test_an_export_left_by_a_crash_is_found_not_repeated(tmp_path):
     """A crash between a partition's export and its state write: the
     rerun takes the version whose psrec_export.json names the
