@@ -4,10 +4,11 @@ partitioned log, exactly once across crashes.
 The state protocol (plain Python) is tested on its own; the loop runs for
 real: one run with real OS processes (supervisor, PS, worker, coordinator)
 whose coordinator is SIGKILLed in the middle of a partition, and one
-one-device run that exports each partition and is rerun with --once as a
-batch scheduler would.
+one-device run (in the test's process) that exports each partition and
+is rerun with --once as a batch scheduler would.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -234,23 +235,32 @@ def test_follow_killed_mid_partition_resumes_it_exactly_once(tmp_path, log):
 @pytest.mark.slow
 def test_once_exports_each_partition_and_a_rerun_trains_only_new_ones(
         tmp_path, log):
-    """One device: --once processes the ready partition and exits, one
-    export version per partition; a rerun after a new partition arrived
-    tests and trains that one only; following another folder from this
-    workdir is refused before anything starts."""
+    """One device, in this process (the job of `--once`): the ready
+    partition is processed, then the job ends, one export version per
+    partition; a rerun after a new partition arrived tests and trains that
+    one only; `psrec train` following another folder from this workdir is
+    refused before anything starts."""
+    from psrec.data.input.config import InputConfig
+    from psrec.launch.job.config import FollowConfig
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.config import StrategyConfig
+    from psrec.launch.job.run import run_job
     own = tmp_path / "log"
     own.mkdir()
     os.symlink(log / DAYS[0], own / DAYS[0])
     workdir = tmp_path / "w"
-    args = ["train", "--strategy", "one-device", "--follow", own, "--once",
-            "--workdir", workdir, "--batch-size", BATCH, "--group-by", "C1"]
-    code, first = run_psrec(args, 600)
-    assert code == 0, first.output[-3000:]
+    config = JobConfig(  # in this process: one device, as --once would
+        workdir=workdir, spec=criteo(),
+        strategy=StrategyConfig(kind="one-device"),
+        input=InputConfig(batch_size=BATCH),
+        loop=dataclasses.replace(JobConfig().loop, group_by="C1"),
+        follow=FollowConfig(dir=str(own), once=True))
+    run_job(config, log=lambda line: None)
     os.symlink(log / DAYS[1], own / DAYS[1])
-    code, second = run_psrec(args, 600)
-    assert code == 0, second.output[-3000:]
+    second: list[str] = []
+    run_job(config, log=second.append)
     assert re.findall(r"partition (\S+): test before train",
-                      second.output) == [DAYS[1]]
+                      "\n".join(second)) == [DAYS[1]]
     summary = json.loads((workdir / "summary.json").read_text())
     assert [r["partition"] for r in summary["partitions"]] == list(DAYS[:2])
     assert [r["export_version"] for r in summary["partitions"]] == [1, 2]
@@ -265,7 +275,9 @@ def test_once_exports_each_partition_and_a_rerun_trains_only_new_ones(
         for i, r in enumerate(summary["partitions"])]
     assert [v for _, v in tags["follow/export_version"]] == [1, 2]
     began = time.monotonic()
-    code, other = run_psrec([*args[:4], log, *args[5:]], 120)
+    code, other = run_psrec([
+        "train", "--strategy", "one-device", "--follow", log, "--once",
+        "--workdir", workdir], 120)
     assert code == 2 and "another job" in other.output
     assert "--follow" in other.output and "FollowConfig" not in other.output
     assert time.monotonic() - began < 60  # refused before any server
