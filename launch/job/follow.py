@@ -22,7 +22,7 @@ from psrec.data.format.manifest import Manifest
 from psrec.errors import ConfigError
 from psrec.launch.job import runtime as job_runtime
 from psrec.launch.job.config import JobConfig
-from psrec.launch.job.data import input_pipelines
+from psrec.launch.job.data import check_enough_shards
 from psrec.launch.job.follow_state import FollowState
 from psrec.launch.job.follow_state import Partition
 from psrec.launch.job.follow_state import PartitionRecord
@@ -287,13 +287,7 @@ class Follower:
         manifest.verify(self.config.spec.fingerprint(),
                         checksums=verify and self.config.verify_checksums)
         manifest.require_rows("train")
-        pipelines = input_pipelines(self.config)
-        if len(manifest.files("train")) < pipelines:
-            from psrec.data.input.dataset import NotEnoughShardsError
-            raise NotEnoughShardsError(
-                f"partition {path}: {len(manifest.files('train'))} train "
-                f"shards cannot feed {pipelines} workers without overlap; "
-                f"convert it with `--shards {pipelines}` or more.")
+        check_enough_shards(self.config, manifest, f"partition {path}: ")
         return manifest
 
     def _check_until(self, state: FollowState) -> None:

@@ -16,6 +16,7 @@ import dataclasses
 import time
 from pathlib import Path
 from typing import Any
+from typing import Callable
 from typing import Iterator
 
 from psrec.data.format.files import write_json_atomic
@@ -230,6 +231,21 @@ def _ps_cluster(config: JobConfig, cluster: ClusterSpec | None,
         yield local.cluster
 
 
+def _on_ps_cluster(config: JobConfig, cluster: ClusterSpec | None, log,
+                   train: Callable) -> tuple[Any, int]:
+    """``train(strategy, heartbeat, cluster)`` on the job's PS cluster (the
+    given one, or a local one), with the coordinator's heartbeat, once
+    every task is reachable; returns its result and the PS count."""
+    from psrec.launch.job.runtime import coordinator_heartbeat
+    from psrec.ps_cluster.cluster.probe import wait_reachable
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    beat = coordinator_heartbeat(run_state_dir(as_path(config.workdir)))
+    with _ps_cluster(config, cluster, log) as live:
+        wait_reachable(live, config.connect_timeout, log)
+        outcome = train(build_ps_strategy(live, config.partition), beat, live)
+    return outcome, live.num_ps
+
+
 def _replicated_strategy(config: JobConfig, log):
     """The strategy of a replicated job (first: MultiWorkerMirrored must be
     created before any other TensorFlow op), with the size guard."""
@@ -301,16 +317,9 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
             return None
         num_ps = 0
     else:
-        from psrec.launch.job.runtime import coordinator_heartbeat
-        from psrec.ps_cluster.cluster.probe import wait_reachable
-        from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-        beat = coordinator_heartbeat(run_state_dir(workdir))
-        with _ps_cluster(config, cluster, log) as live:
-            wait_reachable(live, config.connect_timeout, log)
-            result, trainer = _train(
-                config, build_ps_strategy(live, config.partition), manifest,
-                log, beat, live)
-        num_ps = live.num_ps
+        (result, trainer), num_ps = _on_ps_cluster(
+            config, cluster, log, lambda strategy, beat, live: _train(
+                config, strategy, manifest, log, beat, live))
     export_path, exported = None, None
     if config.export and result.checkpoint is not None:
         from psrec.launch.job.export import export_checkpoint
@@ -365,16 +374,9 @@ def _run_follow(config: JobConfig, strategy, cluster: ClusterSpec | None,
         outcome, trainer = _follow(config, strategy, log)
         num_ps = 0
     else:
-        from psrec.launch.job.runtime import coordinator_heartbeat
-        from psrec.ps_cluster.cluster.probe import wait_reachable
-        from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-        beat = coordinator_heartbeat(run_state_dir(workdir))
-        with _ps_cluster(config, cluster, log) as live:
-            wait_reachable(live, config.connect_timeout, log)
-            outcome, trainer = _follow(
-                config, build_ps_strategy(live, config.partition), log, beat,
-                live)
-        num_ps = live.num_ps
+        (outcome, trainer), num_ps = _on_ps_cluster(
+            config, cluster, log, lambda strategy, beat, live: _follow(
+                config, strategy, log, beat, live))
     state = outcome.state if outcome is not None else None
     done = state.done if state is not None else ()
     last = done[-1] if done else None
