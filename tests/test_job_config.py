@@ -99,15 +99,17 @@ def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
     kept its default: the mirrored job sets every field but partition, ps,
     workers, checkpoint_writers, warm_start and reset_optimizer (refused
     under mirrored), data_service (a PS job's dispatcher) and retrieval (a
-    ranking job), which the PS job sets."""
+    ranking job), which the PS job sets, and follow (it excludes --data:
+    the next test's job)."""
     config, default = _mirrored_job(tmp_path), JobConfig()
     same = {f.name for f in dataclasses.fields(JobConfig)
             if getattr(config, f.name) == getattr(default, f.name)}
     assert same == {"partition", "ps", "workers", "checkpoint_writers",
                     "data_service", "retrieval", "warm_start",
-                    "reset_optimizer"}
+                    "reset_optimizer", "follow"}
     ps = _ps_job(tmp_path)
-    assert all(getattr(ps, name) != getattr(default, name) for name in same)
+    assert all(getattr(ps, name) != getattr(default, name)
+               for name in same - {"follow"})
     strategy = config.strategy
     assert all(getattr(strategy, f.name) != getattr(StrategyConfig(), f.name)
                for f in dataclasses.fields(StrategyConfig)
@@ -314,3 +316,17 @@ def test_a_loop_left_to_the_data_is_refused_where_there_is_none():
     assert JobConfig().loop.steps is None  # psrec train's default
     with pytest.raises(ConfigError, match="LoopConfig.steps"):
         LoopConfig(steps=None).resolved()
+
+
+def test_a_follow_job_round_trips(tmp_path):
+    """Every field of ``FollowConfig`` set, through ``job.json``."""
+    from psrec.launch.job.config import FollowConfig
+    follow = FollowConfig(dir=str(tmp_path / "logs"), until="dt=2026-12-31",
+                          poll_seconds=5.0)
+    config = JobConfig(workdir=tmp_path / "w", follow=follow, epochs=2.0)
+    assert all(getattr(follow, f.name) != getattr(FollowConfig(), f.name)
+               for f in dataclasses.fields(FollowConfig) if f.name != "once")
+    config.write(tmp_path / "ckpt")
+    assert JobConfig.read(tmp_path / "ckpt") == config
+    once = JobConfig(follow=FollowConfig(dir="logs", once=True))
+    assert JobConfig.from_dict(json.loads(json.dumps(once.to_dict()))) == once

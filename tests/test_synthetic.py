@@ -118,3 +118,23 @@ def test_label_depends_on_categorical_values(table):
     degrees = 26 * 20
     assert noise < 1.5 * degrees  # the statistic itself is calibrated
     assert signal > 2.5 * degrees
+
+
+def test_drift_turns_the_click_model_day_by_day(tmp_path):
+    """Day 0 (any drift) is the seed's own data; day d's hidden weights
+    correlate cos(drift x d) with day 0's, and its rows are its own."""
+    from psrec.data.ingest.synthetic import Drift
+    from psrec.data.ingest.synthetic import _truth
+    spec = criteo()
+    plain = write_synthetic_parquet(spec, tmp_path / "a", 300, files=1)
+    day0 = write_synthetic_parquet(spec, tmp_path / "b", 300, files=1,
+                                   drift=Drift(day=0, rate=0.5))
+    assert pq.read_table(plain[0]).equals(pq.read_table(day0[0]))
+    day3 = write_synthetic_parquet(spec, tmp_path / "c", 300, files=1,
+                                   drift=Drift(day=3, rate=0.5))
+    assert not pq.read_table(day3[0]).equals(pq.read_table(day0[0]))
+    name = spec.categorical[0].name
+    for day in (1, 3):
+        turned = _truth(spec, 0, Drift(day=day, rate=0.5)).weights[name]
+        corr = np.corrcoef(_truth(spec, 0).weights[name], turned)[0, 1]
+        assert corr == pytest.approx(np.cos(0.5 * day), abs=0.02)

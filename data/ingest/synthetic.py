@@ -30,6 +30,9 @@ from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.derived import EPOCH_MS
 from psrec.features.spec.spec import FeatureSpec
+from psrec.options import Codec
+from psrec.options import option
+from psrec.options import qualified
 from psrec.uri_path import as_path
 
 _CHUNK_ROWS = 50_000
@@ -40,6 +43,35 @@ _MISSING_DENSE = 0.1
 def _feature_seed(seed: int, name: str) -> int:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little")
+
+
+@dataclasses.dataclass(frozen=True)
+class Drift(Codec, where="drift"):
+    """A drifting stream: the hidden click model of day ``day`` turns by
+    ``rate`` radians per day away from day 0's (the seed's model). Each
+    categorical feature's weights are ``cos(t) w0 + sin(t) w1`` at
+    ``t = rate * day``, with ``w1`` an independent draw of the same scale,
+    so day ``d``'s weights correlate ``cos(rate * d)`` with day 0's and
+    every day is as learnable as the first."""
+
+    day: int = option(
+        0, flag="--day",
+        help="the day of a drifting stream to write (with --drift; each "
+        "day also draws its own rows)")
+    rate: float = option(
+        0.0, flag="--drift",
+        help="radians per day the hidden click model turns: day d's "
+        "categorical weights correlate cos(drift x d) with day 0's; 0: no "
+        "drift (every day the seed's model)")
+
+    def __post_init__(self) -> None:
+        check(self.day >= 0, qualified(self, "day"), self.day, "must be >= 0")
+        check(self.rate >= 0, qualified(self, "rate"), self.rate,
+              "must be >= 0")
+
+    @property
+    def angle(self) -> float:
+        return self.rate * self.day
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,14 +90,20 @@ def _cardinality(feature: CategoricalFeature) -> int:
     return max(2, min((feature.hash_buckets or 100_000) * 2, 200_000))
 
 
-def _truth(spec: FeatureSpec, seed: int) -> _Truth:
+def _truth(spec: FeatureSpec, seed: int, drift: Drift = Drift()) -> _Truth:
     cardinality, weights = {}, {}
     scale = 1.6 / max(1, len(spec.categorical)) ** 0.5
     for feature in spec.categorical:
         rng = np.random.default_rng(_feature_seed(seed, feature.name))
         cardinality[feature.name] = _cardinality(feature)
-        weights[feature.name] = rng.normal(
-            0.0, scale, cardinality[feature.name]).astype(np.float32)
+        first = rng.normal(0.0, scale, cardinality[feature.name])
+        if drift.angle:
+            other = np.random.default_rng(_feature_seed(
+                seed, f"{feature.name}:drift")).normal(0.0, scale,
+                                                       first.shape)
+            first = (np.cos(drift.angle) * first
+                     + np.sin(drift.angle) * other)
+        weights[feature.name] = first.astype(np.float32)
     rng = np.random.default_rng(_feature_seed(seed, "__dense__"))
     dense_weights = rng.normal(0.0, 0.8 / max(1, len(spec.dense)) ** 0.5,
                                len(spec.dense))
@@ -145,8 +183,9 @@ def _derived_sources(spec: FeatureSpec, rng: np.random.Generator,
 
 
 def _chunk(spec: FeatureSpec, truth: _Truth, seed: int, index: int,
-           rows: int) -> pa.Table:
-    rng = np.random.default_rng([seed, index])
+           rows: int, day: int = 0) -> pa.Table:
+    rng = np.random.default_rng([seed, index] if not day
+                                else [seed, index, day])
     logit = np.full(rows, truth.bias)
     columns: dict[str, pa.Array] = {}
     for j, feature in enumerate(spec.dense):
@@ -204,14 +243,17 @@ def synthetic_table(spec: FeatureSpec, rows: int, seed: int = 0,
 
 def write_synthetic_parquet(spec: FeatureSpec, out_dir: str | Path,
                             rows: int, *, files: int = 4,
-                            seed: int = 0) -> list[str]:
+                            seed: int = 0, drift: Drift = Drift()
+                            ) -> list[str]:
     """Writes ``rows`` synthetic rows as ``files`` Parquet files, streamed
-    chunk by chunk; returns their paths in row order."""
+    chunk by chunk; returns their paths in row order. ``drift``: the day
+    of a drifting stream (:class:`Drift`; the default is day 0 without
+    drift, the seed's own rows and model)."""
     check(rows >= 1, "rows", rows, "must be >= 1")
     check(files >= 1, "files", files, "must be >= 1")
     out = as_path(out_dir)  # a local path or a URI
     out.mkdir(parents=True, exist_ok=True)
-    truth = _truth(spec, seed)
+    truth = _truth(spec, seed, drift)
     per_file = -(-rows // files)
     paths, chunk_index = [], 0
     for f in range(files):
@@ -223,7 +265,7 @@ def write_synthetic_parquet(spec: FeatureSpec, out_dir: str | Path,
             writer = None
             for start in range(0, count, _CHUNK_ROWS):
                 table = _chunk(spec, truth, seed, chunk_index,
-                               min(_CHUNK_ROWS, count - start))
+                               min(_CHUNK_ROWS, count - start), drift.day)
                 chunk_index += 1
                 if writer is None:
                     writer = pq.ParquetWriter(sink, table.schema)

@@ -13,10 +13,13 @@ from psrec.data.convert.config import ConversionOptions
 from psrec.data.format.manifest import SPLITS
 from psrec.data.format.manifest import Manifest
 from psrec.data.format.manifest import spec_for
+from psrec.data.ingest.synthetic import Drift
 from psrec.data.infer.infer import InferOptions
 from psrec.features.spec.presets import resolve_spec
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer
+from psrec.launch.cli.argtypes import non_negative
+from psrec.launch.cli.argtypes import non_negative_float
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_fraction
 from psrec.launch.cli.argtypes import proper_fraction
@@ -181,6 +184,8 @@ def add_synth(sub: argparse._SubParsersAction, name: str
                    help="Parquet files to write")
     p.add_argument("--seed", type=integer, default=0, help="random seed")
     p.add_argument("--out", required=True, help="output folder")
+    add_option(p, Drift, "day", type=non_negative)
+    add_option(p, Drift, "rate", type=non_negative_float)
     add_json_flag(p)
     return p
 

@@ -16,6 +16,7 @@ from psrec.data.ingest.criteo import ingest_criteo
 from psrec.data.ingest.jsonl import ingest_jsonl
 from psrec.data.ingest.libfm import ingest_libfm
 from psrec.data.ingest.movielens import ingest_movielens
+from psrec.data.ingest.synthetic import Drift
 from psrec.data.ingest.synthetic import write_synthetic_parquet
 from psrec.data.ingest.tabular import ingest_csv
 from psrec.errors import EXIT_OK
@@ -147,7 +148,8 @@ def run_spec(args: argparse.Namespace) -> int:
 def run_synth(args: argparse.Namespace) -> int:
     paths = write_synthetic_parquet(resolve_spec(args.spec), args.out,
                                     args.rows, files=args.files,
-                                    seed=args.seed)
+                                    seed=args.seed,
+                                    drift=option_values(args, Drift))
     print_result(args, {"files": list(paths), "rows": args.rows},
                  "\n".join(str(p) for p in paths))
     return EXIT_OK

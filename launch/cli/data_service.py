@@ -51,8 +51,8 @@ def resolve_input_mode(args: argparse.Namespace) -> str:
     """The input mode ``--input-mode auto`` stands for (see its help)."""
     if args.input_mode != "auto":
         return args.input_mode
-    if args.strategy != "ps":
-        return "static"
+    if args.strategy != "ps" or getattr(args, "follow", None):
+        return "static"  # --follow: each partition's files by worker index
     if args.data_service:
         return "data-service"
     existing = args.cluster or TFConfig.from_env() is not None

@@ -33,6 +33,7 @@ from psrec.launch.cli.support import add_json_flag
 from psrec.launch.cli.support import add_model_flag
 from psrec.launch.cli.support import add_spec_and_data_flags
 from psrec.launch.cli.support import print_result
+from psrec.launch.job.config import FollowConfig
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import StrategyConfig
 from psrec.launch.job.config import SyntheticData
@@ -106,6 +107,8 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
     manifest = Manifest.load(args.data) if args.data else None
     if manifest is not None:  # refused before anything starts (exit 1)
         manifest.require_rows("train")
+    elif args.follow:  # the spec of the followed data
+        manifest = follow_manifest(args.follow, args.spec)
     spec = spec_for(manifest, args.spec)
     retrieval = retrieval_flags.retrieval_config(args, spec)
     if not has_ranking_metrics(spec, retrieval) and (
@@ -123,7 +126,25 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
         partition=option_values(args, PartitionConfig),
         data=as_path(args.data) if args.data else None,
         synthetic=option_values(args, SyntheticData, seed=args.seed),
+        follow=option_values(args, FollowConfig),
         stall_timeout=args.stall_timeout or None, retrieval=retrieval)
+
+
+def follow_manifest(folder: str, spec_flag: str | None):
+    """The manifest of the first ready partition of ``folder`` (the spec
+    of a ``--follow`` job comes from it, as from ``--data``); None when no
+    partition is ready yet, which needs ``--spec`` (exit 2 without)."""
+    from psrec.data.format.manifest import Manifest
+    from psrec.launch.job.follow_state import partitions
+    for partition in partitions(folder):
+        if partition.ready:
+            return Manifest.load(partition.path)
+    if spec_flag is None:
+        raise UsageError(
+            f"--follow {folder}: no partition is ready yet, so the spec "
+            "cannot be read from the data: give --spec (each partition must "
+            "then be converted with it).")
+    return None
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
@@ -200,7 +221,8 @@ def _train(args: argparse.Namespace, config: JobConfig, metrics) -> int:
         from psrec.launch.local.netns import announce
         from psrec.launch.supervise.supervisor import supervise
         plan_commands.check_ps_memory(config, None)
-        record_verified(config, prepare_data(config, _log(args)))
+        if not config.follow.active:  # --follow checks each partition
+            record_verified(config, prepare_data(config, _log(args)))
         local = LocalCluster(config.workers, config.ps,
                              log_dir=config.state_dir / "logs",
                              allow_exposed=args.allow_exposed)
@@ -353,6 +375,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "warm start", "start from another run's checkpoint (a new workdir)")
     add_option(warm, JobConfig, "warm_start")
     add_option(warm, JobConfig, "reset_optimizer")
+    follow = p.add_argument_group(
+        "follow a partitioned log", "test, then train each new partition "
+        "(--data is then not given)")
+    add_option(follow, FollowConfig, "dir")
+    add_option(follow, FollowConfig, "once")
+    add_option(follow, FollowConfig, "until")
+    add_option(follow, FollowConfig, "poll_seconds", type=positive_float)
     add_breakdown_flags(p.add_argument_group(
         "evaluation breakdown", "GAUC and per-slice metrics of each eval"))
 

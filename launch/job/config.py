@@ -71,6 +71,62 @@ class SyntheticData(Codec, where="synthetic"):
     seed: int = option(0, help="generator seed")
 
 
+#: The strategies ``--follow`` runs under: one process drives the
+#: partition loop (a multi-worker-mirrored cluster would need every worker
+#: to see the same partitions at the same time).
+FOLLOW_STRATEGIES = ("ps", "mirrored", "one-device")
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowConfig(Codec, where="follow"):
+    """Continuous training on a partitioned log (``psrec train --follow``):
+    each new partition is evaluated by the current model first, then
+    trained on, checkpointed and exported (docs/checkpoints-and-export.md)."""
+
+    dir: str | None = option(
+        None, flag="--follow", strategies=FOLLOW_STRATEGIES,
+        help="a folder of partitions (DIR/dt=2026-12-01/, ... each a `psrec "
+        "convert` output, ready once its manifest.json exists), processed in "
+        "name order: each new one is evaluated by the current model first "
+        "(progressive validation), then trained on for --epochs passes "
+        "(default 1), checkpointed and exported; then the next is awaited. "
+        "Each partition is trained exactly once across restarts "
+        "(checkpoints/follow.json); None: train on --data")
+    once: bool = option(
+        False, flag="--once",
+        help="with --follow: process the partitions that are ready, then "
+        "exit (a batch scheduler starting one job per partition)")
+    until: str | None = option(
+        None, flag="--follow-until",
+        help="with --follow: exit once this partition (a folder name) is "
+        "done, waiting for it if needed")
+    poll_seconds: float = option(
+        60.0, flag="--poll-interval",
+        help="with --follow: seconds between two looks for a new partition "
+        "while waiting")
+
+    def __post_init__(self) -> None:
+        if self.dir is None:
+            for name in ("once", "until", "poll_seconds"):
+                check(getattr(self, name) == default_of(FollowConfig, name),
+                      qualified(self, name), getattr(self, name),
+                      f"applies with `{qualified(self, 'dir')}` only")
+        check(not (self.once and self.until is not None),
+              qualified(self, "once"), self.once,
+              f"and `{qualified(self, 'until')}` are two ends: give one")
+        check(self.poll_seconds > 0, qualified(self, "poll_seconds"),
+              self.poll_seconds, "must be > 0")
+        check(self.until is None or ("/" not in self.until
+                                     and self.until.strip() == self.until
+                                     and self.until not in ("", ".", "..")),
+              qualified(self, "until"), self.until,
+              "must be one partition folder's name (no path)")
+
+    @property
+    def active(self) -> bool:
+        return self.dir is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class StrategyConfig(Codec, where="strategy"):
     """How the job is distributed."""
@@ -203,6 +259,39 @@ def check_breakdown(loop: LoopConfig, spec: FeatureSpec,
     breakdown.check(spec)
 
 
+def _check_follow(config: JobConfig) -> None:
+    """What ``--follow`` excludes: ``--data`` (the partitions are the
+    data), ``--steps`` (one pass, or ``--epochs``, per partition), early
+    stopping (each partition trains to its end), ``--plots`` (drawn of a
+    run's one exported checkpoint), the retrieval task and an MSE label
+    (test-before-train is AUC/logloss/calibration)."""
+    follow = qualified(FollowConfig, "dir")
+    check(config.data is None, qualified(config, "data"), config.data,
+          f"cannot be given with `{follow}`: the partitions are the data")
+    check(config.loop.steps is None, qualified(LoopConfig, "steps"),
+          config.loop.steps, f"cannot be given with `{follow}`: each "
+          f"partition trains one pass (`{qualified(config, 'epochs')}` "
+          "passes)")
+    check(not config.loop.early_stop_patience,
+          qualified(LoopConfig, "early_stop_patience"),
+          config.loop.early_stop_patience,
+          f"does not apply with `{follow}`: each partition trains to its end")
+    check(config.input.mode == "static", qualified(InputConfig, "mode"),
+          config.input.mode, f"must be static with `{follow}` (each "
+          "partition's files are read by worker index)")
+    check(not config.plots, qualified(config, "plots"), config.plots,
+          f"does not apply with `{follow}`: each partition's test before "
+          "training is its evaluation (run `psrec eval --plots` on an "
+          "exported checkpoint)")
+    if not has_ranking_metrics(config.spec, config.retrieval):
+        raise ConfigError(
+            f"`{follow}` evaluates each partition by AUC, logloss and "
+            "calibration before training on it: it needs a ranking task with "
+            "a binary label; this run is " + (
+                "a retrieval task" if config.retrieval is not None else
+                "a regression (loss: mse)") + ": drop it.")
+
+
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
     """Everything ``psrec train`` needs; each field's option metadata says
@@ -240,7 +329,8 @@ class JobConfig:
     epochs: float | None = option(
         None, flag="--epochs",
         help="train N passes over the train split (manifest rows / "
-        "(--batch-size x --grad-accum-steps) steps each) instead of --steps")
+        "(--batch-size x --grad-accum-steps) steps each) instead of --steps; "
+        "with --follow, passes over each partition (default 1)")
     strategy: StrategyConfig = option(StrategyConfig(),
                                       help="how the job is distributed")
     partition: PartitionConfig = option(
@@ -326,6 +416,9 @@ class JobConfig:
         "fit them, the rest starts fresh (one line per feature). The step "
         "counter starts at 0. Only a workdir without a checkpoint of its "
         "own is warm-started: a rerun resumes its own checkpoints")
+    follow: FollowConfig = option(
+        FollowConfig(), strategies=FOLLOW_STRATEGIES, help="continuous training on a folder of partitions "
+        "(test, then train each); the default follows nothing")
     reset_optimizer: bool = option(
         False, flag="--reset-optimizer", strategies=("ps",),
         help="with --warm-start: fresh optimizer slots (and iteration "
@@ -360,6 +453,8 @@ class JobConfig:
               self.grace_period, "must be >= 0")
         check(self.epochs is None or self.epochs > 0,
               qualified(self, "epochs"), self.epochs, "must be > 0")
+        if self.follow.active:
+            _check_follow(self)
 
     @property
     def checkpoint_dir(self) -> Path | UriPath:

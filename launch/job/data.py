@@ -69,13 +69,20 @@ def prepare_data(config: JobConfig, log=print, *,
         log(repair.summary())
     if config.verify_checksums:  # both read every byte of the data
         check_disjoint_splits(manifest, progress=progress)
+    check_enough_shards(config, manifest)
+    return manifest
+
+
+def check_enough_shards(config: JobConfig, manifest: Manifest,
+                        what: str = "") -> None:
+    """Every input pipeline (worker) gets its own train shard; ``what``
+    names the data in the error (a followed partition)."""
     pipelines = input_pipelines(config)
     if len(manifest.files("train")) < pipelines:
         raise NotEnoughShardsError(
-            f"{len(manifest.files('train'))} train shards cannot feed "
+            f"{what}{len(manifest.files('train'))} train shards cannot feed "
             f"{pipelines} workers without overlap; convert with "
             f"`--shards {pipelines}` or more.")
-    return manifest
 
 
 def check_output_folders(config: JobConfig) -> None:

@@ -36,7 +36,7 @@ def run_hparams(config, trainer) -> dict[str, Any]:
         "dense_lr": float(optimizer.dense_lr),
         "base_batch_size": optimizer.base_batch_size,
         "warmup_steps": optimizer.warmup_steps,
-        "steps": config.loop.steps,
+        "steps": config.loop.steps or 0,  # 0: --follow, per partition
         "steps_per_closure": config.loop.steps_per_closure,
         "workers": trainer.num_workers,
         "partitioner": partition.kind,
@@ -50,8 +50,9 @@ def make_reporter(config, trainer, heartbeat=None,
     and evals also published in ``heartbeat``."""
     if not trainer.chief:
         return None
-    reporter = ProgressReporter(
-        config.loop.steps, int(trainer.progress.step.numpy()),
+    step = int(trainer.progress.step.numpy())
+    reporter = ProgressReporter(  # --follow sets each partition's end
+        config.loop.steps or step, step,
         as_path(config.workdir) / "tensorboard",
         learning_rates={
             "sparse": trainer.sparse_optimizer.learning_rate,

@@ -16,6 +16,7 @@ import dataclasses
 import time
 from pathlib import Path
 from typing import Any
+from typing import Callable
 from typing import Iterator
 
 from psrec.data.format.files import write_json_atomic
@@ -26,6 +27,7 @@ from psrec.launch.job.config import has_ranking_metrics
 from psrec.launch.job.data import load_verified
 from psrec.launch.job.data import prepare_data
 from psrec.launch.job.data import record_sampling
+from psrec.launch.job.follow_state import partition_table
 from psrec.launch.job.reporting import coverage_fields
 from psrec.launch.job.reporting import coverage_lines
 from psrec.launch.job.reporting import input_options
@@ -46,6 +48,17 @@ from psrec.ps_cluster.training.loop import steps_for_epochs
 from psrec.ps_cluster.training.loop import steps_per_epoch
 from psrec.uri_path import as_path
 from psrec.uri_path import shown_path
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowSummary:
+    """What a ``--follow`` session did: the followed folder, the
+    partitions it finished, the partition it stopped before (None: none
+    awaited)."""
+
+    dir: str
+    processed: list
+    waiting_for: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +94,10 @@ class JobSummary:
     coverage: list = dataclasses.field(default_factory=list)  # per epoch
     coverage_warning: str | None = None
     plots: str | None = None  # the folder of --plots
+    # --follow: one record per partition done (follow_state.PartitionRecord
+    # .to_dict), in the order trained, and what this session did
+    partitions: list = dataclasses.field(default_factory=list)
+    follow: FollowSummary | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -97,6 +114,8 @@ class JobSummary:
             data["eval"] = eval_result_from_dict(data["eval"])
         if data.get("best") is not None:
             data["best"] = BestRecord.from_dict(data["best"])
+        if data.get("follow") is not None:
+            data["follow"] = FollowSummary(**data["follow"])
         data["closures_per_worker"] = {
             int(k): v for k, v in data["closures_per_worker"].items()}
         return cls(**data)
@@ -105,6 +124,8 @@ class JobSummary:
         """The exported model's figures first (where it went, the best
         checkpoint's metrics), then the last step's, the run's shape and
         where its files are."""
+        if self.follow is not None:
+            return self._follow_summary()
         lines = [f"psrec train summary ({self.strategy}):",
                  f"  export:      {shown_path(self.export)}"]
         if self.export is not None:  # AUC: ranking on a 0/1 label only
@@ -157,6 +178,28 @@ class JobSummary:
             lines.append(f"  plots:       {shown_path(self.plots)}")
         return "\n".join(lines)
 
+    def _follow_summary(self) -> str:
+        """``--follow``: the partitions' table (every partition done so
+        far, this session's and earlier ones), then where things are."""
+        follow = self.follow
+        lines = [f"psrec train summary ({self.strategy}, --follow "
+                 f"{shown_path(follow.dir)}):",
+                 f"  export:      {shown_path(self.export)}"
+                 + (f" (from checkpoint {self.exported_checkpoint})"
+                    if self.export else ""),
+                 f"  partitions:  {len(self.partitions)} done, "
+                 f"{len(follow.processed)} by this session"
+                 + (f"; next awaited: {follow.waiting_for}"
+                    if follow.waiting_for else "")]
+        lines += [f"  {line}" for line in partition_table(self.partitions)]
+        lines += [
+            f"  steps {self.start_step} -> {self.step} this session; total "
+            f"time {self.seconds:.1f} s",
+            f"  checkpoint:  {shown_path(self.checkpoint)}",
+            f"  tensorboard: {shown_path(self.tensorboard)} (per partition: "
+            "follow/)"]
+        return "\n".join(lines)
+
     def _best_lines(self) -> list[str]:
         """The best checkpoint, or why there is none; and the hint when the
         best is the last evaluation (the model was still improving)."""
@@ -189,6 +232,21 @@ def _ps_cluster(config: JobConfig, cluster: ClusterSpec | None,
         log(f"local cluster: {config.workers} workers + {config.ps} PS on "
             f"127.0.0.1 (pids {', '.join(map(str, local.pids()))})")
         yield local.cluster
+
+
+def _on_ps_cluster(config: JobConfig, cluster: ClusterSpec | None, log,
+                   train: Callable) -> tuple[Any, int]:
+    """``train(strategy, heartbeat, cluster)`` on the job's PS cluster (the
+    given one, or a local one), with the coordinator's heartbeat, once
+    every task is reachable; returns its result and the PS count."""
+    from psrec.launch.job.runtime import coordinator_heartbeat
+    from psrec.ps_cluster.cluster.probe import wait_reachable
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    beat = coordinator_heartbeat(run_state_dir(as_path(config.workdir)))
+    with _ps_cluster(config, cluster, log) as live:
+        wait_reachable(live, config.connect_timeout, log)
+        outcome = train(build_ps_strategy(live, config.partition), beat, live)
+    return outcome, live.num_ps
 
 
 def _replicated_strategy(config: JobConfig, log):
@@ -250,6 +308,8 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
     strategy = None
     if config.strategy.replicated:
         strategy = _replicated_strategy(config, log)
+    if config.follow.active:
+        return _run_follow(config, strategy, cluster, log, began)
     manifest = _manifest(config, data_verified, log)
     workdir = as_path(config.workdir)
     if strategy is not None:
@@ -260,16 +320,9 @@ def run_job(config: JobConfig, cluster: ClusterSpec | None = None,
             return None
         num_ps = 0
     else:
-        from psrec.launch.job.runtime import coordinator_heartbeat
-        from psrec.ps_cluster.cluster.probe import wait_reachable
-        from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-        beat = coordinator_heartbeat(run_state_dir(workdir))
-        with _ps_cluster(config, cluster, log) as live:
-            wait_reachable(live, config.connect_timeout, log)
-            result, trainer = _train(
-                config, build_ps_strategy(live, config.partition), manifest,
-                log, beat, live)
-        num_ps = live.num_ps
+        (result, trainer), num_ps = _on_ps_cluster(
+            config, cluster, log, lambda strategy, beat, live: _train(
+                config, strategy, manifest, log, beat, live))
     export_path, exported = None, None
     # The best checkpoint when the run keeps and recorded one, else the
     # latest: what the export and the plots are of.
@@ -338,6 +391,97 @@ def _plots(config: JobConfig, manifest: Manifest, which: str | None,
     return files.folder
 
 
+def _run_follow(config: JobConfig, strategy, cluster: ClusterSpec | None,
+                log, began: float) -> JobSummary:
+    """``--follow``: the partition loop on the job's strategy (under
+    ``ps`` on the given or a local cluster), then its summary."""
+    from psrec.launch.job.data import check_output_folders
+    check_output_folders(config)
+    workdir = as_path(config.workdir)
+    if strategy is not None:
+        outcome, trainer = _follow(config, strategy, log)
+        num_ps = 0
+    else:
+        (outcome, trainer), num_ps = _on_ps_cluster(
+            config, cluster, log, lambda strategy, beat, live: _follow(
+                config, strategy, log, beat, live))
+    state = outcome.state if outcome is not None else None
+    done = state.done if state is not None else ()
+    last = done[-1] if done else None
+    summary = JobSummary(
+        strategy=config.strategy.kind, manifest=str(config.follow.dir),
+        checkpoint=(trainer.keeper.latest if trainer is not None
+                    and trainer.keeper else None),
+        export=outcome.export if outcome is not None else None,
+        tensorboard=str(workdir / "tensorboard"),
+        start_step=outcome.start_step if outcome else 0,
+        step=outcome.step if outcome else 0,
+        executed_steps=(outcome.step - outcome.start_step) if outcome else 0,
+        examples_per_sec=(outcome.examples / outcome.seconds
+                          if outcome and outcome.seconds else 0.0),
+        final_loss=outcome.final_loss if outcome else float("nan"),
+        eval=None, seconds=time.perf_counter() - began,
+        workers=trainer.num_workers if trainer is not None else 0,
+        ps=num_ps, replicas=trainer.replicas if trainer is not None else 0,
+        batch_size=config.input.batch_size,
+        micro_batches=config.strategy.grad_accum_steps,
+        precision=trainer.precision if trainer is not None else "float32",
+        closures_per_worker={},
+        exported_checkpoint=(f"ckpt-{last.end_step}" if last is not None
+                             and last.export_version is not None else None),
+        partitions=[r.to_dict() for r in done],
+        follow=FollowSummary(
+            dir=str(config.follow.dir),
+            processed=list(outcome.processed) if outcome else [],
+            waiting_for=outcome.waiting_for if outcome else None))
+    write_json_atomic(workdir / "summary.json", summary.to_dict())
+    return summary
+
+
+def _follow(config: JobConfig, strategy, log, heartbeat=None,
+            cluster: ClusterSpec | None = None):
+    """Builds the trainer from the first ready partition, resumes (or
+    warm-starts) and runs the partition loop with the heartbeat, the stall
+    watchdog and a graceful SIGTERM. Returns ``(FollowResult, trainer)``,
+    ``(None, None)`` when ``--once`` finds no partition at all."""
+    from psrec.launch.job import runtime as job_runtime
+    from psrec.launch.job.follow import Follower
+    from psrec.launch.job.follow import first_ready
+    from psrec.launch.job.reporting import make_reporter
+    from psrec.ps_cluster.training.watchdog import Watchdog
+    trainer = reporter = watchdog = None
+    if config.stall_timeout:
+        watchdog = Watchdog(config.stall_timeout, lambda: (
+            trainer.describe_pending() if trainer is not None
+            else "waiting for the first partition"))
+        watchdog.start()
+    try:
+        with job_runtime.StopRequest(config.grace_period) as stop:
+            beat = job_runtime.beat_all(heartbeat, watchdog)
+            manifest = first_ready(config, log, beat, stop.requested)
+            if manifest is None:
+                if stop.requested():
+                    raise stop.error(0, None, False)
+                log(f"follow: no partition is ready in {config.follow.dir} "
+                    "(--once): nothing to do")
+                return None, None
+            manifest.verify(config.spec.fingerprint(), checksums=False)
+            trainer = _make_trainer(config, strategy, manifest)
+            _restore(config, trainer, manifest, log, heartbeat, cluster)
+            reporter = make_reporter(config, trainer, heartbeat, extra=(
+                (lambda: _per_worker(trainer)) if trainer.is_ps else None))
+            follower = Follower(
+                config, trainer, log,
+                lambda data: translated_errors(data, cluster), heartbeat,
+                reporter, watchdog)
+            return follower.run(stop), trainer
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if reporter is not None:
+            reporter.close()
+
+
 # The job processes psrec's launchers start: the coordinator of a supervised
 # local cluster, the workers of a local multi-worker-mirrored run. Each is
 # handed its job as a job.json file (the one codec of a JobConfig) and runs
@@ -392,19 +536,13 @@ def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
                       workers=workers if is_ps else 1).resolved()
 
 
-def _train(config: JobConfig, strategy, manifest: Manifest, log,
-           heartbeat=None, cluster: ClusterSpec | None = None):
-    """Builds the trainer, resumes, trains with progress, eval, checkpoints
-    (the best one kept), the heartbeat, the stall watchdog and a graceful
-    SIGTERM. Returns ``(result, trainer)``."""
+def _make_trainer(config: JobConfig, strategy, manifest: Manifest):
+    """The trainer of the job's task (its base rate and sampling from
+    ``manifest``)."""
     from psrec.data.convert.catalogue import Catalogue
-    from psrec.launch.job import runtime as job_runtime
-    from psrec.launch.job.reporting import make_reporter
     from psrec.ps_cluster.cluster.strategy import precision_policy
     from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
-    from psrec.ps_cluster.training.step import NonFiniteLossError
     from psrec.ps_cluster.training.trainer import Trainer
-    from psrec.ps_cluster.training.watchdog import Watchdog
     precision = precision_policy(config.strategy.mixed_precision)
     common = dict(micro_batches=config.strategy.grad_accum_steps,
                   precision=precision, checkpoint_dir=config.checkpoint_dir,
@@ -420,19 +558,15 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
             strategy, config.spec, config.model, config.optimizer,
             config.input, positive_rate=_base_rate(manifest),
             neg_sample_rate=manifest.neg_sample_rate, **common)
-    requested = config.loop
-    config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
-    if config.epochs is not None or requested.steps is None:
-        how = (f"--epochs {config.epochs:g}" if config.epochs is not None
-               else "steps sized from the data (--steps or --epochs to "
-               "choose)")
-        log(f"{how}: {config.loop.steps} steps of "
-            f"{config.input.batch_size * trainer.micro_batches} rows over "
-            f"{manifest.rows('train'):,} train rows"
-            + (f", stopping early after {config.loop.early_stop_patience} "
-               "evaluations without improvement"
-               if config.loop.early_stop_patience
-               and not requested.early_stop_patience else ""))
+    return trainer
+
+
+def _restore(config: JobConfig, trainer, manifest: Manifest, log,
+             heartbeat=None, cluster: ClusterSpec | None = None) -> None:
+    """Records the job beside the checkpoints (chief), then resumes the
+    latest checkpoint, or warm-starts a new workdir from
+    ``config.warm_start``."""
+    from psrec.launch.job import runtime as job_runtime
     if trainer.chief:
         config.write(config.checkpoint_dir)
         record_sampling(config.checkpoint_dir, manifest, log)
@@ -448,6 +582,32 @@ def _train(config: JobConfig, strategy, manifest: Manifest, log,
             write_restore_report(config.workdir, trainer, restored)
     elif config.warm_start is not None:  # a new workdir: from the source
         _warm_start(config, trainer, manifest, cluster, log)
+
+
+def _train(config: JobConfig, strategy, manifest: Manifest, log,
+           heartbeat=None, cluster: ClusterSpec | None = None):
+    """Builds the trainer, resumes, trains with progress, eval, checkpoints
+    (the best one kept), the heartbeat, the stall watchdog and a graceful
+    SIGTERM. Returns ``(result, trainer)``."""
+    from psrec.launch.job import runtime as job_runtime
+    from psrec.launch.job.reporting import make_reporter
+    from psrec.ps_cluster.training.step import NonFiniteLossError
+    from psrec.ps_cluster.training.watchdog import Watchdog
+    trainer = _make_trainer(config, strategy, manifest)
+    requested = config.loop
+    config = dataclasses.replace(config, loop=resolve_loop(config, manifest))
+    if config.epochs is not None or requested.steps is None:
+        how = (f"--epochs {config.epochs:g}" if config.epochs is not None
+               else "steps sized from the data (--steps or --epochs to "
+               "choose)")
+        log(f"{how}: {config.loop.steps} steps of "
+            f"{config.input.batch_size * trainer.micro_batches} rows over "
+            f"{manifest.rows('train'):,} train rows"
+            + (f", stopping early after {config.loop.early_stop_patience} "
+               "evaluations without improvement"
+               if config.loop.early_stop_patience
+               and not requested.early_stop_patience else ""))
+    _restore(config, trainer, manifest, log, heartbeat, cluster)
     reporter = make_reporter(config, trainer, heartbeat, extra=(
         (lambda: _per_worker(trainer)) if trainer.is_ps else None))
     watchdog = None

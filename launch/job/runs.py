@@ -70,6 +70,10 @@ class RunRecord:
 
     @property
     def data(self) -> str:
+        followed = (self.job.get("follow") or {}).get("dir")
+        if followed:
+            done = len((self.summary or {}).get("partitions") or [])
+            return f"--follow {followed} ({done} partitions done)"
         if self.job.get("data"):
             return str(self.job["data"])
         rows = (self.job.get("synthetic") or {}).get("rows")
@@ -86,6 +90,9 @@ class RunRecord:
         if final:
             name, value = next(iter(final.items()))
             return f"{name} {value:.4f} (last eval)"
+        test = _last_test(self.summary)
+        if test:
+            return f"auc {test['auc']:.4f} (last partition's test)"
         if self.summary is not None:
             return "no evaluation"
         return "-"
@@ -116,6 +123,13 @@ class RunRecord:
         if final:
             lines.append(f"  final eval:  step {self.summary['step']}: " +
                          ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+        elif _last_test(self.summary):
+            record = self.summary["partitions"][-1]
+            lines.append(
+                f"  last test:   partition {record['partition']} at step "
+                f"{record['eval_step']} (before training on it): " + ", ".join(
+                    f"{k} {v:.4f}" for k, v in record["test"].items()
+                    if k in ("auc", "logloss", "calibration", "gauc")))
         elif self.summary is not None:
             lines.append("  final eval:  none (no eval split)")
         exports = ", ".join(str(self.path / "export" / str(v))
@@ -224,6 +238,14 @@ def _metrics(summary: dict[str, Any] | None) -> dict[str, float]:
     if isinstance(recall, dict):
         figures.update({f"recall@{k}": float(v) for k, v in recall.items()})
     return figures
+
+
+def _last_test(summary: dict[str, Any] | None) -> dict[str, float]:
+    """``--follow``: the last partition's test-before-train metrics with
+    an AUC ({} otherwise)."""
+    records = (summary or {}).get("partitions") or []
+    test = records[-1].get("test", {}) if records else {}
+    return test if "auc" in test else {}
 
 
 def _when(seconds: float) -> str:

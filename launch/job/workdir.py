@@ -4,9 +4,12 @@ Before anything is written there, :func:`check_same_job` compares the job
 recorded in the workdir (``checkpoints/job.json``) with the one requested:
 a different spec, model, optimizer kind, task or data is a
 :class:`WorkdirMismatchError` (exit 2) naming each field, its recorded and
-its requested value, and the fix. What a resume may change (steps, eval
-and checkpoint cadence, logging, learning rates, batch size, cluster shape,
-strategy, timeouts) is not compared. :func:`workdir_lock` then takes the
+its requested value, and the fix. The followed folder (``--follow``) is
+part of the job: following another folder, or following after training on
+``--data`` (or the reverse), is refused too. What a resume may change
+(steps, eval and checkpoint cadence, ``--once`` / ``--follow-until``,
+logging, learning rates, batch size, cluster shape, strategy, timeouts) is
+not compared. :func:`workdir_lock` then takes the
 workdir's lock (``train.lock`` in its local run-state folder, an exclusive
 ``flock`` held for the run's life by the one process that took it; the
 file holds its pid); a second ``psrec train`` is a
@@ -28,6 +31,7 @@ from psrec.errors import ConfigError
 from psrec.errors import PsrecError
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.job.config import JOB_FILE
+from psrec.launch.job.config import FollowConfig
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import SyntheticData
 from psrec.models.optim.config import OptimizerConfig
@@ -97,7 +101,20 @@ def job_differences(recorded: dict[str, Any], config: JobConfig
                 isinstance(recorded.get("synthetic"), dict)):
             found += _leaves(SyntheticData, recorded["synthetic"],
                              requested["synthetic"], _SYNTHETIC_IDENTITY)
+    if "follow" in recorded or requested["follow"]["dir"] is not None:
+        before = _follow_dir((recorded.get("follow") or {}).get("dir"))
+        after = _follow_dir(requested["follow"]["dir"])
+        if before != after:
+            found.append((qualified(FollowConfig, "dir"), before, after))
     return found
+
+
+def _follow_dir(folder: str | None) -> str:
+    """A followed folder as compared and shown (resolved)."""
+    if folder is None:
+        return "none (not following)"
+    path = as_path(folder)
+    return repr(str(path.resolve() if isinstance(path, Path) else path))
 
 
 def check_same_job(config: JobConfig) -> None:

@@ -44,7 +44,7 @@ from psrec.uri import split_root
 HEARTBEAT_FILE = "heartbeat.json"
 MIN_INTERVAL = 0.5  # seconds between writes within one phase
 PHASES = ("connecting", "restoring", "training", "eval", "checkpoint", "done",
-          "terminating", "terminated")
+          "terminating", "terminated", "waiting")
 
 #: The roles of a local job, as the supervisor restarts them (each on its own
 #: budget) and ``/metrics`` counts their restarts.

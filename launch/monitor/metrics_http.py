@@ -118,6 +118,7 @@ class HeartbeatCollector:
              beat.get("checkpoint_time")),
             ("psrec_checkpoint_duration_seconds", "how long the last "
              "checkpoint save took", beat.get("checkpoint_seconds"))])
+        yield from _follow_families(beat.get("follow") or {})
         yield from _counters(beat)
 
     def describe(self) -> list[Any]:
@@ -138,6 +139,29 @@ def _families(kind: type, specs) -> Iterator[Any]:
         if (number := _number(value)) is not None:
             family.add_metric([], number)
         yield family
+
+
+def _follow_families(follow: Mapping[str, Any]) -> Iterator[Any]:
+    """``--follow``: the last partition done (its test-before-train
+    metrics, rows, train steps, seconds, export version) and the count of
+    partitions done; no samples when the run follows nothing."""
+    last = "of the last partition done (--follow)"
+    yield from _families(GaugeMetricFamily, [
+        (f"psrec_follow_test_{name}", f"test-before-train {text} {last}",
+         follow.get(f"test_{name}"))
+        for name, text in (("auc", "AUC"), ("logloss", "log loss"),
+                           ("calibration", "calibration"),
+                           ("gauc", "GAUC (--group-by)"))] + [
+        ("psrec_follow_partition_rows", f"rows {last}", follow.get("rows")),
+        ("psrec_follow_partition_steps", f"train steps {last}",
+         follow.get("steps")),
+        ("psrec_follow_partition_seconds", f"seconds from test to export "
+         f"{last}", follow.get("seconds")),
+        ("psrec_follow_export_version", f"export version {last}",
+         follow.get("export_version"))])
+    yield from _families(CounterMetricFamily, [
+        ("psrec_follow_partitions", "partitions tested, trained and "
+         "exported (--follow)", follow.get("partitions_done"))])
 
 
 def _counters(beat: Mapping[str, Any]) -> Iterator[CounterMetricFamily]:

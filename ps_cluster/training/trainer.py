@@ -279,12 +279,16 @@ class Trainer:
             ps_workers=self.num_workers if self.is_ps else None, **options)
 
     def evaluate(self, manifest: Manifest, batch_size: int | None = None,
-                 split: str = "eval") -> EvalResult:
-        """Every example of ``split`` once (one call or closure per
-        shard), with the task's metrics (:meth:`_eval_function`)."""
+                 split: str | tuple[str, ...] = "eval") -> EvalResult:
+        """Every example of ``split`` (or of several splits: a followed
+        partition's test before train reads all of its rows) once, one
+        call or closure per shard, with the task's metrics
+        (:meth:`_eval_function`)."""
         function, combine = self._eval_function(
             batch_size or self.input_config.batch_size, manifest.block_rows)
-        return evaluate_files(function, manifest.files(split),
+        splits = (split,) if isinstance(split, str) else split
+        return evaluate_files(function,
+                              [f for s in splits for f in manifest.files(s)],
                               self.coordinator, combine=combine,
                               on_part=self.eval_beat)
 
