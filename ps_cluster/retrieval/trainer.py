@@ -32,8 +32,9 @@ from psrec.ps_cluster.training.trainer import Trainer
 class RetrievalTrainer(Trainer):
     """Trains a two-tower model (see :class:`Trainer` for the arguments;
     ``model_config`` is a :class:`RetrievalConfig`; ``positive_rate`` and
-    ``neg_sample_rate`` do not apply: there is no output bias, and the
-    logits are scores, not probabilities).
+    ``neg_sample_rate`` do not apply: there is no calibrated output bias (the
+    candidate bias is learned), and the logits are scores, not
+    probabilities).
 
     Args:
       catalogue: the candidates of the data (``Catalogue.load``).
