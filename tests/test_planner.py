@@ -180,8 +180,9 @@ def test_plan_matches_the_real_variables_on_an_in_process_cluster(
 
 @pytest.mark.cluster
 def test_a_two_tower_model_is_planned_as_built(ps_cluster):
-    """The retrieval task's model (no wide tables, tower MLPs as its dense
-    part) places its tables as the plan says."""
+    """The retrieval task's model (its candidate tables' wide twins: the
+    candidate bias; tower MLPs as its dense part) places its tables as the
+    plan says."""
     from psrec.features.spec.presets import movielens_retrieval
     from psrec.models.build import build_model
     from psrec.models.embedding.sparse_arch import table_variables
@@ -193,7 +194,10 @@ def test_a_two_tower_model_is_planned_as_built(ps_cluster):
     with strategy.scope():
         model = build_model(spec, config)
     expected = plan(spec, config, 2)
-    assert [t.name for t in expected.tables] == [t.name for t in spec.tables]
+    assert [t.name for t in expected.tables] == [
+        "user", "item", "item__wide", "genre", "genre__wide", "user_attr"]
+    assert sorted(model.sparse_arch.tables) == sorted(
+        t.name for t in expected.tables)
     for table in expected.tables:
         shards = table_variables(model.sparse_arch.tables[table.name])
         assert [(tuple(v.shape), v.device) for v in shards] == [

@@ -232,7 +232,8 @@ def test_inline_top_k_runs_inside_a_ps_closure(ps_run):
     trainer, _, _ = ps_run
     tables = trainer.tables
     assert all(v.device.startswith("/job:ps") for v in tables.embeddings)
-    queries = tf.random.stateless_normal([8, CONFIG.output_dim], seed=(1, 2))
+    queries = tf.random.stateless_normal([8, CONFIG.embedding_dim],
+                                        seed=(1, 2))
 
     @tf.function
     def top(query):
@@ -262,7 +263,7 @@ def retrieval_export(ps_run, data, tmp_path_factory):
 
 
 def test_export_round_trip(ps_run, data, retrieval_export, capsys):
-    _, result, ckpt = ps_run
+    trainer, result, ckpt = ps_run
     manifest, parquet = data
     folder = retrieval_export.path
     top = tf.saved_model.load(folder).signatures["serving_default"]
@@ -281,6 +282,23 @@ def test_export_round_trip(ps_run, data, retrieval_export, capsys):
     order = np.argsort(-brute, axis=1, kind="stable")[:, :100]
     np.testing.assert_allclose(scores, np.take_along_axis(brute, order, 1),
                                rtol=1e-4, atol=1e-5)
+    # The trained candidate bias (CONFIG's default) is in the top-k: the
+    # embeddings' last column (the query's is 1), the sum of each item's
+    # and its category's wide weights, as checkpointed.
+    assert CONFIG.candidate_bias
+    np.testing.assert_array_equal(tower(**query)["embedding"][:, -1], 1.0)
+    reader = tf.train.load_checkpoint(str(ckpt))
+    wide = {table: reader.get_tensor(
+        f"model/sparse_arch/{table}__wide/.ATTRIBUTES/VARIABLE_VALUE")
+        for table in ("items", "groups")}
+    catalogue = Catalogue.load(manifest.root, trainer.spec)
+    bias = (wide["items"][catalogue.features["item_id"], 0]
+            + wide["groups"][catalogue.features["category"], 0])
+    np.testing.assert_allclose(matrix[:, -1], bias, rtol=1e-5, atol=1e-6)
+    assert np.ptp(bias) > 0.1  # trained: dropping it changes the top-k
+    without = tower(**query)["embedding"].numpy()[:, :-1] @ matrix[:, :-1].T
+    assert not np.array_equal(
+        np.argsort(-without, axis=1, kind="stable")[:, :100], order)
     # The ground truth: a user's own group's items are in the top 10 (item
     # raw id 5000 + 5 * group + j, see tests/_retrieval_data.py).
     groups = [int(g[1:]) for g in rows["user_group"]]
@@ -369,7 +387,7 @@ def test_retrieval_warmup_requests_are_query_rows_and_serve(
     for request in official_requests(f"{folder}/query_tower", "export"):
         outputs = serve(f"{folder}/query_tower", request)
         assert outputs["embedding"].shape == (len(request["user_id"]),
-                                              CONFIG.output_dim)
+                                              CONFIG.embedding_dim)
 
 
 def test_retrieval_warmup_rows_without_data_are_synthetic_query_features(

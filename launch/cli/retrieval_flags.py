@@ -52,6 +52,7 @@ def add_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     add_option(group, RetrievalConfig, "uniform_negatives",
                type=non_negative)
     add_option(group, RetrievalConfig, "remove_accidental_hits")
+    add_option(group, RetrievalConfig, "candidate_bias")
 
 
 def retrieval_config(args: argparse.Namespace, spec
@@ -70,4 +71,5 @@ def retrieval_config(args: argparse.Namespace, spec
         tower_mlp=args.tower_mlp, output_dim=args.output_dim,
         temperature=args.temperature, normalize=not args.no_normalize,
         logq=not args.no_logq, uniform_negatives=args.uniform_negatives,
-        remove_accidental_hits=not args.keep_accidental_hits)
+        remove_accidental_hits=not args.keep_accidental_hits,
+        candidate_bias=not args.no_candidate_bias)

@@ -37,6 +37,7 @@ from psrec.launch.job.config import SyntheticData
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.retrieval.config import RetrievalConfig
+from psrec.models.retrieval.config import as_recorded
 from psrec.options import qualified
 from psrec.uri_path import as_path
 
@@ -47,7 +48,7 @@ LOCK_FILE = "train.lock"
 #: ``ModelConfig`` is compared whole; ``SyntheticData.seed`` is left out:
 #: ``--seed`` is also the shuffle seed, which a resume may change.
 _OPTIMIZER_IDENTITY = ("sparse", "dense")
-_RETRIEVAL_IDENTITY = ("tower_mlp", "output_dim")
+_RETRIEVAL_IDENTITY = ("tower_mlp", "output_dim", "candidate_bias")
 _SYNTHETIC_IDENTITY = ("rows", "eval_fraction", "files", "shards")
 
 
@@ -85,7 +86,7 @@ def job_differences(recorded: dict[str, Any], config: JobConfig
         if (before is None) != (after is None):
             found.append(("the task", _task(before), _task(after)))
         elif before is not None:
-            found += _leaves(RetrievalConfig, before, after,
+            found += _leaves(RetrievalConfig, as_recorded(before), after,
                              _RETRIEVAL_IDENTITY)
     if isinstance(recorded.get("optimizer"), dict):
         found += _leaves(OptimizerConfig, recorded["optimizer"],

@@ -101,23 +101,29 @@ class SparseArch(tf_keras.layers.Layer):
     Call with the batch dict (``feature name -> int64 ids``: ``[B]``, or
     ``[B, L]`` padded with -1 for multi-hot features). Returns a list of
     ``[B, dim]`` embeddings in spec order, and the wide (first-order) logit
-    ``[B]`` when ``wide`` is set (else None).
+    ``[B]`` when every table has a wide twin (else None).
 
     Args:
-      wide: also create a ``[rows, 1]`` first-order weight table per table.
+      wide: the tables that also get a ``[rows, 1]`` first-order weight
+        table, their wide twin ``<table>__wide`` (the model configuration's
+        ``wide_tables``: every table of a ranking model with ``wide``, the
+        candidate tables of a two-tower model with ``candidate_bias``).
       default_scale: initializer scale of the tables whose spec leaves
         ``scale`` unset (``ModelConfig.init_scale``); None: ``1/sqrt(dim)``.
       serving: ``(tables, dynamic_tables)`` to read instead of creating
         tables (:meth:`with_tables`).
     """
 
-    def __init__(self, spec: FeatureSpec, wide: bool = False,
+    def __init__(self, spec: FeatureSpec,
+                 wide: tuple[str, ...] = (),
                  default_scale: float | None = None,
                  serving: tuple[dict, dict] | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.spec = spec
-        self.wide = wide
+        #: The tables with a wide twin, in spec order.
+        self.wide_tables = tuple(t.name for t in spec.tables
+                                 if t.name in wide)
         self._by_table = collections.defaultdict(list)
         for feature in spec.categorical:
             self._by_table[feature.table].append(feature)
@@ -139,7 +145,7 @@ class SparseArch(tf_keras.layers.Layer):
                 if in_blocks:
                     fill_table(self.tables[table.name], initializer,
                                label=f"init {table.name}")
-                if wide:
+                if table.name in self.wide_tables:
                     name = table.name + WIDE_SUFFIX
                     self.tables[name] = self.add_weight(
                         name=name, shape=(table.rows, 1),
@@ -154,7 +160,7 @@ class SparseArch(tf_keras.layers.Layer):
         """An arch of the same spec that reads ``tables`` (``name -> `` a
         plain variable or a :class:`QuantizedTable`) and this
         arch's dynamic tables (their id -> row maps); for serving only."""
-        return SparseArch(self.spec, wide=self.wide,
+        return SparseArch(self.spec, wide=self.wide_tables,
                           serving=(tables, self.dynamic_tables),
                           name=self.name)
 
@@ -173,8 +179,9 @@ class SparseArch(tf_keras.layers.Layer):
         dynamic = self.dynamic_tables.get(name)
         if dynamic is not None:  # raw ids -> rows; unknown: the default row
             safe = dynamic.rows(all_ids, training=bool(training))
+        wide = name in self.wide_tables
         tables = [self.tables[name]]
-        if self.wide:
+        if wide:
             tables.append(self.tables[name + WIDE_SUFFIX])
         outputs = []
         for table in tables:
@@ -185,7 +192,7 @@ class SparseArch(tf_keras.layers.Layer):
             rows = tf.split(found, sizes, axis=0)
             outputs.append({f.name: self._combine(f, batch[f.name], r)
                             for f, r in zip(features, rows)})
-        return outputs[0], (outputs[1] if self.wide else {})
+        return outputs[0], (outputs[1] if wide else {})
 
     def pool(self, rows: dict[str, tf.Tensor], keys: dict[str, tf.Tensor],
              wide_rows: dict[str, tf.Tensor] | None = None):
@@ -227,17 +234,21 @@ class SparseArch(tf_keras.layers.Layer):
 
     def lookup(self, batch: dict[str, tf.Tensor],
                names: tuple[str, ...], training: bool = False
-               ) -> list[tf.Tensor]:
+               ) -> tuple[list[tf.Tensor], tf.Tensor | None]:
         """The embeddings of the features ``names`` only, in that order
-        (``batch`` needs only those; one lookup per table, as :meth:`call`):
-        what a retrieval tower reads."""
-        found = {}
+        (``batch`` needs only those; one lookup per table, as :meth:`call`),
+        and the ``[B]`` sum of their wide weights (None when none of their
+        tables has a wide twin): what a retrieval tower reads."""
+        found, wide = {}, {}
         for table, features in self._by_table.items():
             chosen = [f for f in features if f.name in names]
             if chosen:
-                found.update(self._lookup_table(table, batch, chosen,
-                                                training)[0])
-        return [found[name] for name in names]
+                e, w = self._lookup_table(table, batch, chosen, training)
+                found.update(e)
+                wide.update(w)
+        wide_sum = (tf.add_n([tf.reshape(w, [-1]) for w in wide.values()])
+                    if wide else None)
+        return [found[name] for name in names], wide_sum
 
     def call(self, batch: dict[str, tf.Tensor], training=None):
         embeddings, wide = {}, {}
@@ -246,7 +257,7 @@ class SparseArch(tf_keras.layers.Layer):
             embeddings.update(e)
             wide.update(w)
         ordered = [embeddings[f.name] for f in self.spec.categorical]
-        if not self.wide:
+        if not wide or len(wide) < len(self.spec.categorical):
             return ordered, None
         return ordered, self._wide_logit(wide)
 

@@ -112,8 +112,8 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
     (``dense_parameters`` counted with :func:`dense_parameter_count` unless
     known)."""
     shapes = [(t.rows, t.dim) for t in spec.tables]
-    if model.wide:
-        shapes += [(t.rows, 1) for t in spec.tables]
+    wide = model.wide_tables(spec)
+    shapes += [(t.rows, 1) for t in spec.tables if t.name in wide]
     tables = 4 * sum(rows * dim for rows, dim in shapes)
     table_slots = 4 * sum(slot_values(optimizer.sparse, rows, dim)
                           for rows, dim in shapes)

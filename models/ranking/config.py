@@ -104,6 +104,12 @@ class ModelConfig(Codec, where="model"):
               "init_scale", scale, "must be a finite number > 0 or None",
               ModelConfigError)
 
+    def wide_tables(self, spec: FeatureSpec) -> tuple[str, ...]:
+        """The tables of ``spec`` with a wide (``[rows, 1]``) twin: all
+        with ``wide``, else none (``RetrievalConfig.wide_tables`` has the
+        two-tower model's)."""
+        return tuple(t.name for t in spec.tables) if self.wide else ()
+
 
 #: DeepFM's initialisation scale of the field vectors (``init_scale``): at
 #: the tables' default ``1/sqrt(dim)`` its FM term starts with a standard

@@ -67,7 +67,7 @@ class RankingModel(ShardedTablesModel):
         width = None
         if config.interaction in COMMON_WIDTH_INTERACTIONS:
             width = max(t.dim for t in spec.tables)
-        self.sparse_arch = SparseArch(spec, wide=config.wide,
+        self.sparse_arch = SparseArch(spec, wide=config.wide_tables(spec),
                                       default_scale=config.init_scale,
                                       name="sparse_arch")
         self.projections = {

@@ -14,6 +14,16 @@ from psrec.options import option
 TASKS = ("ranking", "retrieval")
 #: The cut-offs of the exact evaluation (recall@k).
 RECALL_KS = (1, 5, 10, 50, 100)
+#: Fields added since the first retrieval ``job.json``, with the value a
+#: run recorded before them trained with.
+_ADDED_FIELDS = {"candidate_bias": False}
+
+
+def as_recorded(data: dict) -> dict:
+    """A recorded ``RetrievalConfig`` (``job.json``'s ``retrieval``) with
+    the fields added since it was written, at the values that run trained
+    with."""
+    return {**_ADDED_FIELDS, **data}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +52,11 @@ class RetrievalConfig(Codec, where="retrieval"):
         True, flag="--keep-accidental-hits",
         help="keep negatives that are the positive's own candidate "
         "(default: removed)")
+    candidate_bias: bool = option(
+        True, flag="--no-candidate-bias",
+        help="no learned bias per candidate (default: a score is the two "
+        "towers' dot product plus the candidate's bias, the sum of one "
+        "learned weight per candidate feature value)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tower_mlp", tuple(self.tower_mlp))
@@ -59,6 +74,31 @@ class RetrievalConfig(Codec, where="retrieval"):
         check(isinstance(self.uniform_negatives, int)
               and self.uniform_negatives >= 0, f"{name}.uniform_negatives",
               self.uniform_negatives, "must be >= 0", ModelConfigError)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str | None = None
+                  ) -> "RetrievalConfig":
+        """As :meth:`Codec.from_dict`; a field the data lacks takes the
+        value its run trained with (:func:`as_recorded`)."""
+        return super().from_dict(as_recorded(data), where)
+
+    @property
+    def embedding_dim(self) -> int:
+        """The width of the query and candidate embeddings whose dot
+        product is the score: ``output_dim``, plus one with
+        ``candidate_bias`` (1 in the query's, the bias in the
+        candidate's)."""
+        return self.output_dim + int(self.candidate_bias)
+
+    def wide_tables(self, spec) -> tuple[str, ...]:
+        """The tables of ``spec`` with a wide (``[rows, 1]``) twin: those of
+        the candidate features, whose wide weights make the candidate bias,
+        with ``candidate_bias``; else none."""
+        if not self.candidate_bias:
+            return ()
+        candidate = set(spec.towers.candidate)
+        return tuple(dict.fromkeys(f.table for f in spec.categorical
+                                   if f.name in candidate))
 
 
 def check_no_dynamic_tables(spec) -> None:

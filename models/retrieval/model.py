@@ -4,8 +4,15 @@ Both towers read one :class:`~psrec.models.embedding.sparse_arch.SparseArch` (ta
 sharded on the PS tasks, looked up per table as for ranking); each
 concatenates the embeddings of its features (the query tower also the
 transformed dense features) and maps them through its MLP to an
-``output_dim`` embedding, L2-normalised when ``normalize`` is set. The
-score of a (query, candidate) pair is the dot product of the two.
+``output_dim`` embedding, L2-normalised when ``normalize`` is set. With
+``candidate_bias`` each candidate also has a learned bias, the sum of the
+wide (``[rows, 1]``) weights of its feature values (the tables of the
+candidate features get wide twins in the ``SparseArch``, trained, sharded
+and checkpointed as tables): the candidate embedding carries it as one more
+column and the query embedding a 1 there. The score of a (query,
+candidate) pair is always the dot product of the two embeddings, so the
+loss, the exact evaluation, the exported top-k and an external index of the
+exported embeddings all rank by ``q . c + bias``.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ class RetrievalModel(ShardedTablesModel):
         self.query_features = tuple(n for n in spec.towers.query
                                     if n in categorical)
         self.candidate_features = tuple(spec.towers.candidate)
-        self.sparse_arch = SparseArch(spec, name="sparse_arch")
+        self.sparse_arch = SparseArch(spec, wide=config.wide_tables(spec),
+                                      name="sparse_arch")
         self.query_tower = MLP(config.tower_mlp,
                                output_units=config.output_dim,
                                name="query_tower")
@@ -61,29 +69,37 @@ class RetrievalModel(ShardedTablesModel):
         return {"spec": self.spec.to_dict(),
                 "config": dataclasses.asdict(self.config)}
 
-    def _embed(self, tower, parts: list[tf.Tensor], training: bool
-               ) -> tf.Tensor:
+    def _embed(self, tower, parts: list[tf.Tensor], training: bool,
+               last: tf.Tensor | None) -> tf.Tensor:
+        """The tower's output (L2-normalised with ``normalize``), then the
+        ``[B]`` column ``last`` with ``candidate_bias``."""
         vector = tf.cast(tower(tf.concat(parts, axis=1), training=training),
                          tf.float32)
-        return (tf.math.l2_normalize(vector, axis=1) if self.config.normalize
-                else vector)
+        if self.config.normalize:
+            vector = tf.math.l2_normalize(vector, axis=1)
+        if not self.config.candidate_bias:
+            return vector
+        return tf.concat([vector, tf.cast(last, tf.float32)[:, None]], 1)
 
     def query_embedding(self, batch: dict[str, tf.Tensor],
                         training: bool = False) -> tf.Tensor:
-        """``[B, output_dim]`` embeddings of the query features."""
-        parts = self.sparse_arch.lookup(batch, self.query_features,
-                                        training=training)
+        """``[B, embedding_dim]`` embeddings of the query features (last
+        column 1 with ``candidate_bias``)."""
+        parts, _ = self.sparse_arch.lookup(batch, self.query_features,
+                                           training=training)
         if self.spec.dense:  # every dense feature is a query feature
             parts.append(transform_dense(batch[DENSE_COLUMN], self.spec))
-        return self._embed(self.query_tower, parts, training)
+        ones = tf.ones_like(parts[0][:, 0])
+        return self._embed(self.query_tower, parts, training, ones)
 
     def candidate_embedding(self, features: dict[str, tf.Tensor],
                             training: bool = False) -> tf.Tensor:
-        """``[N, output_dim]`` embeddings of candidates given by their
-        encoded candidate features (a batch, or catalogue rows)."""
-        parts = self.sparse_arch.lookup(features, self.candidate_features,
-                                        training=training)
-        return self._embed(self.candidate_tower, parts, training)
+        """``[N, embedding_dim]`` embeddings of candidates given by their
+        encoded candidate features (a batch, or catalogue rows); the last
+        column is the candidate bias with ``candidate_bias``."""
+        parts, bias = self.sparse_arch.lookup(
+            features, self.candidate_features, training=training)
+        return self._embed(self.candidate_tower, parts, training, bias)
 
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
         return (self.query_embedding(batch, training),

@@ -8,9 +8,14 @@
   exact streaming top-k (``models.retrieval.topk``) over the catalogue embeddings it
   holds as variables;
 * the query tower SavedModel: ``serving_default`` -> ``embedding``
-  ``[batch, output_dim]``, for an external index (ScaNN, a vector store);
+  ``[batch, embedding_dim]``, for an external index (ScaNN, a vector
+  store);
 * the candidate embeddings with their raw ids (``candidates.parquet``:
   ``raw_id``, ``embedding``), the other half of such an index.
+
+With ``candidate_bias`` the last column is 1 in the query embeddings and
+the candidate's bias in the candidate embeddings: the dot product is the
+model's score, for the top-k here and for an external index alike.
 """
 
 from __future__ import annotations

@@ -123,11 +123,12 @@ def gradient_traffic(spec: FeatureSpec, model: ModelConfig,
     """What one replica exchanges per update: dense floats, and table
     slices (ids of the batch x width) per table width."""
     ids = {}
+    wide = model.wide_tables(spec)
     for table in spec.tables:
         count = batch_size * sum(f.max_length for f in spec.categorical
                                  if f.table == table.name)
         ids[table.dim] = ids.get(table.dim, 0) + count
-        if model.wide:
+        if table.name in wide:
             ids[1] = ids.get(1, 0) + count
     return {"dense": dense_parameters,
             "slices": {str(dim): rows for dim, rows in ids.items()}}

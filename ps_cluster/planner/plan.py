@@ -190,12 +190,13 @@ def _shard_name(shard: TableShard) -> str:
 def table_variables(spec: FeatureSpec, model: ModelConfig
                     ) -> list[tuple[str, int, int]]:
     """``(name, rows, dim)`` of every table variable the model creates, in
-    creation order: each table, then its wide table when ``model.wide`` (a
-    two-tower ``RetrievalConfig`` has none)."""
+    creation order: each table, then its wide twin when the model has one
+    (``model.wide_tables``)."""
     variables = []
+    wide = model.wide_tables(spec)
     for table in spec.tables:
         variables.append((table.name, table.rows, table.dim))
-        if getattr(model, "wide", False):
+        if table.name in wide:
             variables.append((table.name + WIDE_SUFFIX, table.rows, 1))
     return variables
 

@@ -17,6 +17,7 @@ import dataclasses
 import tensorflow as tf
 
 from psrec.data.convert.catalogue import Catalogue
+from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.loss import CandidateTables
 from psrec.models.retrieval.loss import RetrievalLoss
@@ -31,8 +32,9 @@ from psrec.ps_cluster.training.trainer import Trainer
 class RetrievalTrainer(Trainer):
     """Trains a two-tower model (see :class:`Trainer` for the arguments;
     ``model_config`` is a :class:`RetrievalConfig`; ``positive_rate`` and
-    ``neg_sample_rate`` do not apply: there is no output bias, and the
-    logits are scores, not probabilities).
+    ``neg_sample_rate`` do not apply: there is no calibrated output bias (the
+    candidate bias is learned), and the logits are scores, not
+    probabilities).
 
     Args:
       catalogue: the candidates of the data (``Catalogue.load``).
@@ -50,7 +52,7 @@ class RetrievalTrainer(Trainer):
         self._baselines: dict = {}  # split -> popularity_baseline
         with strategy.scope():
             self.tables = CandidateTables(catalogue, spec,
-                                          model_config.output_dim)
+                                          model_config.embedding_dim)
         self.step.example_losses = RetrievalLoss(self.model, self.tables,
                                                  model_config, spec)
         self._refresh = tf.function(
@@ -58,11 +60,12 @@ class RetrievalTrainer(Trainer):
 
     def _extra_lookups(self, table: str) -> int:
         """The uniform negatives' lookups of the candidate features of
-        ``table``."""
+        ``table`` (or of its wide twin: the candidate bias)."""
         candidate = self.spec.towers.candidate
+        base = table.removesuffix(WIDE_SUFFIX)
         return self.model.config.uniform_negatives * sum(
             f.max_length for f in self.spec.categorical
-            if f.table == table and f.name in candidate)
+            if f.table == base and f.name in candidate)
 
     def best_tracker(self, loop):
         """None: the ranking metrics of ``--keep-best`` do not apply (the
