@@ -200,8 +200,9 @@ class SparseArch(tf_keras.layers.Layer):
         export's key-value store): ``rows[name]``, a feature's gathered
         rows (``[B, dim]``, or ``[B, L, dim]`` for a multi-hot feature),
         ``keys[name]`` its ids (only their sign is read: negative is
-        padding, masked out of a multi-hot feature) and, with ``wide``,
-        ``wide_rows[name]`` its first-order rows (``[B(, L), 1]``)."""
+        padding, masked out of a multi-hot feature) and, when every table
+        has a wide twin (a ranking model's ``wide``), ``wide_rows[name]``
+        its first-order rows (``[B(, L), 1]``)."""
         def combined(source):
             return {f.name: self._combine(
                 f, keys.get(f.name), tf.reshape(source[f.name], [-1, tf.shape(
@@ -210,7 +211,7 @@ class SparseArch(tf_keras.layers.Layer):
 
         embeddings = combined(rows)
         ordered = [embeddings[f.name] for f in self.spec.categorical]
-        if not self.wide:
+        if not self.wide_tables:
             return ordered, None
         wide = combined(wide_rows)
         return ordered, self._wide_logit(wide)

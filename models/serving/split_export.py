@@ -106,7 +106,7 @@ class SplitServingModule(tf.Module):
             ids = {f.name: inputs[f.name + KEYS_INPUT]
                    for f in spec.categorical if f.multi_hot}
             wide = ({f.name: inputs[f.name + WIDE_INPUT]
-                     for f in spec.categorical} if arch.wide else None)
+                     for f in spec.categorical} if arch.wide_tables else None)
             embeddings, wide_logit = arch.pool(rows, ids, wide)
             logit = tf.cast(head(embeddings, wide_logit,
                                  dense_batch(spec, inputs)), tf.float32)
@@ -116,7 +116,7 @@ class SplitServingModule(tf.Module):
         self.keys = tf.function(keys,
                                 input_signature=[serving_signature(spec)])
         self.dense = tf.function(dense, input_signature=[
-            dense_signature(spec, arch.wide)])
+            dense_signature(spec, bool(arch.wide_tables))])
 
 
 def table_blocks(model: RankingModel, name: str,
@@ -241,7 +241,8 @@ def publish_split(model: RankingModel, spec: FeatureSpec, root: str | Path,
     chain = None
     manifest = {"format": FORMAT, "kind": "full", "version": version, **info,
                 "model": MODEL_DIR,
-                "features": _features(spec, model.sparse_arch.wide)}
+                "features": _features(
+                    spec, bool(model.sparse_arch.wide_tables))}
     if delta_since is not None:
         base = load_bundle(as_path(root) / str(delta_since))
         chain = chain_of(base, root)
