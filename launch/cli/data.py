@@ -13,8 +13,8 @@ from psrec.data.convert.config import ConversionOptions
 from psrec.data.format.manifest import SPLITS
 from psrec.data.format.manifest import Manifest
 from psrec.data.format.manifest import spec_for
-from psrec.data.ingest.synthetic import Drift
 from psrec.data.infer.infer import InferOptions
+from psrec.data.ingest.synthetic import Drift
 from psrec.features.spec.presets import resolve_spec
 from psrec.launch.cli.argtypes import fraction
 from psrec.launch.cli.argtypes import integer

@@ -11,9 +11,9 @@ import sys
 
 from psrec.data.format.manifest import Manifest
 from psrec.errors import EXIT_OK
+from psrec.launch.cli.bundle_run import bundle_lines
 from psrec.launch.cli.model import breakdown_of
 from psrec.launch.cli.model import keep_columns
-from psrec.launch.cli.bundle_run import bundle_lines
 from psrec.launch.cli.support import print_result
 from psrec.launch.job import bench
 from psrec.launch.job.config import BenchConfig
