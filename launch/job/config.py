@@ -151,6 +151,12 @@ def check_curves(record: JobConfig) -> None:
     """ROC, precision-recall and calibration curves (``psrec eval
     --plots``) need a binary label: refused for a retrieval run and a
     regression (``loss: mse``) run."""
+    if record.spec.multi_task:
+        raise ConfigError(
+            "--plots: the curves are drawn for a run of one label; this "
+            f"run's spec names {len(record.spec.labels)} "
+            f"({', '.join(record.spec.label_names)}): drop --plots (each "
+            "task's AUC, logloss and calibration are in the eval result).")
     if has_ranking_metrics(record.spec, record.retrieval):
         return
     kind = ("a retrieval run (recall@k)" if record.retrieval is not None

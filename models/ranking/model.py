@@ -7,9 +7,11 @@ tables), ``dense_arch`` (bottom MLP on transformed dense features),
 ``interaction_arch`` and ``over_arch`` (top MLP).
 
 The model takes the batch dict produced by ``data.format.records.decode_blocks``
-(raw dense matrix + categorical row ids) and returns logits ``[B]``; the
+(raw dense matrix + categorical row ids) and returns logits ``[B]`` -- or,
+for a spec with several labels, ``{task: logits [B]}`` (one over arch per
+task, ``over_arch`` the first task's, ``over_arch_<task>`` the others'); the
 dense transforms of the spec are applied inside, so the exported model can
-take raw values.
+take raw values. :func:`task_outputs` reads either form as a dict.
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ class RankingModel(ShardedTablesModel):
                              batch_norm=config.batch_norm,
                              output_dtype=logit_dtype, output_bias=bias,
                              name="over_arch")
+        # Further tasks (multi-task specs): one over arch each, on the same
+        # shared representation; the first task's is ``over_arch``.
+        self.task_over_archs = {
+            label.name: MLP(config.top_mlp, output_units=1,
+                            batch_norm=config.batch_norm,
+                            output_dtype=logit_dtype,
+                            name=f"over_arch_{label.name}")
+            for label in spec.further_labels}
         wide_options = {"dtype": logit_dtype} if logit_dtype else {}
         if bias is not None:
             wide_options["kernel_initializer"] = "zeros"
@@ -124,17 +134,50 @@ class RankingModel(ShardedTablesModel):
             dense_out = tf.cast(dense_out, self.compute_dtype)
         features, extra = self.interaction_arch(dense_out, embeddings)
         # Logits (and so the loss) are float32 whatever the policy; under
-        # float32 these casts are no-ops.
-        logit = tf.cast(tf.reshape(self.over_arch(features),
-                                   [-1]), tf.float32)
-        if extra is not None:
-            logit += tf.cast(extra, tf.float32)
-        if wide_logit is not None:
-            logit += tf.cast(wide_logit, tf.float32)
+        # float32 these casts are no-ops. The first-order (wide) and FM
+        # terms add to every task's logit.
+        shared = [tf.cast(term, tf.float32) for term in (extra, wide_logit)
+                  if term is not None]
         if self.wide_dense is not None:
-            logit += tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
-                             tf.float32)
-        return logit
+            shared.append(tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
+                                  tf.float32))
+        logits = {}
+        for name, over_arch in self.over_archs():
+            logit = tf.cast(tf.reshape(over_arch(features), [-1]),
+                            tf.float32)
+            for term in shared:
+                logit += term
+            logits[name] = logit
+        if not self.spec.multi_task:
+            return logits[self.spec.label.name]
+        return logits
+
+    def over_archs(self) -> list[tuple[str, MLP]]:
+        """``(task, over arch)`` of every task, the first task first."""
+        return [(self.spec.label.name, self.over_arch),
+                *self.task_over_archs.items()]
+
+
+def task_outputs(outputs, spec: FeatureSpec) -> dict[str, tf.Tensor]:
+    """``{task: output [B]}`` of a model's outputs: the dict of a
+    multi-task model as it is, the one tensor of a single-label model under
+    its label's name."""
+    if isinstance(outputs, dict):
+        return outputs
+    return {spec.label.name: outputs}
+
+
+def shifted_outputs(model, spec: FeatureSpec, shift: float,
+                    batch: dict[str, tf.Tensor]):
+    """The model's outputs on ``batch`` with ``shift`` (``log(R)`` of
+    negatives kept at rate ``R``, ``psrec convert --neg-sample-rate``)
+    added to the first task's logits: negative sampling reads the first
+    label, so only its base rate moved."""
+    outputs = model(batch)
+    if not isinstance(outputs, dict):
+        return tf.cast(outputs, tf.float32) + shift
+    first = spec.label.name
+    return {**outputs, first: tf.cast(outputs[first], tf.float32) + shift}
 
 
 def _mixed_precision() -> bool:

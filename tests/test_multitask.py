@@ -1,0 +1,275 @@
+"""Several labels, one model (issue 21 §1): a spec's ``labels`` list, the
+missing label of a row masked for its task, the one loss as the weighted
+sum of the tasks' losses, each task's eval metrics exactly once (one device
+and the in-process PS cluster), and an export serving every task's score
+from raw features (loaded with plain ``tf.saved_model.load``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import types
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+from psrec.data.convert.convert import ConversionOptions
+from psrec.data.convert.convert import convert
+from psrec.data.ingest.synthetic import synthetic_table
+from psrec.data.input.config import InputConfig
+from psrec.data.input.dataset import make_eval_dataset
+from psrec.features.spec.columns import SpecError
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.features.spec.spec import FeatureSpec
+from psrec.launch.monitor.heartbeat import reporter_fields
+from psrec.launch.monitor.metrics_http import HeartbeatCollector
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.ranking.config import ModelConfig
+from psrec.models.ranking.model import build_ranking_model
+from psrec.models.ranking.model import example_batch
+from psrec.models.serving.export import ServingModule
+from psrec.models.serving.export import export_saved_model
+from psrec.ps_cluster.training.config import LoopConfig
+from psrec.ps_cluster.training.step import TrainStep
+from psrec.ps_cluster.training.trainer import Trainer
+
+ROWS = 3000
+MISSING = 0.3  # share of rows without the like / rating label
+LABELS = [{"name": "click"},
+          {"name": "like", "loss": "bce"},
+          {"name": "rating", "loss": "mse", "weight": 0.5}]
+
+
+def _spec(labels=LABELS) -> FeatureSpec:
+    return FeatureSpec.from_dict({
+        "name": "tasks", "labels": labels,
+        "tables": [{"name": "ids", "dim": 8}],
+        "dense": [{"name": "price", "transform": "log1p"}],
+        "categorical": [
+            {"name": "user", "table": "ids", "hash_buckets": 100},
+            {"name": "item", "table": "ids", "hash_buckets": 100}]})
+
+
+MODEL = ModelConfig(interaction="concat", top_mlp=(16,))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Synthetic rows (psrec's generator) with the like and rating labels
+    missing (null) in ``MISSING`` of the rows each, converted."""
+    root = tmp_path_factory.mktemp("multitask")
+    spec = _spec()
+    table = synthetic_table(spec, ROWS, seed=3)
+    rng = np.random.default_rng(0)
+    for name in ("like", "rating"):
+        values = table.column(name).to_numpy().astype(np.float64)
+        missing = rng.random(ROWS) < MISSING
+        table = table.set_column(
+            table.schema.get_field_index(name), name,
+            pa.array(values, mask=missing))
+    pq.write_table(table, root / "rows.parquet")
+    report = convert([root / "rows.parquet"], spec, root / "tf",
+                     ConversionOptions(shards=2, eval_fraction=0.25))
+    assert report.bad_rows == 0  # a missing label is masked, not bad
+    return spec, report.manifest, table
+
+
+def _eval_truth(spec, manifest) -> dict:
+    """Rows, id sum and the rows holding each task's label, read here."""
+    ids, labels = [], {name: [] for name in spec.label_names}
+    for batch in make_eval_dataset(manifest.files("eval"), spec, 512,
+                                   manifest.block_rows):
+        ids.append(batch[ID_COLUMN].numpy())
+        for name in labels:
+            labels[name].append(batch[name].numpy())
+    labels = {k: np.concatenate(v) for k, v in labels.items()}
+    return {"rows": sum(map(len, ids)),
+            "id_sum": int(np.concatenate(ids).sum()),
+            "present": {k: int(np.isfinite(v).sum())
+                        for k, v in labels.items()},
+            "positives": {k: float(np.nansum(v)) for k, v in labels.items()}}
+
+
+def test_labels_spec_form_round_trips_and_refuses_mistakes():
+    spec = _spec()
+    assert spec.label_names == ("click", "like", "rating")
+    assert [label.loss for label in spec.labels] == ["logloss", "logloss",
+                                                     "mse"]
+    assert spec.multi_task and spec.labels[2].weight == 0.5
+    data = spec.to_dict()
+    assert "label" not in data and data["labels"][0] == {
+        "name": "click", "threshold": None}
+    assert FeatureSpec.from_dict(data) == spec
+    single = _spec(labels=[{"name": "click"}])
+    assert not single.multi_task and "label" in single.to_dict()
+    base = {k: v for k, v in data.items() if k != "labels"}
+    with pytest.raises(SpecError, match="not both"):
+        FeatureSpec.from_dict({**data, "label": {"name": "click"}})
+    with pytest.raises(SpecError, match="'like' is used twice"):
+        FeatureSpec.from_dict({**base, "labels": [{"name": "like"},
+                                                  {"name": "like"}]})
+    with pytest.raises(SpecError, match="`weight` = -1 must be >= 0"):
+        FeatureSpec.from_dict({**base, "labels": [
+            {"name": "click"}, {"name": "like", "weight": -1}]})
+    with pytest.raises(SpecError, match="non-empty list"):
+        FeatureSpec.from_dict({**base, "labels": []})
+
+
+def test_conversion_writes_every_label_and_a_missing_one_as_its_mask(data):
+    spec, manifest, table = data
+    truth = _eval_truth(spec, manifest)
+    assert truth["rows"] == manifest.rows("eval")
+    assert truth["present"]["click"] == truth["rows"]  # nothing missing
+    for name in ("like", "rating"):  # about MISSING of the rows lack it
+        share = 1 - truth["present"][name] / truth["rows"]
+        assert 0.2 < share < 0.4, (name, share)
+
+
+def test_a_masked_task_contributes_nothing_to_the_loss_or_gradients():
+    """Task ``like`` with its label missing in some rows gives the loss and
+    gradients of the batch without those rows (the other tasks weigh 0
+    here, so only ``like`` trains)."""
+    spec = _spec([{"name": "click", "weight": 0}, {"name": "like"},
+                  {"name": "rating", "loss": "mse", "weight": 0}])
+    model = build_ranking_model(spec, MODEL)
+    step = TrainStep(model, None, None, spec.labels)
+    rows = 32
+    rng = np.random.default_rng(1)
+    batch = dict(example_batch(spec, rows))
+    batch["user"] = tf.constant(rng.integers(0, 100, rows), tf.int64)
+    batch["item"] = tf.constant(100 + rng.integers(0, 100, rows), tf.int64)
+    batch["psrec__dense"] = tf.constant(rng.random((rows, 1)), tf.float32)
+    for name in spec.label_names:
+        batch[name] = tf.constant(rng.integers(0, 2, rows), tf.float32)
+    missing = rng.random(rows) < 0.4
+    masked = dict(batch, like=tf.where(missing, np.nan, batch["like"]))
+    kept = {k: tf.boolean_mask(v, ~missing) for k, v in batch.items()}
+
+    def loss_and_grads(b):
+        variables = model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = step.batch_loss(b)
+        return loss, tape.gradient(loss, variables)
+
+    loss_masked, grads_masked = loss_and_grads(masked)
+    loss_kept, grads_kept = loss_and_grads(kept)
+    loss_all, grads_all = loss_and_grads(batch)
+    assert np.isfinite(loss_masked.numpy())
+    np.testing.assert_allclose(loss_masked, loss_kept, rtol=1e-6)
+    assert abs(float(loss_all) - float(loss_kept)) > 1e-4  # rows matter
+    for masked_grad, kept_grad in zip(grads_masked, grads_kept):
+        if masked_grad is None:
+            assert kept_grad is None
+            continue
+        masked_grad = tf.convert_to_tensor(masked_grad).numpy()
+        assert np.isfinite(masked_grad).all()
+        np.testing.assert_allclose(
+            masked_grad, tf.convert_to_tensor(kept_grad).numpy(),
+            rtol=1e-5, atol=1e-7)
+    over = model.task_over_archs["like"].trainable_variables
+    assert all(np.abs(tf.convert_to_tensor(g).numpy()).sum() > 0
+               for g, v in zip(grads_masked, model.trainable_variables)
+               if any(v is o for o in over))
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    """A one-device run of 40 steps on the multi-task data, evaluated."""
+    spec, manifest, _ = data
+    trainer = Trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), spec,
+                      MODEL, OptimizerConfig(dense_lr=0.01),
+                      InputConfig(batch_size=128))
+    result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
+        steps=40, steps_per_closure=20, checkpoint_every=0),
+        eval_manifest=manifest)
+    return trainer, result
+
+
+def _check_tasks(result, truth) -> None:
+    assert [t["name"] for t in result.tasks] == ["click", "like", "rating"]
+    assert result.id_sum == truth["id_sum"]
+    for task in result.tasks:  # each task's rows counted exactly once
+        assert task["count"] == truth["present"][task["name"]], task
+    for task in result.tasks[:2]:
+        assert task["positives"] == truth["positives"][task["name"]]
+        assert 0.0 <= task["auc"] <= 1.0 and task["logloss"] > 0
+    assert result.tasks[2]["rmse"] > 0 and "auc" not in result.tasks[2]
+    assert result.auc == result.tasks[0]["auc"]  # top level: first task
+
+
+@pytest.mark.slow  # the trained fixture: ~12 s
+def test_one_device_eval_reports_each_task_once(data, trained, tmp_path):
+    spec, manifest, _ = data
+    _, result = trained
+    _check_tasks(result.eval, _eval_truth(spec, manifest))
+    lines = result.eval.summary().splitlines()
+    assert lines[0] == "eval: 3 tasks"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [
+        "task click", "task like", "task rating"]
+    scalars = result.eval.scalars()
+    assert {"task/like/auc", "task/like/calibration",
+            "task/rating/rmse"} <= set(scalars)
+    assert "task/rating/auc" not in scalars
+    # The heartbeat carries each task's metrics to the metrics port.
+    beat = reporter_fields(types.SimpleNamespace(
+        loss=0.5, last_eval=result.eval, last_eval_step=40))
+    path = tmp_path / "heartbeat.json"
+    path.write_text(json.dumps({**beat, "seq": 1, "phase": "training",
+                                "step": 40, "time": time.time()}))
+    samples = {tuple(sorted(s.labels.items())): s.value
+               for family in HeartbeatCollector(path).collect()
+               if family.name == "psrec_eval_task"
+               for s in family.samples}
+    assert samples[(("metric", "auc"), ("task", "like"))] == pytest.approx(
+        result.eval.task("like")["auc"])
+    assert samples[(("metric", "rmse"), ("task", "rating"))] == (
+        pytest.approx(result.eval.task("rating")["rmse"]))
+    assert (("metric", "auc"), ("task", "rating")) not in samples
+
+
+def test_export_serves_every_task_score_from_raw_features(data, trained,
+                                                          tmp_path):
+    spec, _, table = data
+    trainer, _ = trained
+    out = export_saved_model(trainer.model, spec, tmp_path / "export")
+    serve = tf.saved_model.load(out).signatures["serving_default"]
+    rows = table.slice(0, 64)
+    raw = {"price": tf.constant(rows.column("price").to_numpy(
+        zero_copy_only=False).astype(np.float32)),
+        "user": tf.constant(rows.column("user").to_pylist()),
+        "item": tf.constant(rows.column("item").to_pylist())}
+    served = serve(**raw)
+    assert set(served) == {"probability", "logit", "click_score",
+                           "like_score", "rating_score"}
+    outputs = trainer.model(ServingModule(trainer.model, spec).model_batch(
+        raw))
+    np.testing.assert_allclose(served["click_score"],
+                               served["probability"], rtol=1e-6)
+    np.testing.assert_allclose(served["like_score"],
+                               tf.sigmoid(outputs["like"]), rtol=1e-5)
+    np.testing.assert_allclose(served["rating_score"], outputs["rating"],
+                               rtol=1e-5, atol=1e-6)
+    assert not np.allclose(served["like_score"], served["click_score"])
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_ps_cluster_eval_reports_each_task_once(data, ps_cluster):
+    """Under the in-process PS cluster (one eval closure per shard) every
+    task's rows are counted once and the metrics equal a one-device
+    evaluation of the same weights."""
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    spec, manifest, _ = data
+    trainer = Trainer(build_ps_strategy(ps_cluster, PartitionConfig(
+        kind="fixed")), spec, MODEL, OptimizerConfig(dense_lr=0.01),
+        InputConfig(batch_size=128))
+    result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
+        steps=20, steps_per_closure=10, checkpoint_every=0),
+        eval_manifest=manifest)
+    _check_tasks(result.eval, _eval_truth(spec, manifest))
+    assert dataclasses.asdict(result.eval)["tasks"] == result.eval.tasks
