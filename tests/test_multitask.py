@@ -55,6 +55,10 @@ def _spec(labels=LABELS) -> FeatureSpec:
 
 
 MODEL = ModelConfig(interaction="concat", top_mlp=(16,))
+MMOE = dataclasses.replace(MODEL, task_towers="mmoe", experts=3,
+                           expert_units=(16,))
+PLE = dataclasses.replace(MODEL, task_towers="ple", experts=2,
+                          task_experts=2, expert_units=(8,), ple_levels=2)
 
 
 @pytest.fixture(scope="module")
@@ -176,12 +180,65 @@ def test_a_masked_task_contributes_nothing_to_the_loss_or_gradients():
                if any(v is o for o in over))
 
 
+@pytest.mark.parametrize("config", [MMOE, PLE], ids=["mmoe", "ple"])
+def test_expert_gates_receive_gradients(config):
+    """Every expert and gate variable of MMoE and of a 2-level PLE gets a
+    non-zero gradient from the multi-task loss, and the tasks' outputs
+    differ (their gates mix the experts differently)."""
+    spec = _spec()
+    model = build_ranking_model(spec, config)
+    rows = 64
+    rng = np.random.default_rng(2)
+    batch = dict(example_batch(spec, rows))
+    batch["user"] = tf.constant(rng.integers(0, 100, rows), tf.int64)
+    batch["item"] = tf.constant(100 + rng.integers(0, 100, rows), tf.int64)
+    batch["psrec__dense"] = tf.constant(rng.random((rows, 1)) * 5,
+                                        tf.float32)
+    for name in ("click", "like"):
+        batch[name] = tf.constant(rng.integers(0, 2, rows), tf.float32)
+    batch["rating"] = tf.constant(rng.normal(0, 1, rows), tf.float32)
+    step = TrainStep(model, None, None, spec.labels)
+    variables = model.task_arch.trainable_variables
+    with tf.GradientTape() as tape:
+        loss = step.batch_loss(batch)
+    grads = tape.gradient(loss, variables)
+    names = [v.name for v in variables]
+    gates = [n for n in names if "gate" in n]
+    experts = [n for n in names if "expert_" in n]
+    assert len(gates) == 2 * (3 if config is MMOE else 3 * 2 + 1)
+    assert len(experts) == 2 * (3 if config is MMOE else 2 * (2 + 3 * 2))
+    assert len(gates) + len(experts) == len(names)
+    for name, grad in zip(names, grads):
+        assert grad is not None, name
+        assert np.abs(tf.convert_to_tensor(grad).numpy()).sum() > 0, name
+    outputs = model(batch)
+    assert not np.allclose(outputs["click"], outputs["like"])
+
+
+def test_task_tower_options_are_checked_and_refused_out_of_place(
+        tmp_path, capsys):
+    from psrec.launch.cli.main import main
+    from psrec.models.ranking.config import ModelConfigError
+    with pytest.raises(ModelConfigError, match="task_towers"):
+        ModelConfig(task_towers="moe")
+    with pytest.raises(ModelConfigError, match="ple_levels"):
+        ModelConfig(task_towers="ple", ple_levels=0)
+    code = main(["train", "--strategy", "one-device", "--workdir",
+                 str(tmp_path / "run"), "--ple-levels", "2",
+                 "--task-towers", "mmoe"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "--ple-levels applies to --task-towers ple" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def trained(data, tmp_path_factory):
-    """A one-device run of 40 steps on the multi-task data, evaluated."""
+    """A one-device run of 40 steps of MMoE on the multi-task data,
+    evaluated."""
     spec, manifest, _ = data
     trainer = Trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), spec,
-                      MODEL, OptimizerConfig(dense_lr=0.01),
+                      MMOE, OptimizerConfig(dense_lr=0.01),
                       InputConfig(batch_size=128))
     result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
         steps=40, steps_per_closure=20, checkpoint_every=0),
@@ -259,17 +316,16 @@ def test_export_serves_every_task_score_from_raw_features(data, trained,
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_ps_cluster_eval_reports_each_task_once(data, ps_cluster):
-    """Under the in-process PS cluster (one eval closure per shard) every
-    task's rows are counted once and the metrics equal a one-device
-    evaluation of the same weights."""
+    """PLE (2 levels) trains under the in-process PS cluster, and its
+    evaluation (one closure per shard) counts every task's rows once."""
     from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     spec, manifest, _ = data
     trainer = Trainer(build_ps_strategy(ps_cluster, PartitionConfig(
-        kind="fixed")), spec, MODEL, OptimizerConfig(dense_lr=0.01),
+        kind="fixed")), spec, PLE, OptimizerConfig(dense_lr=0.01),
         InputConfig(batch_size=128))
     result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
-        steps=20, steps_per_closure=10, checkpoint_every=0),
+        steps=10, steps_per_closure=10, checkpoint_every=0),
         eval_manifest=manifest)
     _check_tasks(result.eval, _eval_truth(spec, manifest))
     assert dataclasses.asdict(result.eval)["tasks"] == result.eval.tasks

@@ -9,7 +9,9 @@ tables), ``dense_arch`` (bottom MLP on transformed dense features),
 The model takes the batch dict produced by ``data.format.records.decode_blocks``
 (raw dense matrix + categorical row ids) and returns logits ``[B]`` -- or,
 for a spec with several labels, ``{task: logits [B]}`` (one over arch per
-task, ``over_arch`` the first task's, ``over_arch_<task>`` the others'); the
+task, ``over_arch`` the first task's, ``over_arch_<task>`` the others',
+on the shared representation or the ``task_arch``'s MMoE / PLE output for
+the task: ``models.ranking.tasks``); the
 dense transforms of the spec are applied inside, so the exported model can
 take raw values. :func:`task_outputs` reads either form as a dict.
 """
@@ -33,6 +35,7 @@ from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import check_model_spec
 from psrec.models.ranking.config import initial_logit
 from psrec.models.ranking.interaction import make_interaction
+from psrec.models.ranking.tasks import make_task_arch
 
 
 class RankingModel(ShardedTablesModel):
@@ -92,8 +95,10 @@ class RankingModel(ShardedTablesModel):
                              batch_norm=config.batch_norm,
                              output_dtype=logit_dtype, output_bias=bias,
                              name="over_arch")
-        # Further tasks (multi-task specs): one over arch each, on the same
-        # shared representation; the first task's is ``over_arch``.
+        # Further tasks (multi-task specs): one over arch each, on the
+        # shared representation or on the task arch's output for the task
+        # (``ModelConfig.task_towers``); the first task's is ``over_arch``.
+        self.task_arch = make_task_arch(config, spec.label_names)
         self.task_over_archs = {
             label.name: MLP(config.top_mlp, output_units=1,
                             batch_norm=config.batch_norm,
@@ -142,8 +147,11 @@ class RankingModel(ShardedTablesModel):
             shared.append(tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
                                   tf.float32))
         logits = {}
-        for name, over_arch in self.over_archs():
-            logit = tf.cast(tf.reshape(over_arch(features), [-1]),
+        inputs = (self.task_arch(features, training=training)
+                  if self.task_arch is not None
+                  else [features] * len(self.spec.labels))
+        for (name, over_arch), task_input in zip(self.over_archs(), inputs):
+            logit = tf.cast(tf.reshape(over_arch(task_input), [-1]),
                             tf.float32)
             for term in shared:
                 logit += term
