@@ -31,6 +31,8 @@ from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.model import build_ranking_model
 from psrec.models.ranking.model import example_batch
+from psrec.models.ranking.model import product_logit
+from psrec.models.ranking.model import task_labels
 from psrec.models.serving.export import ServingModule
 from psrec.models.serving.export import export_saved_model
 from psrec.ps_cluster.training.config import LoopConfig
@@ -41,7 +43,8 @@ ROWS = 3000
 MISSING = 0.3  # share of rows without the like / rating label
 LABELS = [{"name": "click"},
           {"name": "like", "loss": "bce"},
-          {"name": "rating", "loss": "mse", "weight": 0.5}]
+          {"name": "rating", "loss": "mse", "weight": 0.5},
+          {"name": "buy", "given": "click"}]  # ESMM: buy after a click
 
 
 def _spec(labels=LABELS) -> FeatureSpec:
@@ -69,9 +72,13 @@ def data(tmp_path_factory):
     spec = _spec()
     table = synthetic_table(spec, ROWS, seed=3)
     rng = np.random.default_rng(0)
-    for name in ("like", "rating"):
+    clicked = table.column("click").to_numpy() == 1
+    for name in ("like", "rating", "buy"):
         values = table.column(name).to_numpy().astype(np.float64)
         missing = rng.random(ROWS) < MISSING
+        if name == "buy":  # no purchase without a click, often unlogged
+            values = np.where(clicked, values, 0.0)
+            missing = missing | (~clicked & (rng.random(ROWS) < 0.5))
         table = table.set_column(
             table.schema.get_field_index(name), name,
             pa.array(values, mask=missing))
@@ -91,19 +98,26 @@ def _eval_truth(spec, manifest) -> dict:
         for name in labels:
             labels[name].append(batch[name].numpy())
     labels = {k: np.concatenate(v) for k, v in labels.items()}
+    present = {k: np.isfinite(v) for k, v in labels.items()}
+    click = np.nan_to_num(labels["click"])
+    # buy (given click): click x buy, known where click is and buy is or
+    # click is 0
+    present["buy"] = present["click"] & (present["buy"] | (click == 0))
+    labels["buy"] = click * np.nan_to_num(labels["buy"])
     return {"rows": sum(map(len, ids)),
             "id_sum": int(np.concatenate(ids).sum()),
-            "present": {k: int(np.isfinite(v).sum())
-                        for k, v in labels.items()},
-            "positives": {k: float(np.nansum(v)) for k, v in labels.items()}}
+            "present": {k: int(v.sum()) for k, v in present.items()},
+            "positives": {k: float(np.nansum(v[present[k]]))
+                          for k, v in labels.items()}}
 
 
 def test_labels_spec_form_round_trips_and_refuses_mistakes():
     spec = _spec()
-    assert spec.label_names == ("click", "like", "rating")
+    assert spec.label_names == ("click", "like", "rating", "buy")
     assert [label.loss for label in spec.labels] == ["logloss", "logloss",
-                                                     "mse"]
+                                                     "mse", "logloss"]
     assert spec.multi_task and spec.labels[2].weight == 0.5
+    assert spec.labels[3].given == "click"
     data = spec.to_dict()
     assert "label" not in data and data["labels"][0] == {
         "name": "click", "threshold": None}
@@ -121,6 +135,14 @@ def test_labels_spec_form_round_trips_and_refuses_mistakes():
             {"name": "click"}, {"name": "like", "weight": -1}]})
     with pytest.raises(SpecError, match="non-empty list"):
         FeatureSpec.from_dict({**base, "labels": []})
+    with pytest.raises(SpecError, match="`given` = 'clik' must name another "
+                       "label of the spec; did you mean 'click'"):
+        FeatureSpec.from_dict({**base, "labels": [
+            {"name": "click"}, {"name": "buy", "given": "clik"}]})
+    with pytest.raises(SpecError, match="itself given 'click'"):
+        FeatureSpec.from_dict({**base, "labels": [
+            {"name": "click"}, {"name": "buy", "given": "click"},
+            {"name": "repeat", "given": "buy"}]})
 
 
 def test_conversion_writes_every_label_and_a_missing_one_as_its_mask(data):
@@ -180,6 +202,28 @@ def test_a_masked_task_contributes_nothing_to_the_loss_or_gradients():
                if any(v is o for o in over))
 
 
+def test_a_given_task_trains_on_the_product_over_every_row():
+    """ESMM's targets: ``buy`` given ``click`` is click x buy over every
+    row; a row without a click needs no buy label, a clicked row without
+    one (or a row without a click label) is masked."""
+    spec = _spec()
+    nan = np.nan
+    click = [1.0, 1.0, 0.0, 0.0, 1.0, nan]
+    buy = [1.0, 0.0, nan, 0.0, nan, 1.0]
+    targets = task_labels(spec, {
+        "click": tf.constant(click), "buy": tf.constant(buy),
+        "like": tf.zeros([6]), "rating": tf.zeros([6])})
+    target, present = targets["buy"]
+    assert target.numpy().tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert present.numpy().tolist() == [True, True, True, True, False,
+                                        False]
+    first, second = tf.constant([-3.0, 0.0, 40.0]), tf.constant(
+        [2.0, -1.0, 40.0])
+    np.testing.assert_allclose(
+        tf.sigmoid(product_logit(first, second)),
+        tf.sigmoid(first) * tf.sigmoid(second), rtol=1e-5)
+
+
 @pytest.mark.parametrize("config", [MMOE, PLE], ids=["mmoe", "ple"])
 def test_expert_gates_receive_gradients(config):
     """Every expert and gate variable of MMoE and of a 2-level PLE gets a
@@ -194,7 +238,7 @@ def test_expert_gates_receive_gradients(config):
     batch["item"] = tf.constant(100 + rng.integers(0, 100, rows), tf.int64)
     batch["psrec__dense"] = tf.constant(rng.random((rows, 1)) * 5,
                                         tf.float32)
-    for name in ("click", "like"):
+    for name in ("click", "like", "buy"):
         batch[name] = tf.constant(rng.integers(0, 2, rows), tf.float32)
     batch["rating"] = tf.constant(rng.normal(0, 1, rows), tf.float32)
     step = TrainStep(model, None, None, spec.labels)
@@ -205,8 +249,10 @@ def test_expert_gates_receive_gradients(config):
     names = [v.name for v in variables]
     gates = [n for n in names if "gate" in n]
     experts = [n for n in names if "expert_" in n]
-    assert len(gates) == 2 * (3 if config is MMOE else 3 * 2 + 1)
-    assert len(experts) == 2 * (3 if config is MMOE else 2 * (2 + 3 * 2))
+    tasks = len(spec.labels)  # a Dense (kernel, bias) per gate, expert
+    assert len(gates) == 2 * (tasks if config is MMOE else tasks * 2 + 1)
+    assert len(experts) == 2 * (3 if config is MMOE
+                                else 2 * (2 + tasks * 2))
     assert len(gates) + len(experts) == len(names)
     for name, grad in zip(names, grads):
         assert grad is not None, name
@@ -247,11 +293,12 @@ def trained(data, tmp_path_factory):
 
 
 def _check_tasks(result, truth) -> None:
-    assert [t["name"] for t in result.tasks] == ["click", "like", "rating"]
+    assert [t["name"] for t in result.tasks] == ["click", "like", "rating",
+                                                 "buy"]
     assert result.id_sum == truth["id_sum"]
     for task in result.tasks:  # each task's rows counted exactly once
         assert task["count"] == truth["present"][task["name"]], task
-    for task in result.tasks[:2]:
+    for task in result.tasks[:2] + result.tasks[3:]:
         assert task["positives"] == truth["positives"][task["name"]]
         assert 0.0 <= task["auc"] <= 1.0 and task["logloss"] > 0
     assert result.tasks[2]["rmse"] > 0 and "auc" not in result.tasks[2]
@@ -264,9 +311,9 @@ def test_one_device_eval_reports_each_task_once(data, trained, tmp_path):
     _, result = trained
     _check_tasks(result.eval, _eval_truth(spec, manifest))
     lines = result.eval.summary().splitlines()
-    assert lines[0] == "eval: 3 tasks"
+    assert lines[0] == "eval: 4 tasks"
     assert [line.split(":")[0].strip() for line in lines[1:]] == [
-        "task click", "task like", "task rating"]
+        "task click", "task like", "task rating", "task buy"]
     scalars = result.eval.scalars()
     assert {"task/like/auc", "task/like/calibration",
             "task/rating/rmse"} <= set(scalars)
@@ -301,7 +348,14 @@ def test_export_serves_every_task_score_from_raw_features(data, trained,
         "item": tf.constant(rows.column("item").to_pylist())}
     served = serve(**raw)
     assert set(served) == {"probability", "logit", "click_score",
-                           "like_score", "rating_score"}
+                           "like_score", "rating_score", "buy_score",
+                           "buy_given_click_score"}
+    # ESMM: pCTCVR = pCTR x pCVR, all three served.
+    np.testing.assert_allclose(
+        served["buy_score"],
+        served["click_score"] * served["buy_given_click_score"], rtol=1e-5)
+    assert not np.allclose(served["buy_score"],
+                           served["buy_given_click_score"])
     outputs = trainer.model(ServingModule(trainer.model, spec).model_batch(
         raw))
     np.testing.assert_allclose(served["click_score"],

@@ -337,12 +337,18 @@ class LabelConfig:
             evaluated by RMSE; any finite value is a label, no threshold).
         weight: the task's weight in the one training loss (the weighted sum
             of the tasks' losses); 0 evaluates a task without training it.
+        given: another label this one is conditioned on (a funnel, ESMM:
+            ``{name: conversion, given: click}``): the task is trained and
+            evaluated on ``given x label`` over every row, its probability
+            the product of the two tasks' (``P(click) x P(conversion |
+            click)``); None: an independent task.
     """
 
     name: str = "label"
     threshold: float | None = None
     loss: str = "logloss"
     weight: float = 1.0
+    given: str | None = None
 
     def __post_init__(self) -> None:
         if self.loss == "bce":  # one name per loss: ``bce`` is logloss
@@ -360,6 +366,11 @@ class LabelConfig:
                        + ([f"{where}: `threshold` makes a 0/1 label, which "
                            "`loss` = 'mse' does not take: drop one of them."]
                           if self.loss == "mse" and self.threshold is not None
+                          else [])
+                       + ([f"{where}: `given` = {self.given!r} conditions a "
+                           "0/1 label on another (a funnel); `loss` = 'mse' "
+                           "does not take it: drop one of them."]
+                          if self.loss == "mse" and self.given is not None
                           else []))
 
     @property

@@ -61,7 +61,7 @@ RESERVED_NAMES = (ID_COLUMN, DENSE_COLUMN)
 _STATISTICS = {"mean": 0.0, "std": 1.0}
 # A label's default loss and weight, left out of its dict (specs written
 # before they existed keep their form and fingerprint).
-_LABEL_DEFAULTS = (("loss", "logloss"), ("weight", 1.0))
+_LABEL_DEFAULTS = (("loss", "logloss"), ("weight", 1.0), ("given", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,6 +313,7 @@ def _cross_problems(labels: Sequence[LabelConfig],
             "spec: give at least one dense or categorical feature.")
     columns = [label.name for label in labels] + [
         f.name for f in (*dense, *categorical)]
+    problems += _given_problems(labels)
     if len(labels) > 1 and not any(label.weight > 0 for label in labels):
         problems.append("spec: every label has `weight` 0; give at least "
                         "one task a weight > 0 to train.")
@@ -351,6 +352,32 @@ def _cross_problems(labels: Sequence[LabelConfig],
     if unused:
         problems.append(f"spec: tables {unused} are not used by any "
                         "categorical feature; remove them.")
+    return problems
+
+
+def _given_problems(labels: Sequence[LabelConfig]) -> list[str]:
+    """A label's ``given`` names another 0/1 label of the spec that is not
+    conditioned itself (one funnel step: ``click -> conversion``)."""
+    by_name = {label.name: label for label in labels}
+    problems = []
+    for label in labels:
+        if label.given is None:
+            continue
+        where = f"label {label.name!r}: `given` = {label.given!r}"
+        base = by_name.get(label.given)
+        if base is None or base is label:
+            names = [n for n in by_name if n != label.name]
+            problems.append(
+                f"{where} must name another label of the spec"
+                f"{did_you_mean(str(label.given), names)}; labels: "
+                f"{', '.join(names) or 'none (add the label it is given)'}.")
+        elif base.regression or base.given is not None:
+            problems.append(
+                f"{where} names a label that is "
+                + ("a regression target (loss: mse)" if base.regression
+                   else f"itself given {base.given!r}")
+                + "; a funnel conditions a 0/1 label on an unconditioned "
+                "0/1 label.")
     return problems
 
 

@@ -40,7 +40,7 @@ from psrec.models.ranking.model import RankingModel
 from psrec.models.ranking.model import shifted_outputs
 from psrec.models.retrieval.config import RECALL_KS
 from psrec.models.serving.config import ExportConfig
-from psrec.models.serving.export import TASK_SUFFIX
+from psrec.models.serving.export import export_outputs
 from psrec.models.serving.export import export_saved_model
 from psrec.models.serving.retrieval_export import QUERY_TOWER_DIR
 from psrec.models.serving.retrieval_export import export_retrieval
@@ -170,8 +170,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
             "label": record.spec.label.name, "neg_sample_rate": rate,
             "logit_shift": logit_shift(rate), "warmup": rows.source,
             "table_dtype": config.table_dtype, "tables": storage,
-            **({"tasks": {label.name: label.name + TASK_SUFFIX
-                          for label in record.spec.labels}}
+            **({"tasks": export_outputs(record.spec)}
                if record.spec.multi_task else {})})
         write_warmup(folder, rows.inputs, name)
 

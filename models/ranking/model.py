@@ -11,7 +11,9 @@ The model takes the batch dict produced by ``data.format.records.decode_blocks``
 for a spec with several labels, ``{task: logits [B]}`` (one over arch per
 task, ``over_arch`` the first task's, ``over_arch_<task>`` the others',
 on the shared representation or the ``task_arch``'s MMoE / PLE output for
-the task: ``models.ranking.tasks``); the
+the task: ``models.ranking.tasks``; a ``given`` label's logit is that of
+the product of its and its base task's probabilities, ESMM, with its own
+under ``<task>_given_<base>``); the
 dense transforms of the spec are applied inside, so the exported model can
 take raw values. :func:`task_outputs` reads either form as a dict.
 """
@@ -158,12 +160,57 @@ class RankingModel(ShardedTablesModel):
             logits[name] = logit
         if not self.spec.multi_task:
             return logits[self.spec.label.name]
+        for label in self.spec.further_labels:
+            if label.given is not None:  # a funnel (ESMM): P(given and it)
+                logits[conditional_name(label)] = logits[label.name]
+                logits[label.name] = product_logit(logits[label.given],
+                                                   logits[label.name])
         return logits
 
     def over_archs(self) -> list[tuple[str, MLP]]:
         """``(task, over arch)`` of every task, the first task first."""
         return [(self.spec.label.name, self.over_arch),
                 *self.task_over_archs.items()]
+
+
+def conditional_name(label) -> str:
+    """The output of a ``given`` label's own (conditional) probability:
+    ``conversion_given_click`` -- pCVR in ESMM's terms."""
+    return f"{label.name}_given_{label.given}"
+
+
+def product_logit(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
+    """The logit of ``sigmoid(first) * sigmoid(second)`` (ESMM's pCTCVR =
+    pCTR x pCVR), from log-probabilities: finite for any finite inputs."""
+    log_p = tf.math.log_sigmoid(first) + tf.math.log_sigmoid(second)
+    log_p = tf.minimum(log_p, -1e-7)  # p < 1: log(1 - p) stays finite
+    return log_p - tf.math.log(-tf.math.expm1(log_p))
+
+
+def task_labels(spec: FeatureSpec, batch: dict[str, tf.Tensor]
+                ) -> dict[str, tuple[tf.Tensor, tf.Tensor]]:
+    """``{task: (target, present)}`` of a multi-task batch: a label column
+    holds NaN where the row lacks the label (``present`` False, target 0);
+    a ``given`` label's target is ``given x label`` over every row -- a
+    row whose ``given`` is 0 has target 0 even without the label itself
+    (ESMM trains on the whole impression space)."""
+    values = {label.name: tf.cast(batch[label.name], tf.float32)
+              for label in spec.labels}
+    found = {name: tf.math.is_finite(value) for name, value in values.items()}
+    clean = {name: tf.where(found[name], value, 0.0)
+             for name, value in values.items()}
+    targets = {}
+    for label in spec.labels:
+        if label.given is None:
+            targets[label.name] = (clean[label.name], found[label.name])
+            continue
+        base = label.given
+        absent = tf.logical_and(found[base], tf.equal(clean[base], 0.0))
+        targets[label.name] = (
+            clean[base] * clean[label.name],
+            tf.logical_and(found[base],
+                           tf.logical_or(found[label.name], absent)))
+    return targets
 
 
 def task_outputs(outputs, spec: FeatureSpec) -> dict[str, tf.Tensor]:

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
+from psrec.models.ranking.model import task_labels
 from psrec.models.ranking.model import task_outputs
 from psrec.ps_cluster.evaluation.breakdown import Breakdown
 from psrec.ps_cluster.evaluation.groups import breakdown_statistics
@@ -102,12 +103,15 @@ def eval_statistics(spec: FeatureSpec, outputs, batch: dict[str, tf.Tensor],
     keys (with ``breakdown``'s per-group sums), each further task's under
     ``task/<name>/`` (``outputs``: the model's, ``{task: logits}`` or the
     one label's tensor). A multi-task spec's missing labels (NaN) are left
-    out of their task's sums."""
+    out of their task's sums; a ``given`` task is scored on ``given x
+    label`` over every row (``task_labels``)."""
     outputs = task_outputs(outputs, spec)
+    targets = task_labels(spec, batch) if spec.multi_task else None
     stats: dict[str, tf.Tensor] = {}
     for index, label in enumerate(spec.labels):
-        value = tf.cast(batch[label.name], tf.float32)
-        present = tf.math.is_finite(value) if spec.multi_task else None
+        value, present = (targets[label.name] if targets is not None
+                          else (tf.cast(batch[label.name], tf.float32),
+                                None))
         part = batch_statistics(value, outputs[label.name], batch[ID_COLUMN],
                                 label.regression, present)
         if index == 0:

@@ -38,6 +38,7 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.optim.accumulation import add_gradients
 from psrec.models.ranking.model import RankingModel
+from psrec.models.ranking.model import task_labels
 
 Batch = dict[str, tf.Tensor]
 
@@ -210,11 +211,10 @@ class TrainStep:
         contributes nothing to ``loss_t`` or its gradients; with every label
         present ``loss_t`` is the global-batch mean, as for one label."""
         outputs = self.model(batch, training=True)
+        targets = task_labels(self.model.spec, batch)  # NaN -> 0, masked
         sums, counts = [], []
         for label in self.labels:
-            value = tf.cast(batch[label.name], tf.float32)
-            present = tf.math.is_finite(value)
-            value = tf.where(present, value, 0.0)  # no NaN in any gradient
+            value, present = targets[label.name]
             output = tf.cast(outputs[label.name], tf.float32)
             per_example = (tf.square(output - value) if label.regression
                            else tf.nn.sigmoid_cross_entropy_with_logits(
