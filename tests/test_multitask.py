@@ -35,6 +35,11 @@ from psrec.models.ranking.model import product_logit
 from psrec.models.ranking.model import task_labels
 from psrec.models.serving.export import ServingModule
 from psrec.models.serving.export import export_saved_model
+from psrec.ps_cluster.checkpoint.best import BestTracker
+from psrec.ps_cluster.checkpoint.best import improves
+from psrec.ps_cluster.checkpoint.best import metric_value
+from psrec.ps_cluster.checkpoint.best import read_best
+from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.step import TrainStep
 from psrec.ps_cluster.training.trainer import Trainer
@@ -383,3 +388,53 @@ def test_ps_cluster_eval_reports_each_task_once(data, ps_cluster):
         eval_manifest=manifest)
     _check_tasks(result.eval, _eval_truth(spec, manifest))
     assert dataclasses.asdict(result.eval)["tasks"] == result.eval.tasks
+
+
+def _result(first_auc: float, like_auc: float) -> EvalResult:
+    tasks = [{"name": "click", "loss": "logloss", "count": 10,
+              "auc": first_auc, "logloss": 0.5},
+             {"name": "like", "loss": "logloss", "count": 8,
+              "auc": like_auc, "logloss": 0.6},
+             {"name": "rating", "loss": "mse", "count": 9, "rmse": 1.0}]
+    return EvalResult(count=10, positives=3.0, logloss=0.5, auc=first_auc,
+                      id_sum=45, tasks=tasks)
+
+
+def test_keep_best_task_metric_watches_that_task(tmp_path):
+    """``--keep-best like:auc`` keeps the checkpoint where like's AUC was
+    best, whatever the first task's did; rating:rmse improves downwards."""
+    for step in (10, 20, 30):
+        for suffix in (".index", ".data-00000-of-00001"):
+            (tmp_path / f"ckpt-{step}{suffix}").write_text("x")
+    tracker = BestTracker(tmp_path, "like:auc")
+    assert tracker.update(10, _result(0.70, 0.60), str(tmp_path / "ckpt-10"))
+    assert not tracker.update(20, _result(0.80, 0.55),
+                              str(tmp_path / "ckpt-20"))  # click better only
+    assert tracker.update(30, _result(0.60, 0.65), str(tmp_path / "ckpt-30"))
+    record = read_best(tmp_path)
+    assert (record.step, record.metric, record.value) == (30, "like:auc",
+                                                          0.65)
+    assert record.summary() == "step 30, like:auc 0.6500 (best/best-30)"
+    assert metric_value(_result(0.7, 0.6), "rating:rmse") == 1.0
+    assert improves("rating:rmse", 0.9, 1.0)
+    assert not improves("rating:rmse", 1.1, 1.0)
+
+
+@pytest.mark.parametrize("keep_best, words", [
+    ("lik:auc", "'lik' is not a label of spec 'tasks' (labels: click, "
+     "like, rating, buy); did you mean 'like'?"),
+    ("rating:auc", "'auc' is not a metric of the mse label 'rating'; use "
+     "rating:rmse."),
+    ("like:aux", "did you mean 'auc'?")])
+def test_keep_best_refuses_a_wrong_task_or_metric_in_one_line(
+        tmp_path, capsys, keep_best, words):
+    from psrec.launch.cli.main import main
+    path = tmp_path / "spec.yaml"
+    _spec().save(path)
+    code = main(["train", "--spec", str(path), "--strategy", "one-device",
+                 "--workdir", str(tmp_path / "run"), "--keep-best",
+                 keep_best])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "--keep-best" in err[0] and words in err[0], err[0]
+    assert not (tmp_path / "run").exists()

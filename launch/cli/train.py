@@ -51,6 +51,7 @@ from psrec.options import field_named
 from psrec.options import option_of
 from psrec.options import option_values
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.evaluation.watched import split_keep_best
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import as_path
 
@@ -123,6 +124,7 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
     spec = spec_for(manifest, args.spec)
     retrieval = retrieval_flags.retrieval_config(args, spec)
     if not has_ranking_metrics(spec, retrieval) and (
+            split_keep_best(args.keep_best)[0] is None) and (
             (given(args, "keep_best") and args.keep_best != "none")
             or args.early_stop_patience):
         raise keep_best_error(args.keep_best, args.early_stop_patience,
