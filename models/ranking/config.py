@@ -26,7 +26,8 @@ INTERACTIONS = ("dot", "cross", "fm", "concat")
 #: must have one width (tables of other widths are projected to it).
 COMMON_WIDTH_INTERACTIONS = ("dot", "fm")
 BATCH_NORMS = ("none", "batch", "sync")
-#: How the tasks of a multi-task spec share the model (``models.ranking.tasks``).
+#: How the tasks of a multi-task spec share the model
+#: (``models.ranking.tasks``).
 TASK_TOWERS = ("shared-bottom", "mmoe", "ple")
 
 

@@ -2,16 +2,16 @@
 and the choice of a checkpoint by name (``latest``, ``best``, ``ckpt-N``).
 
 Every evaluation boundary is a checkpoint boundary. When the evaluation
-improved the tracked metric (``--keep-best auc|logloss|TASK:METRIC``), the files of the
-checkpoint just saved are hard-linked (copied where a link is impossible)
-into ``checkpoints/best/`` as ``best-<step>.*``, and then ``best.json``
-beside the checkpoints is replaced atomically, naming them with the step and
-the metrics. ``tf.train.CheckpointManager`` deletes only the files of the
-checkpoints it wrote into ``checkpoints/``, so the best survives
-``--keep-checkpoints`` rotation. The previous best's files are removed only
-after the record names the new one: a crash in between leaves extra files,
-never a record naming missing ones. A resumed run reads the record, so the
-best-so-far (and the early-stopping count) carries over.
+improved the tracked metric (``--keep-best auc|logloss|TASK:METRIC``), the
+files of the checkpoint just saved are hard-linked (copied where a link is
+impossible) into ``checkpoints/best/`` as ``best-<step>.*``, and then
+``best.json`` beside the checkpoints is replaced atomically, naming them
+with the step and the metrics. ``tf.train.CheckpointManager`` deletes only
+the files of the checkpoints it wrote into ``checkpoints/``, so the best
+survives ``--keep-checkpoints`` rotation. The previous best's files are
+removed only after the record names the new one: a crash in between leaves
+extra files, never a record naming missing ones. A resumed run reads the
+record, so the best-so-far (and the early-stopping count) carries over.
 """
 
 from __future__ import annotations
@@ -208,7 +208,8 @@ class ChosenCheckpoint:
         text = f"checkpoint {self.name} (step {self.step}"
         if self.best is not None and split_keep_best(
                 self.best.metric)[0] is not None:  # TASK:METRIC
-            text += f", the best: eval {self.best.metric} {self.best.value:.4f}"
+            text += (f", the best: eval {self.best.metric} "
+                     f"{self.best.value:.4f}")
         elif self.best is not None:
             text += (f", the best: eval AUC {self.best.auc:.4f}, logloss "
                      f"{self.best.logloss:.4f}")
