@@ -425,7 +425,7 @@ def test_keep_best_task_metric_watches_that_task(tmp_path):
      "like, rating, buy); did you mean 'like'?"),
     ("rating:auc", "'auc' is not a metric of the mse label 'rating'; use "
      "rating:rmse."),
-    ("like:aux", "did you mean 'auc'?")])
+    ("like:aux", "did you mean 'auc'?")], ids=["task", "metric", "format"])
 def test_keep_best_refuses_a_wrong_task_or_metric_in_one_line(
         tmp_path, capsys, keep_best, words):
     from psrec.launch.cli.main import main
