@@ -392,9 +392,9 @@ def test_ps_cluster_eval_reports_each_task_once(data, ps_cluster):
 
 def _result(first_auc: float, like_auc: float) -> EvalResult:
     tasks = [{"name": "click", "loss": "logloss", "count": 10,
-              "auc": first_auc, "logloss": 0.5},
+              "auc": first_auc, "logloss": 0.5, "calibration": 1.0},
              {"name": "like", "loss": "logloss", "count": 8,
-              "auc": like_auc, "logloss": 0.6},
+              "auc": like_auc, "logloss": 0.6, "calibration": 1.1},
              {"name": "rating", "loss": "mse", "count": 9, "rmse": 1.0}]
     return EvalResult(count=10, positives=3.0, logloss=0.5, auc=first_auc,
                       id_sum=45, tasks=tasks)
@@ -438,3 +438,33 @@ def test_keep_best_refuses_a_wrong_task_or_metric_in_one_line(
     assert code == 2 and len(err) == 1, err
     assert "--keep-best" in err[0] and words in err[0], err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_summary_and_show_list_every_task(tmp_path, capsys):
+    """The run's summary lines and ``psrec show`` (from summary.json) give
+    each task's figures."""
+    from psrec.data.format.files import write_json_atomic
+    from psrec.launch.cli.main import main
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.run import JobSummary
+    workdir = tmp_path / "run"
+    JobConfig(workdir=workdir, spec=_spec(), model_name="deepfm",
+              model=MMOE).write(workdir / "checkpoints")
+    summary = JobSummary(
+        strategy="one-device", manifest="m/manifest.json",
+        checkpoint=str(workdir / "checkpoints" / "ckpt-40"), export=None,
+        tensorboard="tb", start_step=0, step=40, executed_steps=40,
+        examples_per_sec=1.0, final_loss=0.5, eval=_result(0.7, 0.65),
+        seconds=3.0, workers=1, ps=0, replicas=1, batch_size=32,
+        micro_batches=1, precision="float32", closures_per_worker={})
+    text = summary.summary()
+    assert "last eval:   step 40, per task:" in text
+    assert ("like: 8 examples, AUC 0.6500, logloss 0.6000, calibration "
+            "1.1000") in text
+    assert "rating: 9 examples, RMSE 1.0000" in text
+    write_json_atomic(workdir / "summary.json", summary.to_dict())
+    assert JobSummary.from_dict(summary.to_dict()).eval == summary.eval
+    assert main(["show", str(workdir)]) == 0
+    out = capsys.readouterr().out
+    assert ("final eval:  step 40: click:auc 0.7000, click:logloss 0.5000, "
+            "like:auc 0.6500, like:logloss 0.6000, rating:rmse 1.0000") in out
