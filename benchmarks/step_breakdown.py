@@ -142,7 +142,7 @@ def _stage_functions(strategy, trainer, steps: int,
 
     def grads_of(batch):
         with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(step.example_losses(batch))
+            loss = step.batch_loss(batch)
         grads = tape.gradient(loss, tables + dense)
         return loss, grads[:len(tables)], grads[len(tables):]
 
@@ -218,7 +218,7 @@ def _check_functions(strategy, trainer, steps: int, iterator) -> dict:
     def gradients(iterator):
         def run(batch):
             with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(step.example_losses(batch))
+                loss = step.batch_loss(batch)
             return loss, tape.gradient(loss, variables)
         return strategy.run(run, args=(next(iterator),))
 

@@ -90,8 +90,8 @@ def test_unknown_key_in_feature_names_key_and_allowed_keys(tmp_path):
 
 def test_unknown_top_level_key_is_rejected(tmp_path):
     data = _tiny_spec_dict()
-    data["labels"] = {"name": "label"}
-    with pytest.raises(SpecError, match="unknown key 'labels'"):
+    data["lable"] = {"name": "label"}
+    with pytest.raises(SpecError, match="unknown key 'lable'"):
         _load_yaml(tmp_path, data)
 
 

@@ -72,6 +72,23 @@ def test_two_replicas_take_the_update_and_log_the_loss_of_one_device(checks):
     assert out["table_update_ratio"] == pytest.approx(1.0, abs=1e-3)
 
 
+@pytest.mark.slow
+@pytest.mark.cluster  # a subprocess with 2 CPU devices
+def test_two_replicas_normalise_a_masked_task_as_one_device(checks):
+    """Several labels, one missing in rows of one replica only: each task's
+    loss is divided by its labelled rows of the GLOBAL batch (all-reduced),
+    so 2 replicas take the update and log the loss of one device."""
+    out = checks["multi_task"]
+    assert out["replicas"] == {"one": 1, "mirrored": 2}
+    assert out["update_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert out["loss_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert out["update_max_diff"] < 1e-5 * max(1.0, out["update_max"])
+    assert out["update_max"] > 1e-3
+    np.testing.assert_allclose(out["losses"]["mirrored"],
+                               out["losses"]["one"], rtol=1e-4)
+    assert out["weights_max_diff"] < 1e-4
+
+
 # -- mixed float16: a non-finite gradient skips the whole update -----------------
 
 
@@ -171,8 +188,16 @@ def _flat(values: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.ravel(v) for v in values])
 
 
-def _check_normalisation(strategies: dict) -> dict:
+def _check_normalisation(strategies: dict, multi_task: bool = False
+                         ) -> dict:
+    """One device against 2 mirrored replicas on the same global batches;
+    ``multi_task``: a second label missing in some rows of the FIRST
+    replica's half of every batch only, so a per-replica count of the
+    labelled rows would weigh the replicas unequally."""
+    import dataclasses
+
     from psrec.data.input.config import InputConfig
+    from psrec.features.spec.columns import LabelConfig
     from psrec.features.spec.presets import criteo
     from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import ModelConfig
@@ -182,6 +207,14 @@ def _check_normalisation(strategies: dict) -> dict:
     from tests._ps_helpers import synthetic_rows
     spec = criteo(buckets=40, dim=4)
     data = synthetic_rows(spec, 4 * GLOBAL_BATCH, seed=7)
+    if multi_task:
+        spec = dataclasses.replace(spec, further_labels=(
+            LabelConfig("second"),))
+        row = np.arange(4 * GLOBAL_BATCH)
+        second = (data["psrec__dense"][:, 1] > 2.5).astype(np.float32)
+        second[(row % GLOBAL_BATCH < GLOBAL_BATCH // 2) & (row % 3 > 0)] = (
+            np.nan)
+        data["second"] = second.astype(np.float32)
     sgd = OptimizerConfig(sparse="sgd", dense="sgd", sparse_lr=0.5,
                           dense_lr=0.5, base_batch_size=GLOBAL_BATCH,
                           warmup_steps=0)
@@ -328,6 +361,7 @@ def _main() -> int:
     strategies = {"one": build_replicated_strategy("one-device"),
                   "mirrored": build_replicated_strategy("mirrored")}
     print(json.dumps({"normalisation": _check_normalisation(strategies),
+                      "multi_task": _check_normalisation(strategies, True),
                       "fp16": _check_fp16(strategies)}), flush=True)
     return 0
 

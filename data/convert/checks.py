@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from psrec.errors import DataError
 from psrec.errors import did_you_mean
+from psrec.features.spec.columns import LabelConfig
 from psrec.features.spec.derived import EPOCH_MS
 from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.derived import parse_pattern
@@ -44,7 +45,7 @@ def _type_ok(arrow_type: pa.DataType, kind: str) -> bool:
 def _expected_kinds(spec: FeatureSpec) -> dict[str, tuple[str, bool]]:
     """column -> (value kind, is a list): the label and the raw inputs
     (a derived feature's sources, not the derived column)."""
-    kinds = {spec.label.name: ("label", False)}
+    kinds = {name: ("label", False) for name in spec.label_names}
     kinds.update({name: ("number" if dtype == "float32" else dtype, is_list)
                   for name, (dtype, is_list) in spec.raw_inputs.items()})
     return kinds
@@ -130,6 +131,39 @@ def _finite_float32(values: np.ndarray) -> np.ndarray:
         return np.isfinite(values.astype(np.float32))
 
 
+def label_values(column: pa.Array, label: LabelConfig) -> np.ndarray:
+    """A label column as stored (float32): 0/1 under a ``threshold``, the
+    value otherwise; a missing label (null or NaN, multi-task specs only:
+    :func:`row_reasons` refuses them in a single-label spec) is NaN, the
+    task's mask."""
+    values = float_values(column, np.nan)
+    if label.threshold is not None:
+        values = np.where(np.isnan(values), np.nan,
+                          values >= label.threshold)
+    return values.astype("<f4")
+
+
+def _label_checks(column: pa.Array, label: LabelConfig, masked: bool,
+                  reasons: np.ndarray, flag) -> None:
+    """Flags the rows whose ``label`` is bad: null or NaN (unless
+    ``masked``: a multi-task spec's missing label), infinite, overflowing
+    float32, or not 0/1 for a logloss label without a threshold."""
+    name = label.name
+    values = float_values(column, np.nan)
+    missing = np.isnan(values)
+    if not masked:
+        flag(_null_mask(column), f"null in required field {name!r}")
+        flag(missing, f"non-finite label {name!r}")
+    flag(np.isinf(values), f"non-finite label {name!r}")
+    flag(~missing & ~_finite_float32(np.nan_to_num(values)),
+         f"label {name!r} overflows float32")
+    if label.threshold is None and not label.regression:
+        bad = np.isfinite(values) & (values != 0) & (values != 1)
+        for value in np.unique(values[bad & (reasons == None)]):  # noqa: E711
+            flag(bad & (values == value),
+                 f"label {name!r} = {value:g} is not 0/1")
+
+
 def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
     """The first failed check of each row as a string, None for good rows."""
     reasons = np.full(batch.num_rows, None, dtype=object)
@@ -138,17 +172,9 @@ def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
         mask = mask & (reasons == None)  # noqa: E711 (elementwise)
         reasons[mask] = reason
 
-    label = batch.column(spec.label.name)
-    flag(_null_mask(label), f"null in required field {spec.label.name!r}")
-    values = float_values(label, 0.0)
-    flag(~np.isfinite(values), f"non-finite label {spec.label.name!r}")
-    flag(~_finite_float32(values),
-         f"label {spec.label.name!r} overflows float32")
-    if spec.label.threshold is None and spec.label.loss != "mse":
-        bad = np.isfinite(values) & (values != 0) & (values != 1)
-        for value in np.unique(values[bad & (reasons == None)]):  # noqa: E711
-            flag(bad & (values == value),
-                 f"label {spec.label.name!r} = {value:g} is not 0/1")
+    for label in spec.labels:
+        _label_checks(batch.column(label.name), label, spec.multi_task,
+                      reasons, flag)
     for feature in spec.dense:
         column = batch.column(feature.name)
         if feature.required:

@@ -33,6 +33,7 @@ import tensorflow as tf
 from psrec.data.convert.catalogue import CatalogueCollector
 from psrec.data.convert.checks import check_schema
 from psrec.data.convert.checks import float_values
+from psrec.data.convert.checks import label_values
 from psrec.data.convert.checks import row_reasons
 from psrec.data.convert.checks import serving_values
 from psrec.data.convert.config import ConversionOptions
@@ -182,10 +183,8 @@ def _derived_values(batch: pa.RecordBatch,
 def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
                  encoder: CategoricalEncoder,
                  truncated: collections.Counter) -> dict[str, np.ndarray]:
-    label = float_values(batch.column(spec.label.name), 0.0)
-    if spec.label.threshold is not None:
-        label = (label >= spec.label.threshold)
-    columns = {spec.label.name: label.astype("<f4")}
+    columns = {label.name: label_values(batch.column(label.name), label)
+               for label in spec.labels}  # NaN: a missing (masked) label
     if spec.dense:
         columns[DENSE_COLUMN] = np.stack(
             [float_values(batch.column(f.name), f.default)
@@ -351,7 +350,9 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                 columns = _encode_rows(batch, spec, encoder, truncated)
                 columns[ID_COLUMN] = ids
                 to_eval = split.is_eval(ids)
-                label = columns[spec.label.name]
+                # the first task's positives (its base rate); a missing
+                # label (NaN, multi-task) counts as none
+                label = np.nan_to_num(columns[spec.label.name])
                 to_train = ~to_eval & kept_rows(ids, label,
                                                 options.neg_sample_rate)
                 positives["train"] += np.count_nonzero(label[to_train])

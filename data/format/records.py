@@ -10,7 +10,8 @@ A block record has these features (all ``bytes_list`` with one value, except
 
 * ``__rows__``: int64, the number of rows ``n`` in the block;
 * ``psrec__id``: n int64 example ids (unique over a conversion);
-* the label column: n float32 (0/1);
+* each label column: n float32 (0/1, or the value of an ``mse`` label;
+  NaN where a multi-task spec's row lacks that label: the task's mask);
 * ``psrec__dense``: n x D float32 raw dense values, row-major, spec order;
 * each categorical column: n int64 row ids, or n x L for a multi-hot
   feature (padded with -1).
@@ -53,7 +54,8 @@ class CorruptRecordError(DataError):
 
 def column_dtypes(spec: FeatureSpec) -> dict[str, np.dtype]:
     """The little-endian numpy dtype of every byte-packed column."""
-    dtypes = {ID_COLUMN: np.dtype("<i8"), spec.label.name: np.dtype("<f4")}
+    dtypes = {ID_COLUMN: np.dtype("<i8"),
+              **{name: np.dtype("<f4") for name in spec.label_names}}
     if spec.dense:
         dtypes[DENSE_COLUMN] = np.dtype("<f4")
     for feature in spec.categorical:

@@ -220,14 +220,22 @@ def _chunk(spec: FeatureSpec, truth: _Truth, seed: int, index: int,
                 1e-6, float(weights.std() * weights.std()) ** 0.5)
             first_weights = False
         columns[feature.name] = pa.array(_raw_values(feature, ranks))
-    clicked = rng.random(rows) < 1.0 / (1.0 + np.exp(-logit))
-    label = spec.label
+    labels = {label.name: _label_column(label, rng.random(rows) < 1.0 / (
+        1.0 + np.exp(-logit))) for label in spec.labels[:1]}
+    for label in spec.further_labels:  # further tasks: the same signal
+        noisy = logit + rng.normal(0.0, 1.0, rows)
+        labels[label.name] = (noisy if label.regression else _label_column(
+            label, rng.random(rows) < 1.0 / (1.0 + np.exp(-noisy))))
+    return pa.table({**labels, **columns})
+
+
+def _label_column(label, clicked: np.ndarray) -> np.ndarray:
+    """A 0/1 outcome as ``label``'s raw column: 0/1, or a rating-like value
+    on either side of its threshold."""
     if label.threshold is None:
-        label_values = clicked.astype(np.int64)
-    else:  # a rating-like value on either side of the threshold
-        label_values = np.where(clicked, np.ceil(label.threshold),
-                                np.ceil(label.threshold) - 1).astype(np.int64)
-    return pa.table({label.name: label_values, **columns})
+        return clicked.astype(np.int64)
+    return np.where(clicked, np.ceil(label.threshold),
+                    np.ceil(label.threshold) - 1).astype(np.int64)
 
 
 def synthetic_table(spec: FeatureSpec, rows: int, seed: int = 0,

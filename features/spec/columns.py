@@ -20,7 +20,7 @@ DENSE_TRANSFORMS = ("none", "log1p", "standardize")
 COMBINERS = ("sum", "mean")
 CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
-LOSSES = ("logloss", "mse")
+LOSSES = ("logloss", "bce", "mse")
 
 class SpecError(ConfigError):
     """A feature spec is malformed; the message names the key and the value.
@@ -328,27 +328,54 @@ class CategoricalFeature:
 
 @dataclasses.dataclass(frozen=True)
 class LabelConfig:
-    """The training target.
+    """A training target (a task: a spec may list several, ``labels``).
 
     Attributes:
         threshold: when given, label = ``value >= threshold`` (e.g. rating
             >= 4); otherwise the column must hold 0/1 and anything else is a
             bad row.
-        loss: ``logloss`` (a 0/1 label, click-through models) or ``mse``
-            (regression on the raw value, e.g. a rating; evaluated by RMSE;
-            any finite value is a label, no threshold).
+        loss: ``logloss`` (``bce`` is the same: a 0/1 label, click-through
+            models) or ``mse`` (regression on the raw value, e.g. a rating;
+            evaluated by RMSE; any finite value is a label, no threshold).
+        weight: the task's weight in the one training loss (the weighted sum
+            of the tasks' losses); 0 evaluates a task without training it.
+        given: another label this one is conditioned on (a funnel, ESMM:
+            ``{name: conversion, given: click}``): the task is trained and
+            evaluated on ``given x label`` over every row, its probability
+            the product of the two tasks' (``P(click) x P(conversion |
+            click)``); None: an independent task.
     """
 
     name: str = "label"
     threshold: float | None = None
     loss: str = "logloss"
+    weight: float = 1.0
+    given: str | None = None
 
     def __post_init__(self) -> None:
+        if self.loss == "bce":  # one name per loss: ``bce`` is logloss
+            object.__setattr__(self, "loss", "logloss")
+        where = f"label {self.name!r}"
         raise_problems(_check_name("label", self.name)
-                       + _check_number("label", "threshold", self.threshold,
+                       + _check_number(where, "threshold", self.threshold,
                                        optional=True)
-                       + _check_choice("label", "loss", self.loss, LOSSES)
-                       + (["label: `threshold` makes a 0/1 label, which `loss`"
-                           " = 'mse' does not take: drop one of them."]
+                       + _check_choice(where, "loss", self.loss, LOSSES)
+                       + _check_number(where, "weight", self.weight)
+                       + ([f"{where}: `weight` = {self.weight!r} must be >= "
+                           "0."] if not isinstance(self.weight, bool)
+                          and isinstance(self.weight, (int, float))
+                          and self.weight < 0 else [])
+                       + ([f"{where}: `threshold` makes a 0/1 label, which "
+                           "`loss` = 'mse' does not take: drop one of them."]
                           if self.loss == "mse" and self.threshold is not None
+                          else [])
+                       + ([f"{where}: `given` = {self.given!r} conditions a "
+                           "0/1 label on another (a funnel); `loss` = 'mse' "
+                           "does not take it: drop one of them."]
+                          if self.loss == "mse" and self.given is not None
                           else []))
+
+    @property
+    def regression(self) -> bool:
+        """True for ``loss: mse`` (evaluated by RMSE, not AUC)."""
+        return self.loss == "mse"

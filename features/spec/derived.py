@@ -207,7 +207,7 @@ def _source_problem(feature: DerivedFeature, source: str,
     return None
 
 
-def derived_problems(label: str | None, dense: Sequence[Any],
+def derived_problems(label: str | Sequence[str] | None, dense: Sequence[Any],
                      categorical: Sequence[Any],
                      derived: Sequence[DerivedFeature]) -> list[str]:
     """How the derived features fit the rest of a spec: sources, the
@@ -217,8 +217,8 @@ def derived_problems(label: str | None, dense: Sequence[Any],
     kinds: dict[str, Any] = {f.name: "dense" for f in dense}
     kinds.update({f.name: f for f in categorical})
     kinds.update({name: "derived-later" for name in names})
-    if label is not None:
-        kinds[label] = "label"
+    for name in [label] if isinstance(label, str) else label or ():
+        kinds[name] = "label"  # the label, or every label of a spec
     users = {f.name: f for f in categorical}
     earlier: set[str] = set()
     for feature in derived:

@@ -5,7 +5,8 @@ and the serving signature are all derived from one :class:`FeatureSpec`.
 Its parts are in ``features.spec.columns``. A spec file (YAML or JSON) looks like::
 
     name: tiny
-    label: {name: label}
+    label: {name: label}      # or several: labels: [{name: click},
+                              #   {name: rating, loss: mse, weight: 0.5}]
     tables:
         - {name: ids, rows: 2000, dim: 8}
     dense:
@@ -58,6 +59,9 @@ DENSE_COLUMN = "psrec__dense"
 RESERVED_NAMES = (ID_COLUMN, DENSE_COLUMN)
 # A dense feature's statistics and the neutral values of an unset one.
 _STATISTICS = {"mean": 0.0, "std": 1.0}
+# A label's default loss and weight, left out of its dict (specs written
+# before they existed keep their form and fingerprint).
+_LABEL_DEFAULTS = (("loss", "logloss"), ("weight", 1.0), ("given", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,11 @@ class FeatureSpec:
         name: a short name for the dataset (shown in manifests and reports).
         dense, categorical: the input columns, in model input order.
         tables: embedding tables referenced by the categorical features.
+        label: the training target; with ``further_labels``, the first task
+            of several (a spec file's ``labels`` list): its metrics and
+            outputs are those a single-label spec reports.
+        further_labels: the other tasks of a multi-task spec, in order
+            (empty: one label).
         derived: columns computed from raw columns (``features.spec.derived``),
             each used by the categorical feature of its name.
         towers: the query/candidate split of the features for two-tower
@@ -84,18 +93,20 @@ class FeatureSpec:
     tables: tuple[TableConfig, ...]
     derived: tuple[DerivedFeature, ...] = ()
     towers: TowersConfig | None = None
+    further_labels: tuple[LabelConfig, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in ("dense", "categorical", "tables", "derived"):
+        for key in ("dense", "categorical", "tables", "derived",
+                    "further_labels"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
         categorical, tables, problems = layout_problems(self.categorical,
                                                         self.tables)
         object.__setattr__(self, "categorical", tuple(categorical))
         object.__setattr__(self, "tables", tuple(tables))
         raise_problems(problems + _cross_problems(
-            self.label, self.dense, self.categorical, self.tables)
-            + derived_problems(self.label.name, self.dense, self.categorical,
-                               self.derived)
+            self.labels, self.dense, self.categorical, self.tables)
+            + derived_problems(self.label_names, self.dense,
+                               self.categorical, self.derived)
             + towers_problems(self.towers, self.dense, self.categorical))
 
     # -- derived views -----------------------------------------------------
@@ -107,10 +118,25 @@ class FeatureSpec:
         raise KeyError(name)
 
     @property
+    def labels(self) -> tuple[LabelConfig, ...]:
+        """Every task's label, the first one first."""
+        return (self.label,) + self.further_labels
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(label.name for label in self.labels)
+
+    @property
+    def multi_task(self) -> bool:
+        """True when the spec names several labels (each may be missing
+        in a row: masked for that task)."""
+        return bool(self.further_labels)
+
+    @property
     def columns(self) -> tuple[str, ...]:
-        """Input columns this spec reads, label first (a derived feature's
+        """Input columns this spec reads, labels first (a derived feature's
         raw sources, not the derived column)."""
-        return (self.label.name,) + tuple(self.raw_inputs)
+        return self.label_names + tuple(self.raw_inputs)
 
     @property
     def raw_inputs(self) -> dict[str, tuple[str, bool]]:
@@ -161,9 +187,12 @@ class FeatureSpec:
                         if (value is not None or key != "share")
                         and (value or key != "raw_ids")}
                        for f in self.categorical]
-        label = {key: value for key, value in asdict(self.label).items()
-                 if key != "loss" or value != "logloss"}  # fingerprints kept
-        data = {"name": self.name, "label": label,
+        labels = [{key: value for key, value in asdict(label).items()
+                   if (key, value) not in _LABEL_DEFAULTS}  # fingerprints kept
+                  for label in self.labels]
+        data = {"name": self.name,
+                **({"labels": labels} if self.multi_task
+                   else {"label": labels[0]}),
                 "tables": [table_dict(asdict(t)) for t in self.tables],
                 "dense": dense, "categorical": categorical}
         if self.derived:
@@ -204,12 +233,13 @@ class FeatureSpec:
             raise SpecError("spec: expected a mapping at the top level, got "
                             f"{type(data).__name__}.")
         problems = _unknown_keys("spec", data, (
-            "name", "label", "tables", "dense", "categorical", "derived",
-            "towers"))
+            "name", "label", "labels", "tables", "dense", "categorical",
+            "derived", "towers"))
         if "name" not in data:
             problems.append("spec: missing key `name`; give the dataset a "
                             "short name.")
-        label = _build(LabelConfig, data.get("label", {}), "label", problems)
+        labels = _labels(data, problems)
+        label = labels[0] if labels else None
         dense, broken_dense = _build_list(DenseFeature, data, "dense",
                                           problems)
         categorical, broken_categorical = _build_list(
@@ -221,11 +251,11 @@ class FeatureSpec:
         categorical = [_resolve_vocabulary(f, base_dir) for f in categorical]
         categorical, tables, found = layout_problems(categorical, tables)
         problems += found
-        if label is not None:
-            problems += derived_problems(label.name, dense, categorical,
-                                         derived)
+        if labels:
+            problems += derived_problems([x.name for x in labels], dense,
+                                         categorical, derived)
         problems += _cross_problems(
-            label, dense, categorical, tables,
+            labels, dense, categorical, tables,
             broken_features=len(broken_dense) + len(broken_categorical),
             broken_tables={item.get("name") for item in broken_tables},
             broken_refs={item.get("table") for item in broken_categorical})
@@ -233,7 +263,8 @@ class FeatureSpec:
         raise_problems(problems)
         return cls(name=data["name"], label=label, dense=tuple(dense),
                    categorical=tuple(categorical), tables=tuple(tables),
-                   derived=tuple(derived), towers=towers)
+                   derived=tuple(derived), towers=towers,
+                   further_labels=tuple(labels[1:]))
 
     def save(self, path: str | Path) -> Path:
         """Writes the spec as YAML (``.yaml``/``.yml``) or JSON (anything
@@ -266,7 +297,7 @@ class FeatureSpec:
             raise SpecError.of(error.problems, f"{path}: ") from None
 
 
-def _cross_problems(label: LabelConfig | None,
+def _cross_problems(labels: Sequence[LabelConfig],
                     dense: Sequence[DenseFeature],
                     categorical: Sequence[CategoricalFeature],
                     tables: Sequence[TableConfig], *,
@@ -280,8 +311,12 @@ def _cross_problems(label: LabelConfig | None,
     if not categorical and not dense and not broken_features:
         problems.append(
             "spec: give at least one dense or categorical feature.")
-    columns = ([label.name] if label is not None else []) + [
+    columns = [label.name for label in labels] + [
         f.name for f in (*dense, *categorical)]
+    problems += _given_problems(labels)
+    if len(labels) > 1 and not any(label.weight > 0 for label in labels):
+        problems.append("spec: every label has `weight` 0; give at least "
+                        "one task a weight > 0 to train.")
     for column in dict.fromkeys(columns):
         if column in RESERVED_NAMES:
             problems.append(f"spec: column {column!r} is reserved by psrec; "
@@ -319,6 +354,54 @@ def _cross_problems(label: LabelConfig | None,
         problems.append(f"spec: tables {unused} are not used by any "
                         "categorical feature; remove them.")
     return problems
+
+
+def _given_problems(labels: Sequence[LabelConfig]) -> list[str]:
+    """A label's ``given`` names another 0/1 label of the spec that is not
+    conditioned itself (one funnel step: ``click -> conversion``)."""
+    by_name = {label.name: label for label in labels}
+    problems = []
+    for label in labels:
+        if label.given is None:
+            continue
+        where = f"label {label.name!r}: `given` = {label.given!r}"
+        base = by_name.get(label.given)
+        if base is None or base is label:
+            names = [n for n in by_name if n != label.name]
+            problems.append(
+                f"{where} must name another label of the spec"
+                f"{did_you_mean(str(label.given), names)}; labels: "
+                f"{', '.join(names) or 'none (add the label it is given)'}.")
+        elif base.regression or base.given is not None:
+            problems.append(
+                f"{where} names a label that is "
+                + ("a regression target (loss: mse)" if base.regression
+                   else f"itself given {base.given!r}")
+                + "; a funnel conditions a 0/1 label on an unconditioned "
+                "0/1 label.")
+    return problems
+
+
+def _labels(data: Mapping[str, Any],
+            problems: list[str]) -> list[LabelConfig]:
+    """The labels of a spec file: ``label`` (one mapping) or ``labels`` (a
+    non-empty list of them, the first one the main task); [] after adding
+    their problems to ``problems``."""
+    if "labels" not in data:
+        label = _build(LabelConfig, data.get("label", {}), "label", problems)
+        return [] if label is None else [label]
+    if "label" in data:
+        problems.append("spec: give `label` (one task) or `labels` (a list "
+                        "of tasks), not both.")
+        return []
+    items = data["labels"]
+    if not isinstance(items, list) or not items:
+        problems.append(f"spec: `labels` = {items!r} must be a non-empty "
+                        "list of labels ({name: ..., loss: ..., weight: "
+                        "...}).")
+        return []
+    built = [_build(LabelConfig, item, "label", problems) for item in items]
+    return [] if None in built else built
 
 
 def _unknown_keys(where: str, data: Mapping[str, Any],

@@ -89,3 +89,16 @@ def parse_size(text: str) -> int:
 byte_size = _typed(parse_size, "a size >= 1 byte: " + SIZE_HELP,
                    lambda v: v >= 1, "byte_size")
 """A size in bytes >= 1 (``8GiB``, ``512MiB``, ``2G``, ``1000000``)."""
+
+
+def widths(text: str) -> tuple[int, ...]:
+    """``64,32`` -> (64, 32); ``""`` -> () (no hidden layer)."""
+    try:
+        values = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        values = (0,)
+    if any(w < 1 for w in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive widths "
+            "(e.g. 64,32; '' for none)")
+    return values

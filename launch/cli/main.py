@@ -27,6 +27,7 @@ import importlib
 import json
 import os
 import sys
+import textwrap
 from typing import Any
 from typing import Callable
 from typing import Sequence
@@ -59,12 +60,18 @@ from psrec.runtime import quiet_tensorflow_start_up
 class HelpFormatter(argparse.HelpFormatter):
     """Appends ``(default: X)`` to every option that has a default worth
     showing (not None, not the False of a switch, not a required option);
-    an ``example:`` epilog stays one line."""
+    an ``example:`` epilog stays one line; lines break at spaces only."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if text.startswith("example: "):  # one line, to copy as it is
             return indent + text
         return super()._fill_text(text, width, indent)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Wrapped at spaces only: a value such as ``shared-bottom`` (a
+        choice, a default) stays whole on one line."""
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_on_hyphens=False)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

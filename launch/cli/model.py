@@ -155,12 +155,13 @@ def breakdown_of(args: argparse.Namespace):
 def check_export(args: argparse.Namespace) -> None:
     """What ``psrec export`` refuses before its run imports TensorFlow: a
     checkpoint folder without the ``job.json`` of a run, a ``--checkpoint``
-    that names no checkpoint, ``--table-dtype`` other than float32 for a
-    retrieval run."""
+    that names no checkpoint, ``--table-dtype`` other than float32 or
+    ``--split`` for a retrieval run, ``--split`` for a multi-task run."""
     record = JobConfig.read(args.checkpoint_dir)
     check_checkpoint_name(args.checkpoint_dir, args.checkpoint)
     option_values(args, ExportConfig).check_task(
-        record.retrieval is not None, args.checkpoint_dir)
+        record.retrieval is not None, args.checkpoint_dir,
+        labels=record.spec.label_names)
 
 
 def check_eval(args: argparse.Namespace) -> None:

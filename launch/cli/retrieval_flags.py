@@ -8,24 +8,12 @@ from psrec.errors import ConfigError
 from psrec.launch.cli.argtypes import non_negative
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_float
+from psrec.launch.cli.argtypes import widths
 from psrec.launch.cli.options import add_option
 from psrec.models.retrieval.config import TASKS
 from psrec.models.retrieval.config import RetrievalConfig
 
 _DEFAULTS = RetrievalConfig()
-
-
-def _widths(text: str) -> tuple[int, ...]:
-    """``64,32`` -> (64, 32); ``""`` -> () (no hidden layer)."""
-    try:
-        widths = tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError:
-        widths = (0,)
-    if any(w < 1 for w in widths):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of positive widths "
-            "(e.g. 64,32; '' for none)")
-    return widths
 
 
 def add_commands(sub) -> None:
@@ -43,7 +31,7 @@ def add_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--task", choices=TASKS, default="ranking",
                        help="ranking: --model scores rows; "
                        "retrieval: query and candidate towers")
-    add_option(group, RetrievalConfig, "tower_mlp", type=_widths,
+    add_option(group, RetrievalConfig, "tower_mlp", type=widths,
                default=",".join(map(str, _DEFAULTS.tower_mlp)))
     add_option(group, RetrievalConfig, "output_dim", type=positive)
     add_option(group, RetrievalConfig, "temperature", type=positive_float)

@@ -19,6 +19,7 @@ from psrec.launch.cli.argtypes import non_negative_float
 from psrec.launch.cli.argtypes import positive
 from psrec.launch.cli.argtypes import positive_float
 from psrec.launch.cli.argtypes import positive_fraction
+from psrec.launch.cli.argtypes import widths
 from psrec.launch.cli.data_service import add_data_server_command
 from psrec.launch.cli.data_service import add_input_flags
 from psrec.launch.cli.data_service import local_data_service
@@ -51,10 +52,14 @@ from psrec.options import field_named
 from psrec.options import option_of
 from psrec.options import option_values
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.evaluation.watched import split_keep_best
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import as_path
 
 _JOB = JobConfig()  # the defaults of the flags of nested configurations
+#: The task towers each expert flag applies to.
+_EXPERT_FLAGS = {"experts": ("mmoe", "ple"), "expert_units": ("mmoe", "ple"),
+                 "task_experts": ("ple",), "ple_levels": ("ple",)}
 
 
 def _existing_cluster(args: argparse.Namespace):
@@ -104,6 +109,16 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
     overrides = {"batch_norm": "sync"} if args.sync_batch_norm else {}
     if args.cross_low_rank:
         overrides["cross_low_rank"] = args.cross_low_rank
+    for name, towers in _EXPERT_FLAGS.items():
+        if given(args, name) and args.task_towers not in towers:
+            raise UsageError(
+                f"--{name.replace('_', '-')} applies to --task-towers "
+                f"{' or '.join(towers)}; this run's is {args.task_towers}: "
+                "drop it or choose those towers.")
+    overrides.update(task_towers=args.task_towers, experts=args.experts,
+                     task_experts=args.task_experts,
+                     expert_units=args.expert_units,
+                     ple_levels=args.ple_levels)
     manifest = Manifest.load(args.data) if args.data else None
     if manifest is not None:  # refused before anything starts (exit 1)
         manifest.require_rows("train")
@@ -112,6 +127,7 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
     spec = spec_for(manifest, args.spec)
     retrieval = retrieval_flags.retrieval_config(args, spec)
     if not has_ranking_metrics(spec, retrieval) and (
+            split_keep_best(args.keep_best)[0] is None) and (
             (given(args, "keep_best") and args.keep_best != "none")
             or args.early_stop_patience):
         raise keep_best_error(args.keep_best, args.early_stop_patience,
@@ -326,6 +342,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     model = p.add_argument_group("model")
     add_model_flag(model)
     add_option(model, ModelConfig, "cross_low_rank", type=positive)
+    add_option(model, ModelConfig, "task_towers")
+    add_option(model, ModelConfig, "experts", type=positive)
+    add_option(model, ModelConfig, "task_experts", type=positive)
+    add_option(model, ModelConfig, "expert_units", type=widths)
+    add_option(model, ModelConfig, "ple_levels", type=positive)
     model.add_argument("--sync-batch-norm", action="store_true",
                        help="batch norm in the MLP towers with statistics "
                        "all-reduced across the replicas in sync (under ps: "

@@ -24,6 +24,7 @@ from psrec.data.format.files import write_json_atomic
 from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
 from psrec.errors import check
+from psrec.errors import did_you_mean
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.monitor.heartbeat import run_state_dir
@@ -46,6 +47,7 @@ from psrec.options import refuse_out_of_scope
 from psrec.options import to_dict
 from psrec.ps_cluster.checkpoint import WRITERS
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from psrec.ps_cluster.evaluation.watched import split_keep_best
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
@@ -207,6 +209,12 @@ def check_curves(record: JobConfig) -> None:
     """ROC, precision-recall and calibration curves (``psrec eval
     --plots``) need a binary label: refused for a retrieval run and a
     regression (``loss: mse``) run."""
+    if record.spec.multi_task:
+        raise ConfigError(
+            "--plots: the curves are drawn for a run of one label; this "
+            f"run's spec names {len(record.spec.labels)} "
+            f"({', '.join(record.spec.label_names)}): drop --plots (each "
+            "task's AUC, logloss and calibration are in the eval result).")
     if has_ranking_metrics(record.spec, record.retrieval):
         return
     kind = ("a retrieval run (recall@k)" if record.retrieval is not None
@@ -229,13 +237,42 @@ def keep_best_error(keep_best: str, patience: int, spec: FeatureSpec,
         "latest checkpoint: drop them.")
 
 
+def check_task_metric(keep_best: str, spec: FeatureSpec) -> None:
+    """``--keep-best TASK:METRIC``: TASK is a label of ``spec`` and METRIC
+    one of its loss's metrics (AUC/logloss of a 0/1 label, RMSE of an
+    ``mse`` one); else one line naming the choices (exit 2)."""
+    task, metric = split_keep_best(keep_best)
+    labels = {label.name: label for label in spec.labels}
+    flag = f"`{qualified(LoopConfig, 'keep_best')}` = {keep_best!r}"
+    label = labels.get(task)
+    if label is None:
+        raise ConfigError(
+            f"{flag}: {task!r} is not a label of spec {spec.name!r} "
+            f"(labels: {', '.join(labels)})"
+            f"{did_you_mean(task, labels) or '.'}")
+    metrics = ("rmse",) if label.regression else ("auc", "logloss")
+    if metric not in metrics:
+        raise ConfigError(
+            f"{flag}: {metric!r} is not a metric of the {label.loss} label "
+            f"{task!r}; use "
+            + " or ".join(f"{task}:{m}" for m in metrics) + ".")
+
+
 def check_keep_best(loop: LoopConfig, spec: FeatureSpec,
                     retrieval: RetrievalConfig | None) -> None:
     """The one rule of the best checkpoint: without ranking metrics
     (:func:`has_ranking_metrics`), ``LoopConfig.keep_best`` may only be
     ``none`` or its default (which then means ``none``), and
     ``early_stop_patience`` only 0. The CLI applies the same rule to the
-    flags the user gave (``--keep-best auc`` typed is refused)."""
+    flags the user gave (``--keep-best auc`` typed is refused).
+    ``TASK:METRIC`` names a label of the spec and a metric of its loss
+    (:func:`check_task_metric`)."""
+    if split_keep_best(loop.keep_best)[0] is not None:
+        if retrieval is not None:
+            raise keep_best_error(loop.keep_best, loop.early_stop_patience,
+                                  spec, retrieval)
+        check_task_metric(loop.keep_best, spec)
+        return
     if has_ranking_metrics(spec, retrieval):
         return
     if (loop.keep_best not in ("none", default_of(LoopConfig, "keep_best"))
@@ -435,7 +472,8 @@ class JobConfig:
         check_breakdown(self.loop, self.spec, self.retrieval)
         if self.plots:
             check_curves(self)
-        if not has_ranking_metrics(self.spec, self.retrieval):
+        if (not has_ranking_metrics(self.spec, self.retrieval)
+                and split_keep_best(self.loop.keep_best)[0] is None):
             # The default metric does not exist: the default is then none
             # (a value set otherwise was refused just above).
             object.__setattr__(self, "loop", dataclasses.replace(

@@ -31,15 +31,16 @@ from psrec.data.format.manifest import Manifest
 from psrec.data.format.records import corruption_named
 from psrec.data.input.dataset import make_eval_dataset
 from psrec.errors import ConfigError
-from psrec.features.spec.spec import ID_COLUMN
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import check_curves
 from psrec.launch.job.data import training_neg_sample_rate
 from psrec.models.build import build_model
 from psrec.models.embedding.quantize import table_storage
 from psrec.models.ranking.model import RankingModel
+from psrec.models.ranking.model import shifted_outputs
 from psrec.models.retrieval.config import RECALL_KS
 from psrec.models.serving.config import ExportConfig
+from psrec.models.serving.export import export_outputs
 from psrec.models.serving.export import export_saved_model
 from psrec.models.serving.retrieval_export import QUERY_TOWER_DIR
 from psrec.models.serving.retrieval_export import export_retrieval
@@ -56,10 +57,9 @@ from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
 from psrec.ps_cluster.evaluation.breakdown import Breakdown
 from psrec.ps_cluster.evaluation.curves import Curves
 from psrec.ps_cluster.evaluation.curves import bucket_statistics
-from psrec.ps_cluster.evaluation.groups import breakdown_statistics
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import add_statistics
-from psrec.ps_cluster.evaluation.metrics import batch_statistics
+from psrec.ps_cluster.evaluation.metrics import eval_statistics
 from psrec.ps_cluster.evaluation.metrics import merge
 from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
 from psrec.ps_cluster.retrieval.trainer import RetrievalTrainer
@@ -146,8 +146,9 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
         :func:`psrec.models.serving.versions.publish`); a table dtype other
         than float32 for a retrieval run.
     """
-    config.check_task(JobConfig.read(checkpoint_dir).retrieval is not None,
-                      str(checkpoint_dir))
+    run = JobConfig.read(checkpoint_dir)
+    config.check_task(run.retrieval is not None, str(checkpoint_dir),
+                      labels=run.spec.label_names)
     model, record, path = restore_plain_model(
         checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
     if record.retrieval is not None:  # top-K model, query tower, embeddings
@@ -184,7 +185,9 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path,
             "checkpoint": path, "spec_hash": record.spec.fingerprint(),
             "label": record.spec.label.name, "neg_sample_rate": rate,
             "logit_shift": logit_shift(rate), "warmup": rows.source,
-            "table_dtype": config.table_dtype, "tables": storage})
+            "table_dtype": config.table_dtype, "tables": storage,
+            **({"tasks": export_outputs(record.spec)}
+               if record.spec.multi_task else {})})
         write_warmup(folder, rows.inputs, name)
 
     published = publish(root, write, version)
@@ -258,18 +261,15 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
     manifest.verify(record.spec.fingerprint(), checksums=False)
     dataset = make_eval_dataset(files, record.spec, batch_size,
                                 manifest.block_rows)
-    label = record.spec.label.name
+    spec, label = record.spec, record.spec.label.name
     shift = logit_shift(training_neg_sample_rate(checkpoint_dir)
                         if neg_sample_rate is None else neg_sample_rate)
 
     def statistics(batch):
-        logits = tf.cast(model(batch), tf.float32) + shift
-        stats = batch_statistics(batch[label], logits, batch[ID_COLUMN],
-                                 record.spec.label.loss == "mse")  # RMSE
-        if curves:
-            stats.update(bucket_statistics(batch[label], logits))
-        stats.update(breakdown_statistics(breakdown, batch, batch[label],
-                                          logits))
+        outputs = shifted_outputs(model, spec, shift, batch)
+        stats = eval_statistics(spec, outputs, batch, breakdown)
+        if curves:  # a single binary label (check_curves)
+            stats.update(bucket_statistics(batch[label], outputs))
         return stats
 
     step = tf.function(statistics)

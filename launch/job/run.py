@@ -39,6 +39,7 @@ from psrec.ps_cluster.checkpoint.best import BestRecord
 from psrec.ps_cluster.cluster.tf_config import ClusterSpec
 from psrec.ps_cluster.cluster.tf_config import TFConfig
 from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.evaluation.metrics import task_line
 from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
 from psrec.ps_cluster.retrieval.metrics import eval_result_from_dict
 from psrec.ps_cluster.retrieval.metrics import ranking_auc
@@ -133,7 +134,13 @@ class JobSummary:
                    else f", eval AUC {self.exported_auc:.4f}")
             lines[-1] += f" (from checkpoint {self.exported_checkpoint}{auc})"
         lines += self._best_lines()
-        if isinstance(self.eval, RetrievalEvalResult) or getattr(
+        if getattr(self.eval, "tasks", None):  # several labels
+            lines.append(f"  last eval:   step {self.step}, per task:")
+            lines += [f"               {task_line(task)}"
+                      for task in self.eval.tasks]
+            lines += [f"               {self.eval.tasks[0]['name']}: {line}"
+                      for line in self.eval.breakdown_lines()]
+        elif isinstance(self.eval, RetrievalEvalResult) or getattr(
                 self.eval, "rmse", None) is not None:  # retrieval, mse
             lines.append(f"  last eval:   step {self.step}: "
                          f"{self.eval.summary()}")

@@ -226,10 +226,17 @@ def _json(path: Path, optional: bool = False) -> Any:
 
 
 def _metrics(summary: dict[str, Any] | None) -> dict[str, float]:
-    """The final evaluation's headline figures in ``summary.json``."""
+    """The final evaluation's headline figures in ``summary.json`` (of a
+    multi-task run: ``TASK:METRIC`` of every task)."""
     found = (summary or {}).get("eval")
     if not isinstance(found, dict):
         return {}
+    tasks = found.get("tasks")
+    if isinstance(tasks, list) and tasks:  # several labels: each task's
+        return {f"{task.get('name')}:{k}": float(task[k])
+                for task in tasks if isinstance(task, dict)
+                for k in ("auc", "logloss", "rmse")
+                if isinstance(task.get(k), (int, float))}
     names = (("rmse",) if isinstance(found.get("rmse"), (int, float))
              else ("auc", "logloss", "mrr"))  # regression: no AUC
     figures = {k: float(found[k]) for k in names

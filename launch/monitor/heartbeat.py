@@ -175,7 +175,8 @@ class HeartbeatMonitor:
 # process serves ``/metrics`` (:mod:`psrec.launch.monitor.metrics_http`)::
 #
 #     {"examples": 204800, "loss": 0.4712,
-#      "eval": {"auc": 0.7412, "logloss": 0.4650, "step": 200},
+#      "eval": {"auc": 0.7412, "logloss": 0.4650, "step": 200,
+#               "tasks": {"like": {"auc": 0.71, ...}, ...}},  # multi-task
 #      "checkpoint_time": 1767225600.1, "checkpoint_seconds": 0.8}
 
 class TrainerFields:
@@ -228,6 +229,13 @@ def reporter_fields(reporter) -> dict[str, Any]:
                 continue
             if math.isfinite(value):
                 data["eval"][name] = value
+        tasks = {task["name"]: {
+            key: float(value) for key, value in task.items()
+            if key in ("auc", "logloss", "calibration", "rmse")
+            and math.isfinite(value)}
+            for task in getattr(result, "tasks", None) or ()}
+        if tasks:  # a multi-task spec: every task's metrics
+            data["eval"]["tasks"] = tasks
     return data
 
 

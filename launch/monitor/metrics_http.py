@@ -120,6 +120,15 @@ class HeartbeatCollector:
              "checkpoint save took", beat.get("checkpoint_seconds"))])
         yield from _follow_families(beat.get("follow") or {})
         yield from _counters(beat)
+        tasks = GaugeMetricFamily(
+            "psrec_eval_task", "each task's metrics of the last evaluation "
+            "(a spec with several labels)", labels=["task", "metric"])
+        for task, metrics in sorted(
+                ((beat.get("eval") or {}).get("tasks") or {}).items()):
+            for metric, value in sorted((metrics or {}).items()):
+                if (number := _number(value)) is not None:
+                    tasks.add_metric([str(task), str(metric)], number)
+        yield tasks
 
     def describe(self) -> list[Any]:
         return []  # families vary with the file: nothing to pre-describe

@@ -27,6 +27,9 @@ INTERACTIONS = ("dot", "cross", "fm", "concat")
 #: must have one width (tables of other widths are projected to it).
 COMMON_WIDTH_INTERACTIONS = ("dot", "fm")
 BATCH_NORMS = ("none", "batch", "sync")
+#: How the tasks of a multi-task spec share the model
+#: (``models.ranking.tasks``).
+TASK_TOWERS = ("shared-bottom", "mmoe", "ple")
 
 
 class ModelConfigError(ConfigError):
@@ -78,9 +81,43 @@ class ModelConfig(Codec, where="model"):
         "(:data:`FM_INIT_SCALE`): its second-order term, a sum over all "
         "field pairs added to the logit, is then near 0 at the start")
 
+    task_towers: str = option(
+        "shared-bottom", flag="--task-towers", choices=TASK_TOWERS,
+        help="how the tasks of a spec with several labels share the model: "
+        "``shared-bottom`` (one over arch per task on the shared "
+        "representation), ``mmoe`` (--experts shared experts mixed by a "
+        "softmax gate per task) or ``ple`` (progressive layered extraction: "
+        "shared and per-task experts over --ple-levels levels)")
+    experts: int = option(
+        4, flag="--experts",
+        help="shared experts of ``mmoe``, and of each ``ple`` level")
+    task_experts: int = option(
+        1, flag="--task-experts",
+        help="experts of each task in each ``ple`` level")
+    expert_units: tuple[int, ...] = option(
+        (64,), flag="--expert-units",
+        help="hidden widths of each expert MLP (``mmoe``, ``ple``), e.g. "
+        "128,64")
+    ple_levels: int = option(
+        1, flag="--ple-levels",
+        help="extraction levels of ``ple`` (one or more)")
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
         object.__setattr__(self, "top_mlp", tuple(self.top_mlp))
+        object.__setattr__(self, "expert_units", tuple(self.expert_units))
+        check_choice("task_towers", self.task_towers, TASK_TOWERS,
+                     ModelConfigError)
+        for key in ("experts", "task_experts", "ple_levels"):
+            value = getattr(self, key)
+            check(isinstance(value, int) and not isinstance(value, bool)
+                  and value >= 1, key, value, "must be an integer >= 1",
+                  ModelConfigError)
+        if not self.expert_units or any(
+                not isinstance(w, int) or w < 1 for w in self.expert_units):
+            raise ModelConfigError(
+                f"`expert_units` = {self.expert_units!r} must hold one or "
+                "more positive integers.")
         check_choice("interaction", self.interaction, INTERACTIONS,
                      ModelConfigError)
         for key in ("bottom_mlp", "top_mlp"):

@@ -7,9 +7,15 @@ tables), ``dense_arch`` (bottom MLP on transformed dense features),
 ``interaction_arch`` and ``over_arch`` (top MLP).
 
 The model takes the batch dict produced by ``data.format.records.decode_blocks``
-(raw dense matrix + categorical row ids) and returns logits ``[B]``; the
+(raw dense matrix + categorical row ids) and returns logits ``[B]`` -- or,
+for a spec with several labels, ``{task: logits [B]}`` (one over arch per
+task, ``over_arch`` the first task's, ``over_arch_<task>`` the others',
+on the shared representation or the ``task_arch``'s MMoE / PLE output for
+the task: ``models.ranking.tasks``; a ``given`` label's logit is that of
+the product of its and its base task's probabilities, ESMM, with its own
+under ``<task>_given_<base>``); the
 dense transforms of the spec are applied inside, so the exported model can
-take raw values.
+take raw values. :func:`task_outputs` reads either form as a dict.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import check_model_spec
 from psrec.models.ranking.config import initial_logit
 from psrec.models.ranking.interaction import make_interaction
+from psrec.models.ranking.tasks import make_task_arch
 
 
 class RankingModel(ShardedTablesModel):
@@ -90,6 +97,16 @@ class RankingModel(ShardedTablesModel):
                              batch_norm=config.batch_norm,
                              output_dtype=logit_dtype, output_bias=bias,
                              name="over_arch")
+        # Further tasks (multi-task specs): one over arch each, on the
+        # shared representation or on the task arch's output for the task
+        # (``ModelConfig.task_towers``); the first task's is ``over_arch``.
+        self.task_arch = make_task_arch(config, spec.label_names)
+        self.task_over_archs = {
+            label.name: MLP(config.top_mlp, output_units=1,
+                            batch_norm=config.batch_norm,
+                            output_dtype=logit_dtype,
+                            name=f"over_arch_{label.name}")
+            for label in spec.further_labels}
         wide_options = {"dtype": logit_dtype} if logit_dtype else {}
         if bias is not None:
             wide_options["kernel_initializer"] = "zeros"
@@ -110,7 +127,7 @@ class RankingModel(ShardedTablesModel):
 
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
         embeddings, wide_logit = self.sparse_arch(batch)
-        return self.head(embeddings, wide_logit, batch)
+        return self.head(embeddings, wide_logit, batch, training=training)
 
     def dense_layers(self) -> dict[str, object]:
         """Every part of the model but its tables, by role (what a split
@@ -118,16 +135,20 @@ class RankingModel(ShardedTablesModel):
         parts = {"projections": dict(self.projections),
                  "interaction_arch": self.interaction_arch,
                  "over_arch": self.over_arch}
-        for name in ("dense_arch", "wide_dense"):
+        for name in ("dense_arch", "wide_dense", "task_arch"):
             if getattr(self, name) is not None:
                 parts[name] = getattr(self, name)
+        if self.task_over_archs:
+            parts["task_over_archs"] = dict(self.task_over_archs)
         return parts
 
-    def head(self, embeddings: list[tf.Tensor], wide_logit, batch):
+    def head(self, embeddings: list[tf.Tensor], wide_logit, batch,
+             training: bool = False):
         """The logits ``[B]`` of the pooled ``embeddings`` (spec order) and
         ``wide_logit`` (None without a wide part) that
         :class:`SparseArch` returns, with the dense matrix of ``batch``:
-        everything after the table lookups."""
+        everything after the table lookups (a multi-task spec: the logits
+        of every task, by name)."""
         embeddings = [
             self.projections[f.table](e) if f.table in self.projections
             else e for f, e in zip(self.spec.categorical, embeddings)]
@@ -142,17 +163,98 @@ class RankingModel(ShardedTablesModel):
             dense_out = tf.cast(dense_out, self.compute_dtype)
         features, extra = self.interaction_arch(dense_out, embeddings)
         # Logits (and so the loss) are float32 whatever the policy; under
-        # float32 these casts are no-ops.
-        logit = tf.cast(tf.reshape(self.over_arch(features),
-                                   [-1]), tf.float32)
-        if extra is not None:
-            logit += tf.cast(extra, tf.float32)
-        if wide_logit is not None:
-            logit += tf.cast(wide_logit, tf.float32)
+        # float32 these casts are no-ops. The first-order (wide) and FM
+        # terms add to every task's logit.
+        shared = [tf.cast(term, tf.float32) for term in (extra, wide_logit)
+                  if term is not None]
         if self.wide_dense is not None:
-            logit += tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
-                             tf.float32)
-        return logit
+            shared.append(tf.cast(tf.reshape(self.wide_dense(dense), [-1]),
+                                  tf.float32))
+        logits = {}
+        inputs = (self.task_arch(features, training=training)
+                  if self.task_arch is not None
+                  else [features] * len(self.spec.labels))
+        for (name, over_arch), task_input in zip(self.over_archs(), inputs):
+            logit = tf.cast(tf.reshape(over_arch(task_input), [-1]),
+                            tf.float32)
+            for term in shared:
+                logit += term
+            logits[name] = logit
+        if not self.spec.multi_task:
+            return logits[self.spec.label.name]
+        for label in self.spec.further_labels:
+            if label.given is not None:  # a funnel (ESMM): P(given and it)
+                logits[conditional_name(label)] = logits[label.name]
+                logits[label.name] = product_logit(logits[label.given],
+                                                   logits[label.name])
+        return logits
+
+    def over_archs(self) -> list[tuple[str, MLP]]:
+        """``(task, over arch)`` of every task, the first task first."""
+        return [(self.spec.label.name, self.over_arch),
+                *self.task_over_archs.items()]
+
+
+def conditional_name(label) -> str:
+    """The output of a ``given`` label's own (conditional) probability:
+    ``conversion_given_click`` -- pCVR in ESMM's terms."""
+    return f"{label.name}_given_{label.given}"
+
+
+def product_logit(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
+    """The logit of ``sigmoid(first) * sigmoid(second)`` (ESMM's pCTCVR =
+    pCTR x pCVR), from log-probabilities: finite for any finite inputs."""
+    log_p = tf.math.log_sigmoid(first) + tf.math.log_sigmoid(second)
+    log_p = tf.minimum(log_p, -1e-7)  # p < 1: log(1 - p) stays finite
+    return log_p - tf.math.log(-tf.math.expm1(log_p))
+
+
+def task_labels(spec: FeatureSpec, batch: dict[str, tf.Tensor]
+                ) -> dict[str, tuple[tf.Tensor, tf.Tensor]]:
+    """``{task: (target, present)}`` of a multi-task batch: a label column
+    holds NaN where the row lacks the label (``present`` False, target 0);
+    a ``given`` label's target is ``given x label`` over every row -- a
+    row whose ``given`` is 0 has target 0 even without the label itself
+    (ESMM trains on the whole impression space)."""
+    values = {label.name: tf.cast(batch[label.name], tf.float32)
+              for label in spec.labels}
+    found = {name: tf.math.is_finite(value) for name, value in values.items()}
+    clean = {name: tf.where(found[name], value, 0.0)
+             for name, value in values.items()}
+    targets = {}
+    for label in spec.labels:
+        if label.given is None:
+            targets[label.name] = (clean[label.name], found[label.name])
+            continue
+        base = label.given
+        absent = tf.logical_and(found[base], tf.equal(clean[base], 0.0))
+        targets[label.name] = (
+            clean[base] * clean[label.name],
+            tf.logical_and(found[base],
+                           tf.logical_or(found[label.name], absent)))
+    return targets
+
+
+def task_outputs(outputs, spec: FeatureSpec) -> dict[str, tf.Tensor]:
+    """``{task: output [B]}`` of a model's outputs: the dict of a
+    multi-task model as it is, the one tensor of a single-label model under
+    its label's name."""
+    if isinstance(outputs, dict):
+        return outputs
+    return {spec.label.name: outputs}
+
+
+def shifted_outputs(model, spec: FeatureSpec, shift: float,
+                    batch: dict[str, tf.Tensor]):
+    """The model's outputs on ``batch`` with ``shift`` (``log(R)`` of
+    negatives kept at rate ``R``, ``psrec convert --neg-sample-rate``)
+    added to the first task's logits: negative sampling reads the first
+    label, so only its base rate moved."""
+    outputs = model(batch)
+    if not isinstance(outputs, dict):
+        return tf.cast(outputs, tf.float32) + shift
+    first = spec.label.name
+    return {**outputs, first: tf.cast(outputs[first], tf.float32) + shift}
 
 
 def _mixed_precision() -> bool:

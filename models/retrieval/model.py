@@ -34,12 +34,18 @@ from psrec.models.retrieval.config import check_no_dynamic_tables
 
 
 def check_retrieval_spec(spec: FeatureSpec) -> None:
-    """Refuses a spec without ``towers`` for the retrieval task."""
+    """Refuses a spec without ``towers``, or with several labels, for the
+    retrieval task."""
     if spec.towers is None:
         raise ModelConfigError(
             f"`--task retrieval` needs a spec with `towers` (query and "
             f"candidate features, candidate_id); spec {spec.name!r} has "
             "none: add them (see --spec movielens-retrieval).")
+    if spec.multi_task:
+        raise ModelConfigError(
+            f"`--task retrieval` trains one label; spec {spec.name!r} names "
+            f"several ({', '.join(spec.label_names)}): keep one `label` for "
+            "retrieval, or train a ranking model.")
 
 
 class RetrievalModel(ShardedTablesModel):

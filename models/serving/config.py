@@ -53,9 +53,17 @@ class ExportConfig:
                 "export writes its tables as float32 Parquet for the "
                 "key-value store; drop `ExportConfig.table_dtype`.")
 
-    def check_task(self, retrieval: bool, where: str) -> None:
+    def check_task(self, retrieval: bool, where: str, *,
+                   labels: tuple[str, ...] = ()) -> None:
         """A retrieval run (``where``: its checkpoint folder) exports its
-        tables as float32 only, and no split bundle."""
+        tables as float32 only, and no split bundle; nor does a run of
+        several ``labels`` (its dense model serves one score per task)."""
+        if len(labels) > 1 and self.split:
+            raise ConfigError(
+                f"`ExportConfig.split`: {where} is a multi-task run "
+                f"({', '.join(labels)}); a split export serves one score "
+                "(probability, logit) per row: export it whole (drop "
+                "`ExportConfig.split`), which serves every task's score.")
         if retrieval and self.split:
             raise ConfigError(
                 f"`ExportConfig.split`: {where} is a retrieval run, whose "

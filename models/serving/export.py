@@ -15,7 +15,12 @@ exactly as in the Parquet input:
   first ``max_length`` remaining values are used -- exactly what conversion
   does with null, ``""`` and ``-1`` list elements.
 
-and returns ``{"probability": [batch], "logit": [batch]}``. Hashing and
+and returns ``{"probability": [batch], "logit": [batch]}`` -- of the first
+task, for a spec with several labels, which adds ``<task>_score`` for every
+task: the probability of a ``logloss`` task, the predicted value of an
+``mse`` one; a ``given`` task's is the product of its base task's and its
+own conditional probability (ESMM's pCTCVR), which is output too as
+``<task>_given_<base>_score`` (pCVR). Hashing and
 vocabulary lookups run through ``features.transforms.ops.CategoricalEncoder``
 (the ops used by ``psrec convert``) and the dense transforms are inside the
 model, so serving sees what training saw. The model is rebuilt without any
@@ -40,8 +45,12 @@ from psrec.features.transforms.ops import CategoricalEncoder
 from psrec.features.transforms.ops import derive_all
 from psrec.models.dynamic.table import freeze_tables
 from psrec.models.ranking.model import RankingModel
+from psrec.models.ranking.model import conditional_name
+from psrec.models.ranking.model import task_outputs
 
 _DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
+#: The suffix of each task's output of a multi-task export.
+TASK_SUFFIX = "_score"
 
 
 def serving_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
@@ -105,9 +114,35 @@ class ServingModule(tf.Module):
                 **encode_ids(self.encoder, self._spec, raw)}
 
     def _serve(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        logit = self.model(self.model_batch(raw), training=False)
-        logit = tf.cast(logit, tf.float32) + self.logit_shift
-        return {"probability": tf.sigmoid(logit), "logit": logit}
+        spec = self._spec
+        outputs = task_outputs(self.model(self.model_batch(raw),
+                                          training=False), spec)
+        outputs = {name: tf.cast(value, tf.float32)
+                   for name, value in outputs.items()}
+        logit = outputs[spec.label.name] + self.logit_shift
+        served = {"probability": tf.sigmoid(logit), "logit": logit}
+        if spec.multi_task:  # one score per task, the first one too
+            outputs[spec.label.name] = logit
+            for label in spec.labels:
+                value = outputs[label.name]
+                served[label.name + TASK_SUFFIX] = (
+                    value if label.regression else tf.sigmoid(value))
+                if label.given is not None:  # ESMM: pCVR beside pCTCVR
+                    name = conditional_name(label)
+                    served[name + TASK_SUFFIX] = tf.sigmoid(outputs[name])
+        return served
+
+
+def export_outputs(spec: FeatureSpec) -> dict[str, str]:
+    """``{task (or a given task's conditional): its output}`` of a
+    multi-task export (``psrec_export.json``'s ``tasks``)."""
+    outputs = {}
+    for label in spec.labels:
+        outputs[label.name] = label.name + TASK_SUFFIX
+        if label.given is not None:
+            name = conditional_name(label)
+            outputs[name] = name + TASK_SUFFIX
+    return outputs
 
 
 def export_saved_model(model: RankingModel, spec: FeatureSpec,

@@ -17,7 +17,8 @@ the report says which; :func:`psrec.models.serving.versions.resolve`).
 The output has one row per input row, in input order: ``row`` (the 0-based
 position over the inputs in the given order -- the row id ``psrec convert``
 gives the same row), the label column when the inputs have it, any
-``keep`` columns as they are, then ``probability`` and ``logit`` -- or,
+``keep`` columns as they are, then ``probability`` and ``logit`` (and, for
+a multi-task export, each task's ``<task>_score``) -- or,
 for a retrieval export (its signature returns ``candidate_ids`` and
 ``scores``), the query row's top-K candidate ids and their scores, best
 first, as lists (Parquet only).
@@ -50,6 +51,7 @@ from psrec.errors import check
 from psrec.errors import did_you_mean
 from psrec.features.transforms.ops import MISSING_INT
 from psrec.features.transforms.ops import MISSING_TOKEN
+from psrec.models.serving.export import TASK_SUFFIX
 from psrec.models.serving.versions import resolve
 from psrec.progress import SILENT
 from psrec.progress import Progress
@@ -243,8 +245,9 @@ def _outputs(function, path: str, out: Path) -> dict[str, pa.DataType]:
     list per row: Parquet only); else a ConfigError naming what it
     returns."""
     given = function.structured_outputs
-    if all(name in given for name in OUTPUT_COLUMNS):
-        return {name: pa.float32() for name in OUTPUT_COLUMNS}
+    if all(name in given for name in OUTPUT_COLUMNS):  # + one per task
+        tasks = sorted(name for name in given if name.endswith(TASK_SUFFIX))
+        return {name: pa.float32() for name in (*OUTPUT_COLUMNS, *tasks)}
     if not all(name in given for name in RETRIEVAL_COLUMNS):
         raise ConfigError(
             f"{path}: its serving signature returns "

@@ -2,16 +2,16 @@
 and the choice of a checkpoint by name (``latest``, ``best``, ``ckpt-N``).
 
 Every evaluation boundary is a checkpoint boundary. When the evaluation
-improved the tracked metric (``--keep-best auc|logloss``), the files of the
-checkpoint just saved are hard-linked (copied where a link is impossible)
-into ``checkpoints/best/`` as ``best-<step>.*``, and then ``best.json``
-beside the checkpoints is replaced atomically, naming them with the step and
-the metrics. ``tf.train.CheckpointManager`` deletes only the files of the
-checkpoints it wrote into ``checkpoints/``, so the best survives
-``--keep-checkpoints`` rotation. The previous best's files are removed only
-after the record names the new one: a crash in between leaves extra files,
-never a record naming missing ones. A resumed run reads the record, so the
-best-so-far (and the early-stopping count) carries over.
+improved the tracked metric (``--keep-best auc|logloss|TASK:METRIC``), the
+files of the checkpoint just saved are hard-linked (copied where a link is
+impossible) into ``checkpoints/best/`` as ``best-<step>.*``, and then
+``best.json`` beside the checkpoints is replaced atomically, naming them
+with the step and the metrics. ``tf.train.CheckpointManager`` deletes only
+the files of the checkpoints it wrote into ``checkpoints/``, so the best
+survives ``--keep-checkpoints`` rotation. The previous best's files are
+removed only after the record names the new one: a crash in between leaves
+extra files, never a record naming missing ones. A resumed run reads the
+record, so the best-so-far (and the early-stopping count) carries over.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from psrec.ps_cluster.checkpoint.names import CHECKPOINT_NAME
 from psrec.ps_cluster.checkpoint.names import check_checkpoint_name
 from psrec.ps_cluster.checkpoint.names import kept_checkpoints
 from psrec.ps_cluster.evaluation.metrics import EvalResult
+from psrec.ps_cluster.evaluation.watched import higher_is_better
+from psrec.ps_cluster.evaluation.watched import split_keep_best
 from psrec.uri import name as uri_name
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
@@ -75,6 +77,9 @@ class BestRecord:
         return cls(**data)
 
     def summary(self) -> str:
+        if split_keep_best(self.metric)[0] is not None:  # TASK:METRIC
+            return (f"step {self.step}, {self.metric} {self.value:.4f} "
+                    f"({self.checkpoint})")
         return (f"step {self.step}, AUC {self.auc:.4f}, logloss "
                 f"{self.logloss:.4f} ({self.checkpoint})")
 
@@ -103,7 +108,18 @@ def improves(metric: str, value: float, best: float | None) -> bool:
         return False
     if best is None or not math.isfinite(best):
         return True
-    return value > best if metric == "auc" else value < best
+    return value > best if higher_is_better(metric) else value < best
+
+
+def metric_value(result: EvalResult, metric: str) -> float:
+    """The value of ``metric`` (``LoopConfig.keep_best``) in ``result``:
+    the first task's ``auc``/``logloss``, or ``TASK:METRIC``'s (a single
+    label's from the result's own fields)."""
+    task, name = split_keep_best(metric)
+    if task is not None and result.tasks:
+        return float(result.task(task).get(name, math.nan))
+    value = getattr(result, name, None)
+    return math.nan if value is None else float(value)
 
 
 def _files_of(prefix: str) -> list[Path | UriPath]:
@@ -148,7 +164,7 @@ class BestTracker:
     def update(self, step: int, result: EvalResult, saved: str) -> bool:
         """Considers the evaluation of checkpoint ``saved`` (at ``step``);
         returns True when it is the new best."""
-        value = result.auc if self.metric == "auc" else result.logloss
+        value = metric_value(result, self.metric)
         best = self.record.value if self.record is not None else None
         if not improves(self.metric, value, best):
             if self.record is not None:
@@ -192,7 +208,11 @@ class ChosenCheckpoint:
 
     def describe(self) -> str:
         text = f"checkpoint {self.name} (step {self.step}"
-        if self.best is not None:
+        if self.best is not None and split_keep_best(
+                self.best.metric)[0] is not None:  # TASK:METRIC
+            text += (f", the best: eval {self.best.metric} "
+                     f"{self.best.value:.4f}")
+        elif self.best is not None:
             text += (f", the best: eval AUC {self.best.auc:.4f}, logloss "
                      f"{self.best.logloss:.4f}")
         return text + ")"

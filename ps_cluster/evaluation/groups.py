@@ -58,13 +58,20 @@ def group_slots(ids: tf.Tensor) -> tf.Tensor:
 
 
 def group_statistics(prefix: str, labels: tf.Tensor, logits: tf.Tensor,
-                     ids: tf.Tensor) -> dict[str, tf.Tensor]:
+                     ids: tf.Tensor, present: tf.Tensor | None = None
+                     ) -> dict[str, tf.Tensor]:
     """Per-slot sums of one batch that add up across batches and closures:
     ``{prefix}_pos``/``{prefix}_neg`` ``[GROUP_SLOTS, GROUP_BINS]``
     histograms, ``{prefix}_logloss`` and ``{prefix}_prediction``
-    ``[GROUP_SLOTS]``."""
+    ``[GROUP_SLOTS]``; ``present`` (a multi-task spec's missing labels)
+    leaves the other rows out."""
     labels = tf.reshape(tf.cast(labels, tf.float32), [-1])
     logits = tf.reshape(tf.cast(logits, tf.float32), [-1])
+    if present is not None:  # a left-out row adds 0 everywhere
+        present = tf.reshape(present, [-1])
+        ids = tf.boolean_mask(tf.reshape(ids, [-1]), present)
+        labels = tf.boolean_mask(labels, present)
+        logits = tf.boolean_mask(logits, present)
     slots = group_slots(ids)
     cells = slots * GROUP_BINS + group_bins(logits)
     size = GROUP_SLOTS * GROUP_BINS
@@ -93,13 +100,15 @@ def zero_group_statistics(prefix: str) -> dict[str, tf.Tensor]:
 
 
 def breakdown_statistics(breakdown: Breakdown, batch: dict,
-                         labels: tf.Tensor, logits: tf.Tensor
+                         labels: tf.Tensor, logits: tf.Tensor,
+                         present: tf.Tensor | None = None
                          ) -> dict[str, tf.Tensor]:
     """The :func:`group_statistics` of every column ``breakdown`` asks
     for (none: ``{}``)."""
     stats: dict[str, tf.Tensor] = {}
     for prefix, column in breakdown.columns().items():
-        stats.update(group_statistics(prefix, labels, logits, batch[column]))
+        stats.update(group_statistics(prefix, labels, logits, batch[column],
+                                      present))
     return stats
 
 

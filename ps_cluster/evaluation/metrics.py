@@ -25,8 +25,14 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from psrec.features.spec.spec import ID_COLUMN
+from psrec.features.spec.spec import FeatureSpec
+from psrec.models.ranking.model import task_labels
+from psrec.models.ranking.model import task_outputs
 from psrec.ps_cluster.evaluation.breakdown import Breakdown
+from psrec.ps_cluster.evaluation.groups import breakdown_statistics
 from psrec.ps_cluster.evaluation.groups import group_metrics
+from psrec.ps_cluster.evaluation.groups import zero_breakdown_statistics
 
 AUC_BINS = 65_536
 AUC_LOGIT_RANGE = 32.0  # sigmoid(-32) ~ 1.3e-14: nothing real lies beyond.
@@ -43,28 +49,93 @@ def auc_bins(logits: tf.Tensor) -> tf.Tensor:
 
 
 def batch_statistics(labels: tf.Tensor, logits: tf.Tensor,
-                     ids: tf.Tensor, regression: bool = False
+                     ids: tf.Tensor, regression: bool = False,
+                     present: tf.Tensor | None = None
                      ) -> dict[str, tf.Tensor]:
     """Per-batch sums that add up across batches and closures; with
     ``regression`` (``loss: mse``) also the squared error of the output as
-    a prediction of the label (for RMSE)."""
+    a prediction of the label (for RMSE). ``present`` (a multi-task
+    spec's task: its label is not NaN) leaves the other rows out of every
+    sum but ``id_sum`` (which counts the rows evaluated)."""
     labels = tf.reshape(tf.cast(labels, tf.float32), [-1])
     logits = tf.reshape(tf.cast(logits, tf.float32), [-1])
     bins = auc_bins(logits)
-    extra = ({"squared_error_sum": tf.reduce_sum(tf.square(
-        logits - labels))} if regression else {})
+    if present is None:
+        weights, count = None, tf.size(labels, out_type=tf.int64)
+    else:
+        present = tf.reshape(present, [-1])
+        labels = tf.where(present, labels, 0.0)
+        weights = tf.cast(present, tf.float32)
+        count = tf.math.count_nonzero(present, dtype=tf.int64)
+
+    def total(values: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(values if weights is None else values * weights)
+
+    def histogram(values: tf.Tensor) -> tf.Tensor:
+        return tf.math.bincount(
+            bins, weights=values if weights is None else values * weights,
+            minlength=AUC_BINS, maxlength=AUC_BINS)
+
+    extra = ({"squared_error_sum": total(tf.square(logits - labels))}
+             if regression else {})
     return {**extra,
-        "count": tf.size(labels, out_type=tf.int64),
-        "positives": tf.reduce_sum(labels),
-        "logloss_sum": tf.reduce_sum(
+        "count": count,
+        "positives": total(labels),
+        "logloss_sum": total(
             tf.nn.sigmoid_cross_entropy_with_logits(labels, logits)),
-        "prediction_sum": tf.reduce_sum(tf.sigmoid(logits)),
+        "prediction_sum": total(tf.sigmoid(logits)),
         "id_sum": tf.reduce_sum(ids),
-        "pos_hist": tf.math.bincount(bins, weights=labels,
-                                     minlength=AUC_BINS, maxlength=AUC_BINS),
-        "neg_hist": tf.math.bincount(bins, weights=1.0 - labels,
-                                     minlength=AUC_BINS, maxlength=AUC_BINS),
+        "pos_hist": histogram(labels),
+        "neg_hist": histogram(1.0 - labels),
     }
+
+
+def _task_key(task: str, key: str) -> str:
+    """The statistics key of a further task's sum (the first task's are
+    the plain keys)."""
+    return f"task/{task}/{key}"
+
+
+def eval_statistics(spec: FeatureSpec, outputs, batch: dict[str, tf.Tensor],
+                    breakdown: Breakdown | None = None
+                    ) -> dict[str, tf.Tensor]:
+    """The statistics of one eval batch: the first task's under the plain
+    keys (with ``breakdown``'s per-group sums), each further task's under
+    ``task/<name>/`` (``outputs``: the model's, ``{task: logits}`` or the
+    one label's tensor). A multi-task spec's missing labels (NaN) are left
+    out of their task's sums; a ``given`` task is scored on ``given x
+    label`` over every row (``task_labels``)."""
+    outputs = task_outputs(outputs, spec)
+    targets = task_labels(spec, batch) if spec.multi_task else None
+    stats: dict[str, tf.Tensor] = {}
+    for index, label in enumerate(spec.labels):
+        value, present = (targets[label.name] if targets is not None
+                          else (tf.cast(batch[label.name], tf.float32),
+                                None))
+        part = batch_statistics(value, outputs[label.name], batch[ID_COLUMN],
+                                label.regression, present)
+        if index == 0:
+            stats.update(part)
+            if breakdown is not None:
+                stats.update(breakdown_statistics(
+                    breakdown, batch, value, outputs[label.name], present))
+        else:
+            stats.update({_task_key(label.name, key): v
+                          for key, v in part.items() if key != "id_sum"})
+    return stats
+
+
+def zero_eval_statistics(spec: FeatureSpec, breakdown: Breakdown | None = None
+                         ) -> dict[str, tf.Tensor]:
+    """The identity of the sums of :func:`eval_statistics`."""
+    stats = zero_statistics(spec.label.regression)
+    if breakdown is not None:
+        stats.update(zero_breakdown_statistics(breakdown))
+    for label in spec.further_labels:
+        stats.update({_task_key(label.name, key): v for key, v in
+                      zero_statistics(label.regression).items()
+                      if key != "id_sum"})
+    return stats
 
 
 def zero_statistics(regression: bool = False) -> dict[str, tf.Tensor]:
@@ -141,6 +212,10 @@ class EvalResult:
     # auc_error_bound, logloss, calibration), the last one ``other``.
     slice_by: str | None = None
     slices: list | None = None
+    # A multi-task spec: one dict per task, the first task first (name,
+    # loss, weight, count, positives, auc, logloss, calibration, rmse); the
+    # fields above are the first task's.
+    tasks: list | None = None
 
     def __post_init__(self) -> None:
         if self.calibration is None:
@@ -160,12 +235,25 @@ class EvalResult:
                 "positive_rate": self.positive_rate}
 
     def summary(self) -> str:
+        if self.tasks:
+            return (f"eval: {len(self.tasks)} tasks"
+                    + "".join(f"\n  task {task_line(t)}" for t in self.tasks)
+                    + "".join(f"\n  {self.tasks[0]['name']}: {line}"
+                              for line in self.breakdown_lines()))
         if self.rmse is not None:  # regression: AUC etc. do not apply
             return f"eval: {self.count} examples, RMSE {self.rmse:.4f}"
         return (f"eval: {self.count} examples, AUC {self.auc:.4f}, logloss "
                 f"{self.logloss:.4f}, calibration {self.calibration:.2f}, "
                 f"positive rate {self.positive_rate:.4f}"
                 + "".join(f"\n  {line}" for line in self.breakdown_lines()))
+
+    def task(self, name: str) -> dict:
+        """The metrics of task ``name`` (a multi-task result); KeyError
+        for another name."""
+        for task in self.tasks or ():
+            if task["name"] == name:
+                return task
+        raise KeyError(name)
 
     def gauc_line(self) -> str | None:
         """``GAUC by COLUMN ...`` (None without ``--group-by``)."""
@@ -192,6 +280,9 @@ class EvalResult:
     def scalars(self) -> dict[str, float]:
         """The TensorBoard scalars of this evaluation (``eval/NAME``)."""
         values = {"auc": self.auc, "logloss": self.logloss}
+        for task in self.tasks or ():
+            for name in TASK_METRICS[task["loss"]]:
+                values[f"task/{task['name']}/{name}"] = task[name]
         if self.gauc is not None:
             values["gauc"] = self.gauc
         for s in self.slices or ():
@@ -200,11 +291,59 @@ class EvalResult:
         return values
 
 
+#: The metrics a task reports, by its loss.
+TASK_METRICS = {"logloss": ("auc", "logloss", "calibration"),
+                "mse": ("rmse",)}
+
+
+_METRIC_NAMES = {"auc": "AUC", "rmse": "RMSE"}
+
+
+def task_line(task: dict) -> str:
+    """One task's metrics in one line (``like: 1200 examples, AUC ...``)."""
+    words = ", ".join(f"{_METRIC_NAMES.get(m, m)} {task[m]:.4f}"
+                      for m in TASK_METRICS[task["loss"]])
+    return f"{task['name']}: {task['count']} examples, {words}"
+
+
+def _task_metrics(total: dict[str, np.ndarray], label) -> dict:
+    """A task's metrics from its summed statistics (plain keys)."""
+    count = int(total["count"])
+    positives = float(total["positives"])
+    prediction_sum = float(total["prediction_sum"])
+    metrics = {"name": label.name, "loss": label.loss,
+               "weight": float(label.weight), "count": count}
+    if label.regression:
+        metrics["rmse"] = math.sqrt(float(total["squared_error_sum"])
+                                    / max(1, count))
+    else:
+        metrics.update(
+            positives=positives,
+            auc=auc_from_histograms(total["pos_hist"], total["neg_hist"]),
+            logloss=float(total["logloss_sum"]) / max(1, count),
+            calibration=(prediction_sum / positives if positives
+                         else math.nan))
+    return metrics
+
+
+def _tasks(total: dict[str, np.ndarray], spec) -> list[dict] | None:
+    """Every task's metrics of a multi-task spec (None: one label)."""
+    if spec is None or not spec.multi_task:
+        return None
+    tasks = [_task_metrics(total, spec.label)]
+    for label in spec.further_labels:
+        prefix = _task_key(label.name, "")
+        tasks.append(_task_metrics(
+            {key[len(prefix):]: value for key, value in total.items()
+             if key.startswith(prefix)}, label))
+    return tasks
+
+
 def merge(parts: list[dict[str, np.ndarray]],
           breakdown: Breakdown | None = None, spec=None) -> EvalResult:
     """The :class:`EvalResult` of the summed statistics of ``parts`` (with
     ``breakdown``: also its GAUC and slices, of the feature spec
-    ``spec``)."""
+    ``spec``; a multi-task ``spec``: every task's metrics, ``tasks``)."""
     total = add_statistics(parts)
     extra = (group_metrics(total, breakdown, spec)
              if breakdown is not None and breakdown.active else {})
@@ -219,4 +358,5 @@ def merge(parts: list[dict[str, np.ndarray]],
         mean_prediction=prediction_sum / count if count else math.nan,
         calibration=prediction_sum / positives if positives else math.nan,
         rmse=(math.sqrt(float(total["squared_error_sum"]) / max(1, count))
-              if "squared_error_sum" in total else None), **extra)
+              if "squared_error_sum" in total else None),
+        tasks=_tasks(total, spec), **extra)

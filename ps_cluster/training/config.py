@@ -6,14 +6,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_at_least
+from psrec.errors import did_you_mean
 from psrec.options import Codec
 from psrec.options import check_choices
 from psrec.options import option
 from psrec.options import qualified
 from psrec.ps_cluster.evaluation.breakdown import GAUC_WEIGHTINGS
 from psrec.ps_cluster.evaluation.breakdown import Breakdown
+from psrec.ps_cluster.evaluation.watched import KEEP_BEST
+from psrec.ps_cluster.evaluation.watched import TASK_BEST_METRICS
+from psrec.ps_cluster.evaluation.watched import split_keep_best
 
 #: Evaluations per run when ``eval_every`` is None.
 AUTO_EVALS = 5
@@ -24,7 +29,6 @@ AUTO_MIN_STEPS = 300
 AUTO_MAX_EPOCHS = 20
 #: ... stopping after this many evaluations in a row without improvement.
 AUTO_PATIENCE = 3
-KEEP_BEST = ("auc", "logloss", "none")
 
 
 def can_stop_early(is_ps: bool, workers: int) -> bool:
@@ -62,10 +66,12 @@ class LoopConfig(Codec, where="loop"):
         500, flag="--checkpoint-every",
         help="steps between checkpoints; 0: only at the end")
     keep_best: str = option(
-        "auc", flag="--keep-best", choices=KEEP_BEST,
+        "auc", flag="--keep-best",
         help="keep the checkpoint with the best eval metric in "
         "checkpoints/best/ (recorded in checkpoints/best.json); the final "
-        "export is that checkpoint")
+        "export is that checkpoint: auc, logloss (of the first label), none, "
+        "or TASK:METRIC for any label of the spec (like:auc, "
+        "rating:rmse; METRIC: auc, logloss or rmse)")
     early_stop_patience: int = option(
         0, flag="--early-stop-patience",
         strategies=("ps", "mirrored", "one-device"),
@@ -101,6 +107,14 @@ class LoopConfig(Codec, where="loop"):
         if self.eval_every is not None:
             check_at_least(self, 0, "eval_every")
         check_choices(self)
+        task, metric = split_keep_best(str(self.keep_best))
+        allowed = TASK_BEST_METRICS if task is not None else KEEP_BEST
+        if metric not in allowed or (task is not None and not task.strip()):
+            raise ConfigError(
+                f"`{qualified(self, 'keep_best')}` = {self.keep_best!r} is "
+                f"not one of {', '.join(KEEP_BEST)} or TASK:METRIC (METRIC "
+                f"one of {', '.join(TASK_BEST_METRICS)})"
+                f"{did_you_mean(metric, allowed) or '.'}")
         check(not (self.early_stop_patience and self.keep_best == "none"),
               qualified(self, "early_stop_patience"),
               self.early_stop_patience,

@@ -31,15 +31,12 @@ import tensorflow as tf
 
 from psrec.data.input.dataset import DatasetFn
 from psrec.data.input.dataset import make_eval_dataset
-from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.ps_cluster.evaluation.breakdown import Breakdown
-from psrec.ps_cluster.evaluation.groups import breakdown_statistics
-from psrec.ps_cluster.evaluation.groups import zero_breakdown_statistics
 from psrec.ps_cluster.evaluation.metrics import EvalResult
-from psrec.ps_cluster.evaluation.metrics import batch_statistics
+from psrec.ps_cluster.evaluation.metrics import eval_statistics
 from psrec.ps_cluster.evaluation.metrics import merge
-from psrec.ps_cluster.evaluation.metrics import zero_statistics
+from psrec.ps_cluster.evaluation.metrics import zero_eval_statistics
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.ps_cluster.training.coverage import CoverageTally
 from psrec.ps_cluster.training.maintenance import Maintainer
@@ -266,26 +263,20 @@ class DirectExecutor(_Executor):
 def make_eval_function(model, spec: FeatureSpec, batch_size: int,
                        block_rows: int,
                        breakdown: Breakdown = Breakdown()) -> Callable:
-    """A ``tf.function(path)`` with the statistics of one eval shard file
-    (with ``breakdown``, also its per-group sums: computed where the
-    closure runs, only the fixed-size sums travel)."""
-    label = spec.label.name
-    regression = spec.label.loss == "mse"
+    """A ``tf.function(path)`` with the statistics of one eval shard file:
+    every task's (``eval_statistics``), with ``breakdown`` also the first
+    task's per-group sums -- computed where the closure runs, only the
+    fixed-size sums travel."""
 
     @tf.function
     def evaluate_shard(path: tf.Tensor):
         dataset = make_eval_dataset(path, spec, batch_size, block_rows)
 
         def add(state, batch):
-            logits = model(batch)
-            stats = batch_statistics(batch[label], logits,
-                                     batch[ID_COLUMN], regression)
-            stats.update(breakdown_statistics(breakdown, batch,
-                                              batch[label], logits))
+            stats = eval_statistics(spec, model(batch), batch, breakdown)
             return {k: state[k] + stats[k] for k in state}
 
-        return dataset.reduce({**zero_statistics(regression),
-                               **zero_breakdown_statistics(breakdown)}, add)
+        return dataset.reduce(zero_eval_statistics(spec, breakdown), add)
 
     return evaluate_shard
 

@@ -12,6 +12,9 @@ rows times the replicas in sync) and by the micro-batches per update, so
 the all-reduced (summed) gradients are those of the mean over every row of
 the update. A worker with several GPUs under PS, or a mirrored run, thus
 takes the same step size and logs the same loss as one device would.
+With several labels (a multi-task spec) the loss is the weighted sum of the
+tasks' losses, each normalised by the rows of the global batch that have
+its label (:meth:`TrainStep._multi_task_loss`).
 
 Mixed float16 (GPU): the loss is scaled by a dynamic loss scale; when any
 gradient of any replica is not finite, the whole update -- tables and dense
@@ -35,6 +38,7 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.optim.accumulation import add_gradients
 from psrec.models.ranking.model import RankingModel
+from psrec.models.ranking.model import task_labels
 
 Batch = dict[str, tf.Tensor]
 
@@ -152,7 +156,8 @@ class TrainStep:
       sparse_optimizer: trains ``model.embedding_variables()``.
       dense_optimizer: trains ``model.dense_variables()``.
       label: the label column, or the spec's ``LabelConfig`` (its ``loss``
-        ``mse`` trains on the squared error of the model's output).
+        ``mse`` trains on the squared error of the model's output), or the
+        spec's ``labels`` (several tasks: :meth:`_multi_task_loss`).
       loss_scale: a :class:`DynamicLossScale` under mixed float16, else None.
       prepare_table_grads: optional ``grads -> grads`` applied to the table
         gradients before the update (the mirrored path pads them to a
@@ -171,8 +176,11 @@ class TrainStep:
         self.model = model
         self.sparse_optimizer = sparse_optimizer
         self.dense_optimizer = dense_optimizer
-        self.label = getattr(label, "name", label)
-        self.regression = getattr(label, "loss", "logloss") == "mse"
+        labels = (tuple(label) if isinstance(label, (tuple, list))
+                  else (label,))
+        self.labels = labels
+        self.label = getattr(labels[0], "name", labels[0])
+        self.regression = getattr(labels[0], "loss", "logloss") == "mse"
         self.loss_scale = loss_scale
         self._prepare = prepare_table_grads
         self.example_losses = example_losses or self._label_loss
@@ -186,6 +194,39 @@ class TrainStep:
             return tf.square(output - label)
         return tf.nn.sigmoid_cross_entropy_with_logits(labels=label,
                                                        logits=output)
+
+    def batch_loss(self, batch: Batch) -> tf.Tensor:
+        """This replica's share of the batch's loss: the per-example losses
+        summed and divided by the GLOBAL batch; with several tasks, the
+        weighted sum of each task's loss (:meth:`_multi_task_loss`)."""
+        if len(self.labels) > 1:
+            return self._multi_task_loss(batch)
+        return tf.nn.compute_average_loss(self.example_losses(batch))
+
+    def _multi_task_loss(self, batch: Batch) -> tf.Tensor:
+        """``sum_t weight_t * loss_t``, where ``loss_t`` is task t's summed
+        loss over the rows that have its label divided by the count of such
+        rows in the GLOBAL batch (all-reduced over the replicas in sync; a
+        missing label is NaN in the records). A row without task t's label
+        contributes nothing to ``loss_t`` or its gradients; with every label
+        present ``loss_t`` is the global-batch mean, as for one label."""
+        outputs = self.model(batch, training=True)
+        targets = task_labels(self.model.spec, batch)  # NaN -> 0, masked
+        sums, counts = [], []
+        for label in self.labels:
+            value, present = targets[label.name]
+            output = tf.cast(outputs[label.name], tf.float32)
+            per_example = (tf.square(output - value) if label.regression
+                           else tf.nn.sigmoid_cross_entropy_with_logits(
+                               labels=value, logits=output))
+            weights = tf.cast(present, tf.float32)
+            sums.append(tf.reduce_sum(per_example * weights))
+            counts.append(tf.reduce_sum(weights))
+        counts = tf.distribute.get_replica_context().all_reduce(
+            "SUM", tf.stack(counts))
+        return tf.add_n([
+            label.weight * total / tf.maximum(counts[t], 1.0)
+            for t, (label, total) in enumerate(zip(self.labels, sums))])
 
     @property
     def stops_on_non_finite(self) -> bool:
@@ -208,8 +249,7 @@ class TrainStep:
         count = tf.constant(0, tf.int64)
         for batch in batches:
             with tf.GradientTape() as tape:
-                per_example = self.example_losses(batch)
-                loss = tf.nn.compute_average_loss(per_example) / len(batches)
+                loss = self.batch_loss(batch) / len(batches)
                 scaled = (loss * self.loss_scale.scale
                           if self.loss_scale is not None else loss)
             # Shards, not ShardedVariables: the tape rejects the latter.

@@ -31,6 +31,7 @@ from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.optimizers import build_optimizers
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.model import RankingModel
+from psrec.models.ranking.model import shifted_outputs
 from psrec.ps_cluster.checkpoint.best import BestRecord
 from psrec.ps_cluster.checkpoint.best import BestTracker
 from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
@@ -182,7 +183,8 @@ class Trainer:
                 max_to_keep=keep_checkpoints, writers=checkpoint_writers))
         self.step = TrainStep(
             self.model, self.sparse_optimizer, self.dense_optimizer,
-            spec.label, loss_scale=self.loss_scale,
+            spec.labels if spec.multi_task else spec.label,
+            loss_scale=self.loss_scale,
             prepare_table_grads=self._padding())
         self.executor = self.eval_beat = None  # set by train()
         self._train_functions: dict[tuple[int, bool], Callable] = {}
@@ -300,7 +302,7 @@ class Trainer:
         model, shift = self.model, self.logit_shift
         breakdown = self.breakdown
         return make_eval_function(
-            (lambda batch: tf.cast(model(batch), tf.float32) + shift)
+            functools.partial(shifted_outputs, model, self.spec, shift)
             if shift else model, self.spec, batch_size, block_rows,
             breakdown), functools.partial(merge, breakdown=breakdown,
                                           spec=self.spec)
