@@ -2,7 +2,8 @@
 and the choice of a checkpoint by name (``latest``, ``best``, ``ckpt-N``).
 
 Every evaluation boundary is a checkpoint boundary. When the evaluation
-improved the tracked metric (``--keep-best auc|logloss``), the files of the
+improved the tracked metric (``--keep-best``: ``auc``/``logloss`` of a
+ranking run, ``mrr``/``recall@K`` of a retrieval run), the files of the
 checkpoint just saved are hard-linked (copied where a link is impossible)
 into ``checkpoints/best/`` as ``best-<step>.*``, and then ``best.json``
 beside the checkpoints is replaced atomically, naming them with the step and
@@ -50,8 +51,11 @@ class BestRecord:
       checkpoint: its prefix, relative to the checkpoint folder
         (``best/best-<step>``).
       source: the rotated checkpoint it was linked from (``ckpt-<step>``).
-      metric: ``auc`` (higher is better) or ``logloss`` (lower is better).
+      metric: ``logloss`` (lower is better), ``auc``, ``mrr`` or
+        ``recall@K`` (higher is better).
+      auc, logloss: the ranking figures (None for a retrieval run).
       evals_without_improvement: evaluations since (for early stopping).
+      metrics: a retrieval run's figures by name (``recall@K``, ``mrr``).
     """
 
     checkpoint: str
@@ -59,10 +63,11 @@ class BestRecord:
     step: int
     metric: str
     value: float
-    auc: float
-    logloss: float
+    auc: float | None
+    logloss: float | None
     count: int
     evals_without_improvement: int = 0
+    metrics: dict[str, float] | None = None
 
     def path(self, directory: str | Path) -> str:
         return str(as_path(directory) / self.checkpoint)
@@ -74,9 +79,16 @@ class BestRecord:
     def from_dict(cls, data: dict[str, Any]) -> BestRecord:
         return cls(**data)
 
+    def figures(self) -> str:
+        """``AUC 0.7, logloss 0.5`` or a retrieval run's ``recall@1 ...,
+        mrr ...``."""
+        if self.metrics is not None:
+            return ", ".join(f"{name} {value:.4f}"
+                             for name, value in self.metrics.items())
+        return f"AUC {self.auc:.4f}, logloss {self.logloss:.4f}"
+
     def summary(self) -> str:
-        return (f"step {self.step}, AUC {self.auc:.4f}, logloss "
-                f"{self.logloss:.4f} ({self.checkpoint})")
+        return f"step {self.step}, {self.figures()} ({self.checkpoint})"
 
 
 def read_best(directory: str | Path) -> BestRecord | None:
@@ -103,7 +115,15 @@ def improves(metric: str, value: float, best: float | None) -> bool:
         return False
     if best is None or not math.isfinite(best):
         return True
-    return value > best if metric == "auc" else value < best
+    return value < best if metric == "logloss" else value > best
+
+
+def metric_value(metric: str, result: Any) -> float:
+    """``metric``'s value in an eval result: ``auc``/``logloss`` of a
+    ranking one, ``mrr``/``recall@K`` of a retrieval one (its ``named``)."""
+    if metric in ("auc", "logloss"):
+        return float(getattr(result, metric))
+    return result.named()[metric]
 
 
 def _files_of(prefix: str) -> list[Path | UriPath]:
@@ -148,7 +168,7 @@ class BestTracker:
     def update(self, step: int, result: EvalResult, saved: str) -> bool:
         """Considers the evaluation of checkpoint ``saved`` (at ``step``);
         returns True when it is the new best."""
-        value = result.auc if self.metric == "auc" else result.logloss
+        value = metric_value(self.metric, result)
         best = self.record.value if self.record is not None else None
         if not improves(self.metric, value, best):
             if self.record is not None:
@@ -168,10 +188,14 @@ class BestTracker:
                             "best checkpoint.")
         for file in files:
             _link_or_copy(file, folder / (name + file.name[len(source.name):]))
+        ranking = self.metric in ("auc", "logloss")
         self.record = BestRecord(
             checkpoint=f"{BEST_DIR}/{name}", source=source.name, step=step,
-            metric=self.metric, value=float(value), auc=float(result.auc),
-            logloss=float(result.logloss), count=int(result.count))
+            metric=self.metric, value=float(value),
+            auc=float(result.auc) if ranking else None,
+            logloss=float(result.logloss) if ranking else None,
+            count=int(result.count),
+            metrics=None if ranking else result.named())
         write_json_atomic(self.directory / BEST_FILE, self.record.to_dict())
         for file in folder.iterdir():  # earlier bests, only now
             if not file.name.startswith(name + "."):
@@ -193,8 +217,7 @@ class ChosenCheckpoint:
     def describe(self) -> str:
         text = f"checkpoint {self.name} (step {self.step}"
         if self.best is not None:
-            text += (f", the best: eval AUC {self.best.auc:.4f}, logloss "
-                     f"{self.best.logloss:.4f}")
+            text += f", the best: eval {self.best.figures()}"
         return text + ")"
 
 
