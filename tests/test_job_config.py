@@ -299,8 +299,28 @@ def test_without_an_eval_split_or_a_metric_nothing_stops_early():
     loop = _sized(8_312, 2_078, loop=dataclasses.replace(
         JobConfig().loop, keep_best="none"))
     assert (loop.steps, loop.early_stop_patience) == (180, 0)
-    assert _sized(8_312, 2_078, spec=movielens(), retrieval=RetrievalConfig()
-                  ).early_stop_patience == 0  # no AUC to watch
+    assert _sized(8_312, 0, spec=movielens(), retrieval=RetrievalConfig()
+                  ).early_stop_patience == 0  # retrieval: no eval split
+
+
+def test_a_retrieval_run_trains_every_epoch_to_the_cap_keeping_the_best():
+    # MovieLens' hash split: 157 steps of 512 an epoch; 300 steps would be
+    # 2 epochs, but its MRR plateaus, then peaks after about 12: every
+    # epoch up to the cap, each evaluated, the best by MRR kept, no
+    # automatic patience (a given one stops it).
+    job = dict(spec=movielens(), retrieval=RetrievalConfig(),
+               input=InputConfig(batch_size=512))
+    loop = _sized(80_000, 20_000, **job)
+    assert (loop.steps, loop.eval_every, loop.early_stop_patience,
+            loop.keep_best) == (20 * 157, 160, 0, "mrr")
+    assert _sized(80_000, 20_000, **job, loop=dataclasses.replace(
+        JobConfig().loop, early_stop_patience=4)).early_stop_patience == 4
+    # Nothing to watch: the 300-step rule, as for ranking.
+    loop = _sized(80_000, 20_000, loop=dataclasses.replace(
+        JobConfig().loop, keep_best="none"), **job)
+    assert (loop.steps, loop.early_stop_patience) == (2 * 157, 0)
+    assert _sized(80_000, 20_000, **job, loop=dataclasses.replace(
+        JobConfig().loop, keep_best="recall@100")).keep_best == "recall@100"
 
 
 def test_given_steps_or_epochs_are_trained_as_given():

@@ -298,7 +298,8 @@ def test_a_library_refusal_reaches_the_cli_user_as_flags(tmp_path, capsys,
     assert code == 2 and len(err) == 1, err
     assert err[0] == (
         "psrec train: error: `--early-stop-patience` = 2 needs a metric to "
-        "watch: set `--keep-best` to auc or logloss.")
+        "watch: set `--keep-best` to a metric of the task (auc, logloss; "
+        "retrieval: mrr, recall@K).")
 
 
 # -- the best checkpoint: one rule for the CLI and the Python API ------------------
@@ -309,24 +310,34 @@ def _retrieval_job(**fields) -> JobConfig:
                      retrieval=RetrievalConfig(), **fields)
 
 
-@pytest.mark.parametrize("build", [
-    lambda: JobConfig(spec=movielens_rating()),
-    lambda: _retrieval_job()])
-def test_the_default_metric_means_none_without_ranking_metrics(build):
-    assert build().loop.keep_best == "none"
+def test_the_default_metric_means_the_tasks():
+    assert JobConfig(spec=movielens_rating()).loop.keep_best == "none"
+    assert _retrieval_job().loop.keep_best == "mrr"
+    assert _retrieval_job(loop=LoopConfig(
+        keep_best="recall@100", early_stop_patience=2)).loop.keep_best == (
+            "recall@100")
 
 
 @pytest.mark.parametrize("build", [
     lambda: JobConfig(spec=movielens_rating(),
                       loop=LoopConfig(keep_best="logloss")),
     lambda: JobConfig(spec=movielens_rating(),
-                      loop=LoopConfig(early_stop_patience=2)),
-    lambda: _retrieval_job(loop=LoopConfig(keep_best="logloss")),
-    lambda: _retrieval_job(loop=LoopConfig(early_stop_patience=1))])
+                      loop=LoopConfig(early_stop_patience=2))])
 def test_the_python_api_refuses_a_metric_the_task_lacks(build):
     with pytest.raises(ConfigError, match=r"`LoopConfig.keep_best` = .* "
                        "watch AUC/logloss, which do not exist"):
         build()
+
+
+def test_the_python_api_refuses_a_ranking_metric_for_retrieval():
+    with pytest.raises(ConfigError, match=(
+            r"^`LoopConfig.keep_best` = 'logloss': the retrieval task reports "
+            r"mrr, recall@1, recall@5, recall@10, recall@50, recall@100 "
+            r"\(or none\)\.$")):
+        _retrieval_job(loop=LoopConfig(keep_best="logloss"))
+    with pytest.raises(ConfigError, match=(
+            r"the ranking task reports auc, logloss \(or none\)\.$")):
+        JobConfig(loop=LoopConfig(keep_best="mrr"))
 
 
 def test_a_job_with_ranking_metrics_keeps_its_metric():
@@ -337,11 +348,7 @@ def test_a_job_with_ranking_metrics_keeps_its_metric():
 
 @pytest.mark.parametrize("extra", [
     ("--spec", "movielens-rating", "--keep-best", "auc"),
-    ("--spec", "movielens-rating", "--keep-best", "logloss"),
-    ("--task", "retrieval", "--spec", "movielens-retrieval", "--keep-best",
-     "auc"),
-    ("--task", "retrieval", "--spec", "movielens-retrieval",
-     "--early-stop-patience", "2")])
+    ("--spec", "movielens-rating", "--keep-best", "logloss")])
 def test_the_cli_refuses_a_metric_the_task_lacks_even_the_default(
         tmp_path, capsys, monkeypatch, extra):
     from psrec.launch.cli.main import main
@@ -355,19 +362,44 @@ def test_the_cli_refuses_a_metric_the_task_lacks_even_the_default(
     assert "watch AUC/logloss, which do not exist" in err[0]
 
 
-@pytest.mark.parametrize("extra", [
-    ("--spec", "movielens-rating"),
-    ("--spec", "movielens-rating", "--keep-best", "none"),
-    ("--task", "retrieval", "--spec", "movielens-retrieval")])
-def test_the_cli_derives_none_as_the_python_api_does(tmp_path, monkeypatch,
-                                                     extra):
+@pytest.mark.parametrize("extra, metric", [
+    (("--spec", "movielens-rating"), "none"),
+    (("--spec", "movielens-rating", "--keep-best", "none"), "none"),
+    (("--task", "retrieval", "--spec", "movielens-retrieval"), "mrr"),
+    (("--task", "retrieval", "--spec", "movielens-retrieval", "--keep-best",
+      "recall@100", "--early-stop-patience", "2"), "recall@100")])
+def test_the_cli_derives_the_tasks_metric_as_the_python_api_does(
+        tmp_path, monkeypatch, extra, metric):
     from psrec.launch.cli.main import main
     seen = forbid(monkeypatch)
     with pytest.raises(Reached):
         main(["train", "--strategy", "one-device", "--workdir",
               str(tmp_path / "run"), *extra])
     [config] = seen
-    assert config.loop.keep_best == "none"
+    assert config.loop.keep_best == metric
+
+
+def test_the_cli_refuses_a_metric_the_retrieval_run_does_not_report(
+        tmp_path, capsys, monkeypatch):
+    from psrec.launch.cli.main import main
+    forbid(monkeypatch)
+    code = main(["train", "--strategy", "one-device", "--workdir",
+                 str(tmp_path / "run"), "--task", "retrieval", "--spec",
+                 "movielens-retrieval", "--keep-best", "auc"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (
+        "psrec train: error: `--keep-best` = 'auc': the retrieval task "
+        "reports mrr, recall@1, recall@5, recall@10, recall@50, recall@100 "
+        "(or none).")
+    # A K the run does not report.
+    code = main(["train", "--strategy", "one-device", "--workdir",
+                 str(tmp_path / "run"), "--task", "retrieval", "--spec",
+                 "movielens-retrieval", "--keep-best", "recall@20"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "`--keep-best` = 'recall@20' is not one of" in err[0]
+    assert "did you mean 'recall@50'?" in err[0]
 
 
 # -- the optimizer registry ---------------------------------------------------------

@@ -30,6 +30,7 @@ from psrec.data.input.dataset import make_eval_dataset
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.presets import PRESETS
 from psrec.features.spec.spec import FeatureSpec
+from psrec.launch.cli.main import main
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.export import evaluate_checkpoint
 from psrec.launch.job.export import export_checkpoint
@@ -38,6 +39,8 @@ from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.topk import streaming_top_k
 from psrec.models.serving.retrieval_export import query_spec
 from psrec.models.serving.warmup import warmup_rows
+from psrec.ps_cluster.checkpoint.best import choose_checkpoint
+from psrec.ps_cluster.checkpoint.best import read_best
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.strategy import build_ps_strategy
 from psrec.ps_cluster.retrieval.metrics import popularity_baseline
@@ -81,16 +84,21 @@ def _train(trainer, manifest, steps=STEPS):
 @pytest.fixture(scope="module")
 def ps_run(ps_cluster, spec, data, tmp_path_factory):
     manifest, _ = data
-    ckpt = tmp_path_factory.mktemp("retrieval-ckpt")
+    ckpt = tmp_path_factory.mktemp("retrieval-run") / "checkpoints"
     strategy = build_ps_strategy(ps_cluster, PartitionConfig(kind="fixed"))
     trainer = RetrievalTrainer(
         strategy, spec, CONFIG, OptimizerConfig(),
         InputConfig(batch_size=BATCH), checkpoint_dir=ckpt,
         catalogue=Catalogue.load(manifest.root, spec))
-    result = _train(trainer, manifest)
+    evals = {}  # step -> eval result: the best checkpoint is kept by MRR
+    result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
+        steps=STEPS, steps_per_closure=10, checkpoint_every=0, eval_every=50,
+        keep_best="mrr"), eval_manifest=manifest,
+        on_boundary=lambda step, ev, path: evals.update({step: ev}) if ev
+        else None)
     JobConfig(workdir=ckpt.parent, spec=spec, data=manifest.root,
               retrieval=CONFIG).write(ckpt)
-    return trainer, result, ckpt
+    return trainer, result, ckpt, evals
 
 
 # -- spec and catalogue ---------------------------------------------------------
@@ -164,7 +172,7 @@ def _check_quality(result, manifest) -> None:
 
 
 def test_ps_training_reaches_recall_at_10(ps_run, data):
-    trainer, result, _ = ps_run
+    trainer, result, _, _ = ps_run
     _check_quality(result, data[0])
     # The popularity baseline of the same pairs, beside the model's.
     catalogue = trainer.catalogue
@@ -229,7 +237,7 @@ def test_inline_top_k_runs_inside_a_ps_closure(ps_run):
     """The FactorizedTopK trap: scoring against a candidates dataset fails
     under PS; matmul + top_k against the chunk variables on the PS tasks,
     inside a scheduled closure, works and is exact."""
-    trainer, _, _ = ps_run
+    trainer, _, _, _ = ps_run
     tables = trainer.tables
     assert all(v.device.startswith("/job:ps") for v in tables.embeddings)
     queries = tf.random.stateless_normal([8, CONFIG.embedding_dim],
@@ -256,14 +264,35 @@ def test_inline_top_k_runs_inside_a_ps_closure(ps_run):
 
 @pytest.fixture(scope="module")
 def retrieval_export(ps_run, data, tmp_path_factory):
-    _, _, ckpt = ps_run
+    _, _, ckpt, _ = ps_run
     manifest, _ = data
     return export_checkpoint(ckpt, tmp_path_factory.mktemp("r-export")
                              / "export", "latest", manifest=manifest)
 
 
+def test_the_best_checkpoint_is_kept_by_mrr_and_chosen(ps_run, capsys):
+    _, result, ckpt, evals = ps_run
+    assert sorted(evals) == [50, 100, 150]
+    mrrs = {step: ev.mrr for step, ev in evals.items()}
+    best = read_best(ckpt)
+    assert best == result.best and best.metric == "mrr"
+    assert best.step == max(mrrs, key=mrrs.get), mrrs
+    assert best.value == mrrs[best.step]
+    assert best.metrics == evals[best.step].named()
+    assert best.auc is None and best.logloss is None
+    assert best.summary().startswith(
+        f"step {best.step}, recall@1 {evals[best.step].recall[1]:.4f}, ")
+    # The export (and psrec eval) of a run that kept one is the best.
+    chosen = choose_checkpoint(ckpt)
+    assert (chosen.step, chosen.best) == (best.step, best)
+    assert "the best: eval recall@1 " in chosen.describe()
+    assert main(["show", str(ckpt.parent)]) == 0  # reads best.json
+    assert (f"  best:        {best.summary()[:-1]}, by mrr)\n"
+            in capsys.readouterr().out)
+
+
 def test_export_round_trip(ps_run, data, retrieval_export, capsys):
-    trainer, result, ckpt = ps_run
+    trainer, result, ckpt, _ = ps_run
     manifest, parquet = data
     folder = retrieval_export.path
     top = tf.saved_model.load(folder).signatures["serving_default"]

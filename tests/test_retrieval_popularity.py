@@ -7,6 +7,7 @@ not beat it. The cluster runs are in ``tests/test_retrieval.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -86,9 +87,9 @@ def test_eval_line_puts_the_baseline_beside_each_metric():
     assert eval_result_from_dict(old).popularity_note() is None
 
 
-def _summary_text(result: RetrievalEvalResult) -> str:
+def _summary_text(result: RetrievalEvalResult, best=None) -> str:
     from psrec.launch.job.run import JobSummary
-    summary = JobSummary(
+    summary = JobSummary(best=best,
         strategy="ps", manifest="m/manifest.json", checkpoint="c/ckpt-80",
         export="w/export/1", tensorboard="w/tb", start_step=0, step=80,
         executed_steps=80, examples_per_sec=1.0, final_loss=0.5,
@@ -113,3 +114,17 @@ def test_summary_notes_a_model_that_does_not_beat_popularity():
                            "popularity baseline")
     assert "on recall@100, MRR:" in note
     assert "popularity baseline" not in _summary_text(_result(0.3, 0.03))
+
+
+def test_the_note_is_of_the_exported_best_checkpoint():
+    from psrec.ps_cluster.checkpoint.best import BestRecord
+    best = BestRecord(  # the last eval is below popularity, the best not
+        checkpoint="best/best-40", source="ckpt-40", step=40, metric="mrr",
+        value=0.03, auc=None, logloss=None, count=9, metrics={
+            "recall@10": 0.1, "recall@100": 0.3, "mrr": 0.03})
+    text = _summary_text(_result(0.293, 0.02), best)
+    assert ("  best:        step 40, recall@10 0.1000, recall@100 0.3000, "
+            "mrr 0.0300 (best/best-40)") in text
+    assert "popularity baseline" not in text
+    worse = dataclasses.replace(best, metrics={**best.metrics, "mrr": 0.02})
+    assert "on MRR:" in _summary_text(_result(0.3, 0.03), worse)

@@ -38,8 +38,7 @@ from psrec.launch.job.config import FollowConfig
 from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import StrategyConfig
 from psrec.launch.job.config import SyntheticData
-from psrec.launch.job.config import has_ranking_metrics
-from psrec.launch.job.config import keep_best_error
+from psrec.launch.job.config import check_keep_best
 from psrec.launch.job.warm_start import resolve_warm_start
 from psrec.launch.job.workdir import claim_workdir
 from psrec.launch.local.netns import add_allow_exposed_flag
@@ -52,7 +51,6 @@ from psrec.options import field_named
 from psrec.options import option_of
 from psrec.options import option_values
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
-from psrec.ps_cluster.evaluation.watched import split_keep_best
 from psrec.ps_cluster.training.config import LoopConfig
 from psrec.uri_path import as_path
 
@@ -126,12 +124,9 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
         manifest = follow_manifest(args.follow, args.spec)
     spec = spec_for(manifest, args.spec)
     retrieval = retrieval_flags.retrieval_config(args, spec)
-    if not has_ranking_metrics(spec, retrieval) and (
-            split_keep_best(args.keep_best)[0] is None) and (
-            (given(args, "keep_best") and args.keep_best != "none")
-            or args.early_stop_patience):
-        raise keep_best_error(args.keep_best, args.early_stop_patience,
-                              spec, retrieval)
+    check_keep_best(LoopConfig(keep_best=args.keep_best,
+                               early_stop_patience=args.early_stop_patience),
+                    spec, retrieval, given=given(args, "keep_best"))
     return option_values(
         args, JobConfig, workdir=as_path(args.workdir), spec=spec,
         model=model_config(args.model, **overrides),

@@ -35,6 +35,8 @@ from psrec.models.ranking.config import MODEL_PRESETS
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import check_model_spec
 from psrec.models.ranking.config import model_config
+from psrec.models.retrieval.config import RETRIEVAL_KEEP_BEST
+from psrec.models.retrieval.config import RETRIEVAL_METRICS
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.config import check_no_dynamic_tables
 from psrec.options import Codec
@@ -224,17 +226,33 @@ def check_curves(record: JobConfig) -> None:
         f"binary label; this is {kind}: drop --plots.")
 
 
-def keep_best_error(keep_best: str, patience: int, spec: FeatureSpec,
+def keep_best_metrics(spec: FeatureSpec,
+                      retrieval: RetrievalConfig | None) -> tuple[str, ...]:
+    """The metrics a task can keep its best checkpoint by: AUC/logloss of
+    a ranking task with a binary label, MRR/recall@K of the retrieval task,
+    none of a regression (``loss: mse``)."""
+    if retrieval is not None:
+        return RETRIEVAL_METRICS
+    return ("auc", "logloss") if has_ranking_metrics(spec, None) else ()
+
+
+def _keep_best_error(keep_best: str, patience: int, spec: FeatureSpec,
                     retrieval: RetrievalConfig | None) -> ConfigError:
     """The refusal of a best-checkpoint metric a task does not have."""
-    what = ("with the retrieval task" if retrieval is not None else
-            f"for the label {spec.label.name!r} of spec {spec.name!r}, a "
-            "regression target (loss: mse, reported as RMSE)")
+    offered = keep_best_metrics(spec, retrieval)
+    if offered:
+        return ConfigError(
+            f"`{qualified(LoopConfig, 'keep_best')}` = {keep_best!r}: the "
+            + ("retrieval task" if retrieval is not None else "ranking task")
+            + f" reports {', '.join(offered)} (or none)"
+            + (did_you_mean(keep_best, offered) or "."))
     return ConfigError(
         f"`{qualified(LoopConfig, 'keep_best')}` = {keep_best!r} / "
         f"`{qualified(LoopConfig, 'early_stop_patience')}` = {patience} "
-        f"watch AUC/logloss, which do not exist {what}; the export is the "
-        "latest checkpoint: drop them.")
+        f"watch AUC/logloss, which do not exist for the label "
+        f"{spec.label.name!r} of spec {spec.name!r}, a regression target "
+        "(loss: mse, reported as RMSE); the export is the latest checkpoint: "
+        "drop them.")
 
 
 def check_task_metric(keep_best: str, spec: FeatureSpec) -> None:
@@ -259,26 +277,41 @@ def check_task_metric(keep_best: str, spec: FeatureSpec) -> None:
 
 
 def check_keep_best(loop: LoopConfig, spec: FeatureSpec,
-                    retrieval: RetrievalConfig | None) -> None:
-    """The one rule of the best checkpoint: without ranking metrics
-    (:func:`has_ranking_metrics`), ``LoopConfig.keep_best`` may only be
-    ``none`` or its default (which then means ``none``), and
-    ``early_stop_patience`` only 0. The CLI applies the same rule to the
-    flags the user gave (``--keep-best auc`` typed is refused).
-    ``TASK:METRIC`` names a label of the spec and a metric of its loss
+                    retrieval: RetrievalConfig | None, *,
+                    given: bool = False) -> None:
+    """The one rule of the best checkpoint: ``LoopConfig.keep_best`` is
+    ``none`` or a metric the task reports (:func:`keep_best_metrics`), or
+    its default (which then means the task's: ``mrr`` for retrieval,
+    ``none`` for a regression, :func:`task_keep_best`); a regression's
+    ``early_stop_patience`` is 0. ``given``: the value was typed (the
+    CLI), so the default too must be the task's. ``TASK:METRIC`` (a
+    ranking run) names a label of the spec and a metric of its loss
     (:func:`check_task_metric`)."""
     if split_keep_best(loop.keep_best)[0] is not None:
         if retrieval is not None:
-            raise keep_best_error(loop.keep_best, loop.early_stop_patience,
-                                  spec, retrieval)
+            raise _keep_best_error(loop.keep_best, loop.early_stop_patience,
+                                   spec, retrieval)
         check_task_metric(loop.keep_best, spec)
         return
-    if has_ranking_metrics(spec, retrieval):
-        return
-    if (loop.keep_best not in ("none", default_of(LoopConfig, "keep_best"))
-            or loop.early_stop_patience):
-        raise keep_best_error(loop.keep_best, loop.early_stop_patience, spec,
-                              retrieval)
+    default = default_of(LoopConfig, "keep_best")
+    offered = keep_best_metrics(spec, retrieval)
+    if loop.keep_best == "none" or loop.keep_best in offered or (
+            loop.keep_best == default and not given):
+        if offered or not loop.early_stop_patience:
+            return
+    raise _keep_best_error(loop.keep_best, loop.early_stop_patience, spec,
+                          retrieval)
+
+
+def task_keep_best(keep_best: str, spec: FeatureSpec,
+                   retrieval: RetrievalConfig | None) -> str:
+    """``keep_best`` with its default replaced by the task's: MRR for
+    retrieval, none for a regression."""
+    if keep_best != default_of(LoopConfig, "keep_best"):
+        return keep_best
+    if retrieval is not None:
+        return RETRIEVAL_KEEP_BEST
+    return keep_best if has_ranking_metrics(spec, None) else "none"
 
 
 def check_breakdown(loop: LoopConfig, spec: FeatureSpec,
@@ -335,8 +368,9 @@ class JobConfig:
     what it means (``help``), which values it takes and which strategies it
     applies to.
 
-    ``loop.keep_best`` left at its default means ``none`` for a task
-    without ranking metrics (:func:`check_keep_best`); ``epochs`` (passes
+    ``loop.keep_best`` left at its default means the task's metric
+    (:func:`task_keep_best`: ``mrr`` for retrieval, ``none`` for a
+    regression); ``epochs`` (passes
     over the train split) is converted to steps once the manifest is known
     (:func:`psrec.launch.job.run.resolve_loop`).
     """
@@ -472,12 +506,11 @@ class JobConfig:
         check_breakdown(self.loop, self.spec, self.retrieval)
         if self.plots:
             check_curves(self)
-        if (not has_ranking_metrics(self.spec, self.retrieval)
-                and split_keep_best(self.loop.keep_best)[0] is None):
-            # The default metric does not exist: the default is then none
-            # (a value set otherwise was refused just above).
-            object.__setattr__(self, "loop", dataclasses.replace(
-                self.loop, keep_best="none"))
+        # The default metric (auc) is the task's: mrr for retrieval, none
+        # for a regression (a value set otherwise was refused just above).
+        object.__setattr__(self, "loop", dataclasses.replace(
+            self.loop, keep_best=task_keep_best(
+                self.loop.keep_best, self.spec, self.retrieval)))
         check_choices(self)
         kind = self.strategy.kind
         refuse_out_of_scope(self, kind)

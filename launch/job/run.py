@@ -23,7 +23,6 @@ from psrec.data.format.files import write_json_atomic
 from psrec.data.format.manifest import Manifest
 from psrec.errors import one_line
 from psrec.launch.job.config import JobConfig
-from psrec.launch.job.config import has_ranking_metrics
 from psrec.launch.job.data import load_verified
 from psrec.launch.job.data import prepare_data
 from psrec.launch.job.data import record_sampling
@@ -144,7 +143,13 @@ class JobSummary:
                 self.eval, "rmse", None) is not None:  # retrieval, mse
             lines.append(f"  last eval:   step {self.step}: "
                          f"{self.eval.summary()}")
-            note = getattr(self.eval, "popularity_note", lambda: None)()
+            shown = self.eval  # the note is of the export: the best's
+            if self.best is not None and self.best.metrics:  # retrieval
+                shown = dataclasses.replace(self.eval, recall={
+                    int(name.split("@")[1]): value for name, value
+                    in self.best.metrics.items() if "@" in name},
+                    mrr=self.best.metrics["mrr"])
+            note = getattr(shown, "popularity_note", lambda: None)()
             if note:  # retrieval below the popularity baseline
                 lines.append(f"  note:        {note}")
         elif self.eval is not None:
@@ -537,10 +542,10 @@ def resolve_loop(config: JobConfig, manifest: Manifest) -> LoopConfig:
     workers = config.workers if is_ps or (
         config.strategy.kind == "multi-worker-mirrored") else 1
     early_stop = (manifest.rows("eval") > 0 and loop.keep_best != "none"
-                  and has_ranking_metrics(config.spec, config.retrieval)
                   and can_stop_early(is_ps, workers))
     return loop.sized(per_epoch, early_stop=early_stop,
-                      workers=workers if is_ps else 1).resolved()
+                      workers=workers if is_ps else 1,
+                      all_epochs=config.retrieval is not None).resolved()
 
 
 def _make_trainer(config: JobConfig, strategy, manifest: Manifest):

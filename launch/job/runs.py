@@ -112,11 +112,13 @@ class RunRecord:
                  f"  model:       {self.model}",
                  f"  data:        {self.data}",
                  f"  steps done:  {'-' if self.steps is None else self.steps}"]
-        if self.best is not None:
+        if self.best is not None:  # a retrieval run's: its metrics
+            figures = self.best.get("metrics") or {
+                "AUC": self.best["auc"], "logloss": self.best["logloss"]}
             lines.append(
-                f"  best:        step {self.best['step']}, AUC "
-                f"{self.best['auc']:.4f}, logloss {self.best['logloss']:.4f}"
-                f" ({self.best['checkpoint']}, by {self.best['metric']})")
+                f"  best:        step {self.best['step']}, " + ", ".join(
+                    f"{k} {v:.4f}" for k, v in figures.items())
+                + f" ({self.best['checkpoint']}, by {self.best['metric']})")
         else:
             lines.append("  best:        none recorded")
         final = _metrics(self.summary)

@@ -14,6 +14,12 @@ from psrec.options import option
 TASKS = ("ranking", "retrieval")
 #: The cut-offs of the exact evaluation (recall@k).
 RECALL_KS = (1, 5, 10, 50, 100)
+#: The metrics a retrieval run can keep its best checkpoint by
+#: (``--keep-best``), and the one it keeps by default: MRR, the whole
+#: ranking's head in one figure (docs/decisions.md, "Retrieval keeps its
+#: best checkpoint").
+RETRIEVAL_METRICS = ("mrr", *(f"recall@{k}" for k in RECALL_KS))
+RETRIEVAL_KEEP_BEST = "mrr"
 #: Fields added since the first retrieval ``job.json``, with the value a
 #: run recorded before them trained with.
 _ADDED_FIELDS = {"candidate_bias": False}

@@ -2,16 +2,18 @@
 and the choice of a checkpoint by name (``latest``, ``best``, ``ckpt-N``).
 
 Every evaluation boundary is a checkpoint boundary. When the evaluation
-improved the tracked metric (``--keep-best auc|logloss|TASK:METRIC``), the
-files of the checkpoint just saved are hard-linked (copied where a link is
-impossible) into ``checkpoints/best/`` as ``best-<step>.*``, and then
-``best.json`` beside the checkpoints is replaced atomically, naming them
-with the step and the metrics. ``tf.train.CheckpointManager`` deletes only
-the files of the checkpoints it wrote into ``checkpoints/``, so the best
-survives ``--keep-checkpoints`` rotation. The previous best's files are
-removed only after the record names the new one: a crash in between leaves
-extra files, never a record naming missing ones. A resumed run reads the
-record, so the best-so-far (and the early-stopping count) carries over.
+improved the tracked metric (``--keep-best``: ``auc``/``logloss`` of a
+ranking run, ``mrr``/``recall@K`` of a retrieval run, ``TASK:METRIC`` of a
+multi-task one), the files of the
+checkpoint just saved are hard-linked (copied where a link is impossible)
+into ``checkpoints/best/`` as ``best-<step>.*``, and then ``best.json``
+beside the checkpoints is replaced atomically, naming them with the step and
+the metrics. ``tf.train.CheckpointManager`` deletes only the files of the
+checkpoints it wrote into ``checkpoints/``, so the best survives
+``--keep-checkpoints`` rotation. The previous best's files are removed only
+after the record names the new one: a crash in between leaves extra files,
+never a record naming missing ones. A resumed run reads the record, so the
+best-so-far (and the early-stopping count) carries over.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from psrec.data.format.files import write_json_atomic
 from psrec.errors import ConfigError
 from psrec.errors import DataError
 from psrec.errors import did_you_mean
+from psrec.models.retrieval.config import RETRIEVAL_METRICS
 from psrec.ps_cluster.checkpoint.names import CHECKPOINT_NAME
 from psrec.ps_cluster.checkpoint.names import check_checkpoint_name
 from psrec.ps_cluster.checkpoint.names import kept_checkpoints
@@ -52,8 +55,11 @@ class BestRecord:
       checkpoint: its prefix, relative to the checkpoint folder
         (``best/best-<step>``).
       source: the rotated checkpoint it was linked from (``ckpt-<step>``).
-      metric: ``auc`` (higher is better) or ``logloss`` (lower is better).
+      metric: ``logloss`` (lower is better), ``auc``, ``mrr`` or
+        ``recall@K`` (higher is better).
+      auc, logloss: the ranking figures (None for a retrieval run).
       evals_without_improvement: evaluations since (for early stopping).
+      metrics: a retrieval run's figures by name (``recall@K``, ``mrr``).
     """
 
     checkpoint: str
@@ -61,10 +67,11 @@ class BestRecord:
     step: int
     metric: str
     value: float
-    auc: float
-    logloss: float
+    auc: float | None
+    logloss: float | None
     count: int
     evals_without_improvement: int = 0
+    metrics: dict[str, float] | None = None
 
     def path(self, directory: str | Path) -> str:
         return str(as_path(directory) / self.checkpoint)
@@ -76,12 +83,19 @@ class BestRecord:
     def from_dict(cls, data: dict[str, Any]) -> BestRecord:
         return cls(**data)
 
+    def figures(self) -> str:
+        """``AUC 0.7, logloss 0.5`` or a retrieval run's ``recall@1 ...,
+        mrr ...``."""
+        if self.metrics is not None:
+            return ", ".join(f"{name} {value:.4f}"
+                             for name, value in self.metrics.items())
+        return f"AUC {self.auc:.4f}, logloss {self.logloss:.4f}"
+
     def summary(self) -> str:
         if split_keep_best(self.metric)[0] is not None:  # TASK:METRIC
             return (f"step {self.step}, {self.metric} {self.value:.4f} "
                     f"({self.checkpoint})")
-        return (f"step {self.step}, AUC {self.auc:.4f}, logloss "
-                f"{self.logloss:.4f} ({self.checkpoint})")
+        return f"step {self.step}, {self.figures()} ({self.checkpoint})"
 
 
 def read_best(directory: str | Path) -> BestRecord | None:
@@ -111,10 +125,13 @@ def improves(metric: str, value: float, best: float | None) -> bool:
     return value > best if higher_is_better(metric) else value < best
 
 
-def metric_value(result: EvalResult, metric: str) -> float:
-    """The value of ``metric`` (``LoopConfig.keep_best``) in ``result``:
-    the first task's ``auc``/``logloss``, or ``TASK:METRIC``'s (a single
-    label's from the result's own fields)."""
+def metric_value(result: Any, metric: str) -> float:
+    """The value of ``metric`` (``LoopConfig.keep_best``) in an eval
+    result: the first task's ``auc``/``logloss`` or ``TASK:METRIC``'s (a
+    single label's from the result's own fields) of a ranking one,
+    ``mrr``/``recall@K`` of a retrieval one (its ``named``)."""
+    if metric in RETRIEVAL_METRICS:
+        return result.named()[metric]
     task, name = split_keep_best(metric)
     if task is not None and result.tasks:
         return float(result.task(task).get(name, math.nan))
@@ -184,10 +201,14 @@ class BestTracker:
                             "best checkpoint.")
         for file in files:
             _link_or_copy(file, folder / (name + file.name[len(source.name):]))
+        ranking = self.metric not in RETRIEVAL_METRICS  # incl. TASK:METRIC
         self.record = BestRecord(
             checkpoint=f"{BEST_DIR}/{name}", source=source.name, step=step,
-            metric=self.metric, value=float(value), auc=float(result.auc),
-            logloss=float(result.logloss), count=int(result.count))
+            metric=self.metric, value=float(value),
+            auc=float(result.auc) if ranking else None,
+            logloss=float(result.logloss) if ranking else None,
+            count=int(result.count),
+            metrics=None if ranking else result.named())
         write_json_atomic(self.directory / BEST_FILE, self.record.to_dict())
         for file in folder.iterdir():  # earlier bests, only now
             if not file.name.startswith(name + "."):
@@ -213,8 +234,7 @@ class ChosenCheckpoint:
             text += (f", the best: eval {self.best.metric} "
                      f"{self.best.value:.4f}")
         elif self.best is not None:
-            text += (f", the best: eval AUC {self.best.auc:.4f}, logloss "
-                     f"{self.best.logloss:.4f}")
+            text += f", the best: eval {self.best.figures()}"
         return text + ")"
 
 

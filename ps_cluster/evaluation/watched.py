@@ -4,8 +4,11 @@ and the best-checkpoint tracker."""
 
 from __future__ import annotations
 
-#: ``--keep-best`` values that name the first task's metric, or none.
-KEEP_BEST = ("auc", "logloss", "none")
+from psrec.models.retrieval.config import RETRIEVAL_METRICS
+
+#: ``--keep-best`` values that name the first task's metric (auc/logloss
+#: of a ranking run; mrr/recall@K of a retrieval run), or none.
+KEEP_BEST = ("auc", "logloss", *RETRIEVAL_METRICS, "none")
 #: The metrics ``--keep-best TASK:METRIC`` takes (a task of a spec's labels).
 TASK_BEST_METRICS = ("auc", "logloss", "rmse")
 
@@ -18,5 +21,5 @@ def split_keep_best(value: str) -> tuple[str | None, str]:
 
 
 def higher_is_better(keep_best: str) -> bool:
-    """AUC improves upwards; logloss and RMSE downwards."""
-    return split_keep_best(keep_best)[1] == "auc"
+    """AUC, MRR and recall improve upwards; logloss and RMSE downwards."""
+    return split_keep_best(keep_best)[1] not in ("logloss", "rmse")

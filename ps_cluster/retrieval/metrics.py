@@ -84,6 +84,12 @@ class RetrievalEvalResult:
         return {**{f"recall_at_{k}": v for k, v in self.recall.items()},
                 "mrr": self.mrr}
 
+    def named(self) -> dict[str, float]:
+        """Each metric by its ``--keep-best`` name (``recall@10``,
+        ``mrr``)."""
+        return {**{f"recall@{k}": v for k, v in sorted(self.recall.items())},
+                "mrr": self.mrr}
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

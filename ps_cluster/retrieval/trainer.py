@@ -67,11 +67,6 @@ class RetrievalTrainer(Trainer):
             f.max_length for f in self.spec.categorical
             if f.table == base and f.name in candidate)
 
-    def best_tracker(self, loop):
-        """None: the ranking metrics of ``--keep-best`` do not apply (the
-        export is the latest checkpoint)."""
-        return None
-
     def refresh_catalogue(self) -> int:
         """Recomputes every catalogue embedding (one closure under PS);
         returns the entries refreshed."""

@@ -10,6 +10,7 @@ from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import check_at_least
 from psrec.errors import did_you_mean
+from psrec.models.retrieval.config import RETRIEVAL_KEEP_BEST
 from psrec.options import Codec
 from psrec.options import check_choices
 from psrec.options import option
@@ -49,7 +50,9 @@ class LoopConfig(Codec, where="loop"):
         f"split -- whole epochs, at least {AUTO_MIN_STEPS} "
         f"steps and at most {AUTO_MAX_EPOCHS} epochs, evaluated about once "
         f"an epoch, stopping early after {AUTO_PATIENCE} evaluations without "
-        "improvement when there is an eval split")
+        "improvement when there is an eval split (a retrieval run then "
+        f"trains all {AUTO_MAX_EPOCHS} epochs and exports the best: its MRR "
+        "plateaus before it peaks)")
     steps_per_closure: int = option(
         10, flag="--steps-per-closure",
         help="training steps per scheduled closure (K)")
@@ -69,9 +72,11 @@ class LoopConfig(Codec, where="loop"):
         "auc", flag="--keep-best",
         help="keep the checkpoint with the best eval metric in "
         "checkpoints/best/ (recorded in checkpoints/best.json); the final "
-        "export is that checkpoint: auc, logloss (of the first label), none, "
-        "or TASK:METRIC for any label of the spec (like:auc, "
-        "rating:rmse; METRIC: auc, logloss or rmse)")
+        "export is that checkpoint: auc or logloss (of the first label) "
+        "for ranking, mrr or recall@K for retrieval (the default, auc, "
+        f"means {RETRIEVAL_KEEP_BEST} there), none, or TASK:METRIC for any "
+        "label of a ranking spec (like:auc, rating:rmse; METRIC: auc, "
+        "logloss or rmse)")
     early_stop_patience: int = option(
         0, flag="--early-stop-patience",
         strategies=("ps", "mirrored", "one-device"),
@@ -119,7 +124,8 @@ class LoopConfig(Codec, where="loop"):
               qualified(self, "early_stop_patience"),
               self.early_stop_patience,
               "needs a metric to watch: set "
-              f"`{qualified(self, 'keep_best')}` to auc or logloss")
+              f"`{qualified(self, 'keep_best')}` to a metric of the task "
+              "(auc, logloss; retrieval: mrr, recall@K)")
 
     def breakdown(self) -> Breakdown:
         """The evaluation breakdown of ``group_by`` and ``slice_by``."""
@@ -127,7 +133,7 @@ class LoopConfig(Codec, where="loop"):
                          self.slice_top)
 
     def sized(self, epoch_steps: int, *, early_stop: bool,
-              workers: int = 1) -> LoopConfig:
+              workers: int = 1, all_epochs: bool = False) -> LoopConfig:
         """This configuration with ``steps`` None sized from the data: the
         whole epochs (of ``epoch_steps`` each) that reach
         :data:`AUTO_MIN_STEPS`, at most :data:`AUTO_MAX_EPOCHS`; with
@@ -136,19 +142,24 @@ class LoopConfig(Codec, where="loop"):
         and a closure for each of ``workers`` between two: an evaluation
         joins them);
         with ``early_stop`` (an eval split and a metric to watch) and no
-        patience set, :data:`AUTO_PATIENCE`. A set ``steps`` is returned
-        as it is."""
+        patience set, :data:`AUTO_PATIENCE` -- but with ``all_epochs``
+        (a task whose metric plateaus before it peaks: retrieval's MRR) all
+        :data:`AUTO_MAX_EPOCHS` epochs instead, the best kept and no
+        patience set (a given one still stops it). A set ``steps`` is
+        returned as it is."""
         if self.steps is not None:
             return self
-        epochs = min(AUTO_MAX_EPOCHS,
-                     max(1, math.ceil(AUTO_MIN_STEPS / epoch_steps)))
+        all_epochs = all_epochs and early_stop
+        epochs = (AUTO_MAX_EPOCHS if all_epochs else
+                  min(AUTO_MAX_EPOCHS,
+                      max(1, math.ceil(AUTO_MIN_STEPS / epoch_steps))))
         sized = dataclasses.replace(self, steps=epochs * epoch_steps)
         if self.eval_every is None:
             k = self.steps_per_closure
             per_epoch = max(k * workers, round(epoch_steps / k) * k)
             sized = dataclasses.replace(sized, eval_every=min(
                 sized.resolved().eval_every, per_epoch))
-        if early_stop and not self.early_stop_patience:
+        if early_stop and not all_epochs and not self.early_stop_patience:
             sized = dataclasses.replace(sized,
                                         early_stop_patience=AUTO_PATIENCE)
         return sized
