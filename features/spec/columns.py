@@ -14,6 +14,7 @@ from typing import Sequence
 from psrec.errors import ConfigError
 from psrec.errors import did_you_mean
 from psrec.features.spec.dynamic import dynamic_problems
+from psrec.features.spec.history import History
 from psrec.uri_path import as_path
 
 DENSE_TRANSFORMS = ("none", "log1p", "standardize")
@@ -237,6 +238,11 @@ class CategoricalFeature:
             (no ``hash_buckets``, vocabulary or ``row_offset``): set for
             the features of a ``mode: dynamic`` table (a spec file leaves it
             out; loading sets it).
+        history: the feature is a user history (``features.spec.history``):
+            at conversion the ``max_length`` (> 1) most recent earlier
+            values of ``history.of`` of the same ``history.by``, at serving
+            the request's list; it shares ``of``'s rows (``share`` is set to
+            ``of``).
     """
 
     name: str
@@ -250,10 +256,12 @@ class CategoricalFeature:
     required: bool = False
     share: str | None = None
     raw_ids: bool = False
+    history: History | None = None
 
     def __post_init__(self) -> None:
         where = f"categorical feature {self.name!r}"
-        problems = (_check_name(where, self.name)
+        problems = self._history_problems(where)
+        problems += (_check_name(where, self.name)
                     + _check_choice(where, "dtype", self.dtype,
                                     CATEGORICAL_DTYPES)
                     + _check_choice(where, "combiner", self.combiner,
@@ -294,6 +302,25 @@ class CategoricalFeature:
             problems += _check_int(where, "row_offset", self.row_offset,
                                    minimum=0)
         raise_problems(problems)
+
+    def _history_problems(self, where: str) -> list[str]:
+        """Parses ``history`` and shares its item's rows."""
+        if self.history is None:
+            return []
+        history, problems = History.parse(where, self.history)
+        object.__setattr__(self, "history", history)
+        if history is None:
+            return problems
+        if self.share is None:
+            object.__setattr__(self, "share", history.of)
+        elif self.share != history.of:
+            problems.append(f"{where}: `share` = {self.share!r} but a history "
+                            f"shares the rows of `history.of` = "
+                            f"{history.of!r}; remove `share`.")
+        if isinstance(self.max_length, int) and self.max_length < 2:
+            problems.append(f"{where}: a history is a list: give `max_length`"
+                            " > 1 (how many earlier events it keeps).")
+        return problems
 
     @property
     def multi_hot(self) -> bool:
