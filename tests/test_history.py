@@ -20,6 +20,7 @@ from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import CategoricalEncoder
 from psrec.models.build import build_model
+from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.serving.export import export_saved_model
 from psrec.models.serving.export import serving_signature
@@ -81,6 +82,19 @@ def _padded(lists: list[list[int]]) -> np.ndarray:
                     np.int64)
 
 
+def _request(table: pa.Table) -> dict[str, tf.Tensor]:
+    """The serving inputs of the log's rows: raw features and each row's
+    history list (what a client sends)."""
+    return {"price": tf.constant(table.column("price").to_numpy(),
+                                 tf.float32),
+            "user": tf.constant([u or "" for u in
+                                 table.column("user").to_pylist()]),
+            "item": tf.constant([-1 if v is None else v for v in
+                                 table.column("item").to_pylist()],
+                                tf.int64),
+            "seen": tf.constant(_padded(_expected(table)))}
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("history")
@@ -128,13 +142,7 @@ def test_exported_model_scores_from_raw_features_and_a_history_list(
                                           bottom_mlp=(8,), top_mlp=(8,)))
     loaded = tf.saved_model.load(str(export_saved_model(
         model, SPEC, root / "export")))
-    raw = {"price": tf.constant(table.column("price").to_numpy(),
-                                tf.float32),
-           "user": tf.constant([u or "" for u in
-                                table.column("user").to_pylist()]),
-           "item": tf.constant([-1 if v is None else v for v in
-                                table.column("item").to_pylist()], tf.int64),
-           "seen": tf.constant(_padded(_expected(table)))}
+    raw = _request(table)
     served = loaded.signatures["serving_default"](**raw)["probability"]
     expected = tf.sigmoid(model({k: tf.constant(v) for k, v in batch.items()
                                  if k not in ("label", ID_COLUMN)}))
@@ -193,3 +201,98 @@ def test_a_history_spec_round_trips_and_reads_its_order_column(tmp_path):
     assert all("history" not in f for f in plain.to_dict()["categorical"])
     assert SPEC.to_dict()["categorical"][2]["history"] == {
         "of": "item", "by": "user", "order": "ts"}
+
+
+# -- target attention (combiner: din) -----------------------------------------
+
+DIN_SPEC = FeatureSpec.from_dict(dict(SPEC_DICT, categorical=SPEC_DICT[
+    "categorical"][:2] + [dict(SPEC_DICT["categorical"][2], combiner="din")]))
+
+
+def _din_model(softmax: bool = False):
+    return build_model(DIN_SPEC, ModelConfig(
+        interaction="dot", bottom_mlp=(8,), top_mlp=(8,),
+        attention_mlp=(8,), attention_softmax=softmax))
+
+
+def _ids(feature: str, values) -> tf.Tensor:
+    return CategoricalEncoder(DIN_SPEC).encode(feature, tf.constant(
+        values, tf.int64 if feature != "user" else tf.string))
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_din_pools_by_the_target_and_masks_padding(softmax):
+    model = _din_model(softmax)
+    arch = model.sparse_arch
+    items = _ids("item", [5, 6])
+    history = _ids("item", [[7, 8, 9], [7, 8, 9]])
+    batch = {"user": _ids("user", ["u0", "u0"]), "item": items,
+             "seen": history, "psrec__dense": tf.zeros([2, 1])}
+    model(batch)  # builds every part
+    index = [f.name for f in DIN_SPEC.categorical].index("seen")
+    pooled = arch(batch)[0][index].numpy()
+    # Two targets, the same history: two pooled vectors.
+    assert np.abs(pooled[0] - pooled[1]).max() > 1e-4
+    # Padding counts for nothing: [7, pad, pad] pools as the list [7].
+    one = dict(batch, seen=tf.constant(
+        [[history.numpy()[0, 0], -1, -1]] * 2, tf.int64))
+    got = arch(one)[0][index].numpy()
+    table = arch.tables["ids"]
+    row = tf.gather(table, history[:1, :1])  # [1, 1, d]
+    target = tf.gather(table, items[:1])
+    want = arch.attention["seen"](row, tf.ones([1, 1]), target).numpy()
+    np.testing.assert_allclose(got[:1], want, rtol=1e-5, atol=1e-6)
+    if softmax:  # a single item gets weight 1
+        np.testing.assert_allclose(got[0], row.numpy()[0, 0], rtol=1e-5)
+    # A list of padding only pools to zeros.
+    empty = dict(batch, seen=tf.fill([2, LENGTH], tf.constant(-1, tf.int64)))
+    assert not arch(empty)[0][index].numpy().any()
+    # The attention MLP is trained (a dense part) and gets gradients.
+    variables = arch.attention["seen"].trainable_variables
+    assert {id(v) for v in variables} <= {id(v) for v in
+                                          model.dense_variables()}
+    with tf.GradientTape() as tape:
+        pooled = arch(batch)[0][index]
+        loss = tf.reduce_sum(pooled * tf.random.stateless_normal(
+            tf.shape(pooled), [1, 2]))
+    grads = dict(zip([v.name for v in variables],
+                     tape.gradient(loss, variables)))
+    if softmax:  # a softmax does not see a shift of all scores
+        grads = {k: g for k, g in grads.items()
+                 if not ("score" in k and "bias" in k)}
+    assert grads and all(g is not None and np.abs(g.numpy()).max() > 0
+                         for g in grads.values())
+
+
+def test_a_din_model_exports_and_serves_from_a_history_list(converted):
+    root, table, _, batch = converted
+    model = _din_model()
+    inputs = {k: tf.constant(v) for k, v in batch.items()
+              if k not in ("label", ID_COLUMN)}
+    expected = tf.sigmoid(model(inputs)).numpy()
+    loaded = tf.saved_model.load(str(export_saved_model(
+        model, DIN_SPEC, root / "din_export")))
+    raw = _request(table)
+    served = loaded.signatures["serving_default"](**raw)["probability"]
+    np.testing.assert_allclose(served.numpy(), expected, atol=1e-6)
+
+
+def test_din_needs_a_history_and_a_ranking_model():
+    data = dict(SPEC_DICT, categorical=[dict(SPEC_DICT["categorical"][0],
+                                             max_length=2, combiner="din")]
+                + SPEC_DICT["categorical"][1:])
+    with pytest.raises(SpecError, match="only a feature with `history`"):
+        FeatureSpec.from_dict(data)
+    with pytest.raises(SpecError, match="use `combiner: din`"):
+        FeatureSpec.from_dict(dict(DIN_SPEC.to_dict(), towers={
+            "query": ["user", "seen", "price"], "candidate": ["item"],
+            "candidate_id": "item"}))
+
+
+def test_the_size_estimate_counts_the_attention_mlp():
+    config = ModelConfig(interaction="dot", bottom_mlp=(8,), top_mlp=(8,),
+                         attention_mlp=(8,))
+    dim = 4  # [history, target, product, difference] -> 8 -> 1
+    attention = (4 * dim * 8 + 8) + (8 + 1)
+    assert (dense_parameter_count(DIN_SPEC, config)
+            - dense_parameter_count(SPEC, config)) == attention

@@ -18,7 +18,7 @@ from psrec.features.spec.history import History
 from psrec.uri_path import as_path
 
 DENSE_TRANSFORMS = ("none", "log1p", "standardize")
-COMBINERS = ("sum", "mean")
+COMBINERS = ("sum", "mean", "din")
 CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 LOSSES = ("logloss", "bce", "mse")
@@ -231,7 +231,8 @@ class CategoricalFeature:
         max_length: 1 for a single value; > 1 for a multi-hot list column,
             of which the first ``max_length`` non-padding values are kept
             (null, ``""`` and ``-1`` elements are padding).
-        combiner: ``sum`` or ``mean`` of a multi-hot list.
+        combiner: ``sum`` or ``mean`` of a multi-hot list; ``din``: a
+            history's target attention (``models.embedding.attention``).
         required: when true, a null is a bad row; otherwise null is hashed as
             the empty string (its own "missing" bucket).
         raw_ids: the feature's ids are raw 64-bit fingerprints of the value
@@ -306,7 +307,9 @@ class CategoricalFeature:
     def _history_problems(self, where: str) -> list[str]:
         """Parses ``history`` and shares its item's rows."""
         if self.history is None:
-            return []
+            return ([] if self.combiner != "din" else [
+                f"{where}: `combiner` = 'din' attends a user history by its "
+                "target item; only a feature with `history` takes it."])
         history, problems = History.parse(where, self.history)
         object.__setattr__(self, "history", history)
         if history is None:
