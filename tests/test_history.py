@@ -171,6 +171,15 @@ def test_a_log_out_of_time_order_is_refused_with_the_row(tmp_path):
                        r"a.parquet row 19"):
         convert([tmp_path / "a.parquet", tmp_path / "b.parquet"], SPEC,
                 tmp_path / "data2", ConversionOptions(shards=1))
+    # A row without a time is a bad row (quarantined with the reason).
+    ts = pa.array([None if i == 4 else v for i, v in enumerate(
+        first.column("ts").to_pylist())], pa.int64())
+    pq.write_table(first.set_column(4, "ts", ts), tmp_path / "c.parquet")
+    report = convert([tmp_path / "c.parquet"], SPEC, tmp_path / "data3",
+                     ConversionOptions(shards=1, max_bad_fraction=0.1))
+    assert report.bad_rows == 1
+    assert report.bad_reasons == {
+        "null in 'ts', the time of history 'seen'": 1}
 
 
 @pytest.mark.parametrize("change,message", [

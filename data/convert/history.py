@@ -17,6 +17,7 @@ list are its most recent, as at serving).
 from __future__ import annotations
 
 import collections
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

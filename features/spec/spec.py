@@ -45,10 +45,10 @@ from psrec.features.spec.columns import raise_problems
 from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.derived import derived_problems
 from psrec.features.spec.derived import raw_inputs
-from psrec.features.spec.history import history_problems
-from psrec.features.spec.history import log_columns
 from psrec.features.spec.dynamic import mark_raw_ids
 from psrec.features.spec.dynamic import table_dict
+from psrec.features.spec.history import history_problems
+from psrec.features.spec.history import log_columns
 from psrec.features.spec.layout import layout_problems
 from psrec.features.spec.towers import TowersConfig
 from psrec.features.spec.towers import towers_from_dict
