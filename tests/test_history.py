@@ -22,6 +22,8 @@ from psrec.features.transforms.ops import CategoricalEncoder
 from psrec.models.build import build_model
 from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
+from psrec.models.ranking.config import ModelConfigError
+from psrec.models.ranking.config import check_model_spec
 from psrec.models.serving.export import export_saved_model
 from psrec.models.serving.export import serving_signature
 
@@ -299,9 +301,15 @@ def test_din_needs_a_history_and_a_ranking_model():
 
 
 def test_the_size_estimate_counts_the_attention_mlp():
-    config = ModelConfig(interaction="dot", bottom_mlp=(8,), top_mlp=(8,),
-                         attention_mlp=(8,))
-    dim = 4  # [history, target, product, difference] -> 8 -> 1
-    attention = (4 * dim * 8 + 8) + (8 + 1)
+    config = ModelConfig(interaction="dot", bottom_mlp=(8,), top_mlp=(8,))
+    dim, width = 4, config.attention_mlp[0]  # [h, t, h*t, h-t] -> 36 -> 1
+    attention = (4 * dim * width + width) + (width + 1)
     assert (dense_parameter_count(DIN_SPEC, config)
             - dense_parameter_count(SPEC, config)) == attention
+
+
+def test_attention_options_without_a_din_history_are_refused():
+    check_model_spec(DIN_SPEC, ModelConfig(attention_softmax=True))
+    with pytest.raises(ModelConfigError, match="`attention_softmax` = True "
+                       "applies to a user history with `combiner: din`"):
+        check_model_spec(SPEC, ModelConfig(attention_softmax=True))

@@ -196,6 +196,9 @@ def model_config(name: str, **overrides: object) -> ModelConfig:
     return dataclasses.replace(MODEL_PRESETS[name], **overrides)
 
 
+_DEFAULT = ModelConfig()
+
+
 def check_model_spec(spec: FeatureSpec, config: ModelConfig,
                      name: str | None = None) -> None:
     """Refuses a spec the model cannot be built on, before anything starts.
@@ -215,6 +218,14 @@ def check_model_spec(spec: FeatureSpec, config: ModelConfig,
             f"table); spec {spec.name!r} has only dense features "
             f"{[f.name for f in spec.dense]}: add a categorical feature and "
             "its table to the spec.")
+    if not any(f.combiner == "din" for f in spec.categorical):
+        unused = [key for key in ("attention_mlp", "attention_softmax")
+                  if getattr(config, key) != getattr(_DEFAULT, key)]
+        if unused:
+            raise ModelConfigError(
+                f"`{unused[0]}` = {getattr(config, unused[0])!r} applies to "
+                "a user history with `combiner: din`; spec "
+                f"{spec.name!r} has none: drop it or attend a history.")
 
 
 def initial_logit(positive_rate: float | None) -> float:
