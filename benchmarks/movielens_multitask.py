@@ -48,15 +48,12 @@ def _psrec(*args: object) -> None:
     subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
 
 
-def prepare(data: Path, work: Path) -> dict[str, Path]:
-    """Ingests the ratings, adds ``like``, converts once per spec; returns
-    ``{spec: data folder}``."""
+def liked_ratings(data: Path, work: Path) -> Path:
+    """The ratings (``psrec ingest movielens``: in time order) with a
+    ``like`` column (rating >= 4, 0/1), written once under ``work``."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
-    from psrec.features.spec.presets import movielens
-    from psrec.features.spec.spec import FeatureSpec
     raw = work / "raw"
     if not raw.exists():
         _psrec("ingest", "movielens", data, "--out", raw, "--no-progress")
@@ -67,20 +64,34 @@ def prepare(data: Path, work: Path) -> dict[str, Path]:
             table.column("rating"), 4), pa.int64()))
         liked.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, liked)
+    return liked
+
+
+def convert_time_split(liked: Path, spec: dict, work: Path,
+                       name: str) -> Path:
+    """``liked`` converted with ``spec`` (a spec dict) under
+    ``work/data-NAME`` (reused when there), the last 20% by time to eval."""
+    from psrec.features.spec.spec import FeatureSpec
+    folder = work / f"data-{name}"
+    if not (folder / "manifest.json").exists():
+        spec_path = work / f"spec-{name}.yaml"
+        FeatureSpec.from_dict(spec).save(spec_path)
+        _psrec("convert", liked, "--spec", spec_path, "--out", folder,
+               "--eval-fraction", "0.2", "--order-by", "timestamp",
+               "--overwrite", "--no-progress")
+    return folder
+
+
+def prepare(data: Path, work: Path) -> dict[str, Path]:
+    """Ingests the ratings, adds ``like``, converts once per spec; returns
+    ``{spec: data folder}``."""
+    from psrec.features.spec.presets import movielens
+    liked = liked_ratings(data, work)
     base = movielens().to_dict()
     del base["label"]
-    folders = {}
-    for name, labels in LABELS.items():
-        folder = work / f"data-{name}"
-        if not (folder / "manifest.json").exists():
-            spec_path = work / f"spec-{name}.yaml"
-            FeatureSpec.from_dict({**base, "name": f"movielens-{name}",
-                                   "labels": labels}).save(spec_path)
-            _psrec("convert", liked, "--spec", spec_path, "--out", folder,
-                   "--eval-fraction", "0.2", "--order-by", "timestamp",
-                   "--overwrite", "--no-progress")
-        folders[name] = folder
-    return folders
+    return {name: convert_time_split(liked, {
+        **base, "name": f"movielens-{name}", "labels": labels}, work, name)
+        for name, labels in LABELS.items()}
 
 
 def train(name: str, folder: Path, flags: list[str], work: Path,
@@ -109,8 +120,9 @@ def _cell(value: float | None) -> str:
     return "–" if value is None else f"{value:.4f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """The command line of a MovieLens comparison script."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True,
                         help="the MovieLens 100K folder (u.data, u.item...)")
     parser.add_argument("--work", type=Path, required=True)
@@ -121,15 +133,28 @@ def main() -> None:
                         help="psrec train --seed of every run")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    folders = prepare(args.data, args.work)
+    return args
+
+
+def run_all(args: argparse.Namespace, runs: dict[str, tuple[Path, list]]
+            ) -> dict[str, dict]:
+    """Trains ``{name: (data folder, flags)}`` with the common flags;
+    prints the setting line; returns each run's figures."""
     common = ["--model", args.model, "--epochs", args.epochs,
               "--batch-size", args.batch_size]
-    rows = {name: train(name, folders[spec], flags, args.work, common,
-                        args.seed)
-            for name, (spec, flags) in RUNS.items()}
+    rows = {name: train(name, folder, flags, args.work, common, args.seed)
+            for name, (folder, flags) in runs.items()}
     print(f"\n--model {args.model} --epochs {args.epochs} --batch-size "
           f"{args.batch_size} --seed {args.seed}, one device; eval: the last "
           "20% of the ratings by time\n")
+    return rows
+
+
+def main() -> None:
+    args = arguments(__doc__)
+    folders = prepare(args.data, args.work)
+    rows = run_all(args, {name: (folders[spec], flags)
+                          for name, (spec, flags) in RUNS.items()})
     print("| run | like AUC | like logloss | rating RMSE |")
     print("|---|---|---|---|")
     for name, row in rows.items():

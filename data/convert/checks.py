@@ -47,7 +47,7 @@ def _expected_kinds(spec: FeatureSpec) -> dict[str, tuple[str, bool]]:
     (a derived feature's sources, not the derived column)."""
     kinds = {name: ("label", False) for name in spec.label_names}
     kinds.update({name: ("number" if dtype == "float32" else dtype, is_list)
-                  for name, (dtype, is_list) in spec.raw_inputs.items()})
+                  for name, (dtype, is_list) in spec.log_inputs.items()})
     return kinds
 
 
@@ -187,6 +187,11 @@ def row_reasons(batch: pa.RecordBatch, spec: FeatureSpec) -> np.ndarray:
         if feature.required:
             flag(_null_mask(batch.column(feature.name)),
                  f"null in required field {feature.name!r}")
+    for feature in spec.categorical:
+        if feature.history is not None:
+            flag(_null_mask(batch.column(feature.history.order)),
+                 f"null in {feature.history.order!r}, the time of history "
+                 f"{feature.name!r}")
     for feature in spec.derived:
         if feature.pattern not in (None, EPOCH_MS):
             _flag_unmatched(batch, spec, feature, flag)

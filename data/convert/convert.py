@@ -37,6 +37,7 @@ from psrec.data.convert.checks import label_values
 from psrec.data.convert.checks import row_reasons
 from psrec.data.convert.checks import serving_values
 from psrec.data.convert.config import ConversionOptions
+from psrec.data.convert.history import HistoryBuilder
 from psrec.data.convert.inputs import parquet_batches
 from psrec.data.convert.inputs import parquet_files
 from psrec.data.convert.inputs import read_metadata
@@ -182,7 +183,9 @@ def _derived_values(batch: pa.RecordBatch,
 
 def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
                  encoder: CategoricalEncoder,
-                 truncated: collections.Counter) -> dict[str, np.ndarray]:
+                 truncated: collections.Counter,
+                 histories: dict[str, tf.RaggedTensor]
+                 ) -> dict[str, np.ndarray]:
     columns = {label.name: label_values(batch.column(label.name), label)
                for label in spec.labels}  # NaN: a missing (masked) label
     if spec.dense:
@@ -194,6 +197,9 @@ def _encode_rows(batch: pa.RecordBatch, spec: FeatureSpec,
         if feature.name in derived:
             ids, cut = encoder.encode(feature.name,
                                       derived[feature.name]).numpy(), 0
+        elif feature.name in histories:  # at most max_length, by its build
+            ids, cut = encoder.encode_lists(
+                feature.name, histories[feature.name]).numpy(), 0
         else:
             ids, cut = _encode_categorical(batch.column(feature.name),
                                            feature, encoder)
@@ -329,6 +335,7 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     positives = dict.fromkeys(SPLITS, 0)
     next_id = 0
     catalogue = CatalogueCollector(spec) if spec.towers else None
+    history = HistoryBuilder(spec)  # user-history lists, in log order
     task = progress.task("convert", total_rows, "rows")
     try:
         for path in paths:
@@ -347,7 +354,11 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                     keep = np.flatnonzero(~bad)
                     batch = batch.take(pa.array(keep))
                     ids = ids[keep]
-                columns = _encode_rows(batch, spec, encoder, truncated)
+                histories = history.lists(
+                    batch, path, np.arange(row_in_file, row_in_file + len(
+                        reasons))[~bad]) if history else {}
+                columns = _encode_rows(batch, spec, encoder, truncated,
+                                       histories)
                 columns[ID_COLUMN] = ids
                 to_eval = split.is_eval(ids)
                 # the first task's positives (its base rate); a missing

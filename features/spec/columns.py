@@ -14,10 +14,11 @@ from typing import Sequence
 from psrec.errors import ConfigError
 from psrec.errors import did_you_mean
 from psrec.features.spec.dynamic import dynamic_problems
+from psrec.features.spec.history import History
 from psrec.uri_path import as_path
 
 DENSE_TRANSFORMS = ("none", "log1p", "standardize")
-COMBINERS = ("sum", "mean")
+COMBINERS = ("sum", "mean", "din")
 CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 LOSSES = ("logloss", "bce", "mse")
@@ -230,13 +231,19 @@ class CategoricalFeature:
         max_length: 1 for a single value; > 1 for a multi-hot list column,
             of which the first ``max_length`` non-padding values are kept
             (null, ``""`` and ``-1`` elements are padding).
-        combiner: ``sum`` or ``mean`` of a multi-hot list.
+        combiner: ``sum`` or ``mean`` of a multi-hot list; ``din``: a
+            history's target attention (``models.embedding.attention``).
         required: when true, a null is a bad row; otherwise null is hashed as
             the empty string (its own "missing" bucket).
         raw_ids: the feature's ids are raw 64-bit fingerprints of the value
             (no ``hash_buckets``, vocabulary or ``row_offset``): set for
             the features of a ``mode: dynamic`` table (a spec file leaves it
             out; loading sets it).
+        history: the feature is a user history (``features.spec.history``):
+            at conversion the ``max_length`` (> 1) most recent earlier
+            values of ``history.of`` of the same ``history.by``, at serving
+            the request's list; it shares ``of``'s rows (``share`` is set to
+            ``of``).
     """
 
     name: str
@@ -250,10 +257,12 @@ class CategoricalFeature:
     required: bool = False
     share: str | None = None
     raw_ids: bool = False
+    history: History | None = None
 
     def __post_init__(self) -> None:
         where = f"categorical feature {self.name!r}"
-        problems = (_check_name(where, self.name)
+        problems = self._history_problems(where)
+        problems += (_check_name(where, self.name)
                     + _check_choice(where, "dtype", self.dtype,
                                     CATEGORICAL_DTYPES)
                     + _check_choice(where, "combiner", self.combiner,
@@ -294,6 +303,27 @@ class CategoricalFeature:
             problems += _check_int(where, "row_offset", self.row_offset,
                                    minimum=0)
         raise_problems(problems)
+
+    def _history_problems(self, where: str) -> list[str]:
+        """Parses ``history`` and shares its item's rows."""
+        if self.history is None:
+            return ([] if self.combiner != "din" else [
+                f"{where}: `combiner` = 'din' attends a user history by its "
+                "target item; only a feature with `history` takes it."])
+        history, problems = History.parse(where, self.history)
+        object.__setattr__(self, "history", history)
+        if history is None:
+            return problems
+        if self.share is None:
+            object.__setattr__(self, "share", history.of)
+        elif self.share != history.of:
+            problems.append(f"{where}: `share` = {self.share!r} but a history "
+                            f"shares the rows of `history.of` = "
+                            f"{history.of!r}; remove `share`.")
+        if isinstance(self.max_length, int) and self.max_length < 2:
+            problems.append(f"{where}: a history is a list: give `max_length`"
+                            " > 1 (how many earlier events it keeps).")
+        return problems
 
     @property
     def multi_hot(self) -> bool:

@@ -47,6 +47,8 @@ from psrec.features.spec.derived import derived_problems
 from psrec.features.spec.derived import raw_inputs
 from psrec.features.spec.dynamic import mark_raw_ids
 from psrec.features.spec.dynamic import table_dict
+from psrec.features.spec.history import history_problems
+from psrec.features.spec.history import log_columns
 from psrec.features.spec.layout import layout_problems
 from psrec.features.spec.towers import TowersConfig
 from psrec.features.spec.towers import towers_from_dict
@@ -107,6 +109,7 @@ class FeatureSpec:
             self.labels, self.dense, self.categorical, self.tables)
             + derived_problems(self.label_names, self.dense,
                                self.categorical, self.derived)
+            + history_problems(self.categorical, self.derived_names())
             + towers_problems(self.towers, self.dense, self.categorical))
 
     # -- derived views -----------------------------------------------------
@@ -134,9 +137,25 @@ class FeatureSpec:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """Input columns this spec reads, labels first (a derived feature's
+        """Input columns conversion reads, labels first (a derived feature's
         raw sources, not the derived column)."""
-        return self.label_names + tuple(self.raw_inputs)
+        return self.label_names + tuple(self.log_inputs)
+
+    @property
+    def log_inputs(self) -> dict[str, tuple[str, bool]]:
+        """``{column: (dtype, is a list)}`` conversion reads besides the
+        labels: :attr:`raw_inputs` less the history lists (built from the
+        log) plus their order columns (``int64``: integer or timestamp)."""
+        inputs = {name: kind for name, kind in self.raw_inputs.items()
+                  if name not in self.history_names()}
+        for name in log_columns(self.categorical):
+            inputs.setdefault(name, ("int64", False))
+        return inputs
+
+    def history_names(self) -> frozenset[str]:
+        """The user-history features (``features.spec.history``)."""
+        return frozenset(f.name for f in self.categorical
+                         if f.history is not None)
 
     @property
     def raw_inputs(self) -> dict[str, tuple[str, bool]]:
@@ -184,7 +203,8 @@ class FeatureSpec:
                   if value is not None or key not in _STATISTICS}
                  for f in self.dense]
         categorical = [{key: value for key, value in asdict(f).items()
-                        if (value is not None or key != "share")
+                        if (value is not None or key not in ("share",
+                                                             "history"))
                         and (value or key != "raw_ids")}
                        for f in self.categorical]
         labels = [{key: value for key, value in asdict(label).items()
@@ -254,6 +274,8 @@ class FeatureSpec:
         if labels:
             problems += derived_problems([x.name for x in labels], dense,
                                          categorical, derived)
+        problems += history_problems(categorical,
+                                     {d.name for d in derived})
         problems += _cross_problems(
             labels, dense, categorical, tables,
             broken_features=len(broken_dense) + len(broken_categorical),

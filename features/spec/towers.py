@@ -86,6 +86,12 @@ def towers_problems(towers: TowersConfig | None,
                     f"or categorical feature of the spec; known: "
                     f"{sorted(known)}"
                     f"{did_you_mean(name, sorted(known)) or '.'}")
+    attended = [f.name for f in categorical if f.combiner == "din"]
+    if attended:
+        problems.append(f"towers: {attended} use `combiner: din`, which "
+                        "attends a history by the candidate inside one "
+                        "model; a two-tower model scores the towers apart: "
+                        "use `combiner: mean` or `sum`.")
     both = sorted(set(towers.query) & set(towers.candidate))
     if both:
         problems.append(f"towers: {both} are in both `query` and "

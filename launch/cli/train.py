@@ -116,7 +116,9 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
     overrides.update(task_towers=args.task_towers, experts=args.experts,
                      task_experts=args.task_experts,
                      expert_units=args.expert_units,
-                     ple_levels=args.ple_levels)
+                     ple_levels=args.ple_levels,
+                     attention_mlp=args.attention_mlp,
+                     attention_softmax=args.attention_softmax)
     manifest = Manifest.load(args.data) if args.data else None
     if manifest is not None:  # refused before anything starts (exit 1)
         manifest.require_rows("train")
@@ -342,6 +344,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_option(model, ModelConfig, "task_experts", type=positive)
     add_option(model, ModelConfig, "expert_units", type=widths)
     add_option(model, ModelConfig, "ple_levels", type=positive)
+    add_option(model, ModelConfig, "attention_mlp", type=widths)
+    add_option(model, ModelConfig, "attention_softmax")
     model.add_argument("--sync-batch-norm", action="store_true",
                        help="batch norm in the MLP towers with statistics "
                        "all-reduced across the replicas in sync (under ps: "

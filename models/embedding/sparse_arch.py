@@ -24,6 +24,7 @@ from psrec.features.spec.columns import TableConfig
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.dynamic.shards import ShardLayout
 from psrec.models.dynamic.table import DynamicTable
+from psrec.models.embedding.attention import TargetAttention
 from psrec.models.embedding.quantize import QuantizedTable
 from psrec.models.embedding.quantize import quantize_tables
 from psrec.models.embedding.table_init import fill_table
@@ -112,15 +113,25 @@ class SparseArch(tf_keras.layers.Layer):
         ``scale`` unset (``ModelConfig.init_scale``); None: ``1/sqrt(dim)``.
       serving: ``(tables, dynamic_tables)`` to read instead of creating
         tables (:meth:`with_tables`).
+      attention: ``(widths, softmax)`` of the target attention
+        (``models.embedding.attention``) of each history feature with
+        ``combiner: din``, ``attention_<feature>`` (a dense layer, pooling
+        the history by its ``of`` feature's embedding; its wide part, if
+        any, is the mean).
     """
 
     def __init__(self, spec: FeatureSpec,
                  wide: tuple[str, ...] = (),
                  default_scale: float | None = None,
                  serving: tuple[dict, dict] | None = None,
+                 attention: tuple[tuple[int, ...], bool] = ((36,), False),
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.spec = spec
+        self.attention_options = attention
+        self.attention = {
+            f.name: TargetAttention(*attention, name=f"attention_{f.name}")
+            for f in spec.categorical if f.combiner == "din"}
         #: The tables with a wide twin, in spec order.
         self.wide_tables = tuple(t.name for t in spec.tables
                                  if t.name in wide)
@@ -160,9 +171,11 @@ class SparseArch(tf_keras.layers.Layer):
         """An arch of the same spec that reads ``tables`` (``name -> `` a
         plain variable or a :class:`QuantizedTable`) and this
         arch's dynamic tables (their id -> row maps); for serving only."""
-        return SparseArch(self.spec, wide=self.wide_tables,
+        arch = SparseArch(self.spec, wide=self.wide_tables,
                           serving=(tables, self.dynamic_tables),
-                          name=self.name)
+                          attention=self.attention_options, name=self.name)
+        arch.attention = self.attention  # the trained attention layers
+        return arch
 
     def table_variables(self) -> list[tf.Variable]:
         """All shard variables of all tables (sparse-optimizer variables)."""
@@ -184,14 +197,15 @@ class SparseArch(tf_keras.layers.Layer):
         if wide:
             tables.append(self.tables[name + WIDE_SUFFIX])
         outputs = []
-        for table in tables:
+        for i, table in enumerate(tables):
             found = _lookup(table, safe)
             if dynamic is not None:
                 found = dynamic.drop_default_gradient(found, safe,
                                                       dynamic.default_row)
             rows = tf.split(found, sizes, axis=0)
-            outputs.append({f.name: self._combine(f, batch[f.name], r)
-                            for f, r in zip(features, rows)})
+            outputs.append({f.name: self._combine(
+                f, batch[f.name], r, attend=i == 0)
+                for f, r in zip(features, rows)})
         return outputs[0], (outputs[1] if wide else {})
 
     def pool(self, rows: dict[str, tf.Tensor], keys: dict[str, tf.Tensor],
@@ -203,17 +217,17 @@ class SparseArch(tf_keras.layers.Layer):
         padding, masked out of a multi-hot feature) and, when every table
         has a wide twin (a ranking model's ``wide``), ``wide_rows[name]``
         its first-order rows (``[B(, L), 1]``)."""
-        def combined(source):
+        def combined(source, attend):
             return {f.name: self._combine(
                 f, keys.get(f.name), tf.reshape(source[f.name], [-1, tf.shape(
-                    source[f.name])[-1]]))
+                    source[f.name])[-1]]), attend)
                 for f in self.spec.categorical}
 
-        embeddings = combined(rows)
+        embeddings = self._attend(combined(rows, True), keys)
         ordered = [embeddings[f.name] for f in self.spec.categorical]
         if not self.wide_tables:
             return ordered, None
-        wide = combined(wide_rows)
+        wide = combined(wide_rows, False)
         return ordered, self._wide_logit(wide)
 
     def _wide_logit(self, wide: dict[str, tf.Tensor]) -> tf.Tensor:
@@ -221,17 +235,36 @@ class SparseArch(tf_keras.layers.Layer):
             [tf.reshape(wide[f.name], [-1]) for f in self.spec.categorical])
 
     @staticmethod
-    def _combine(feature, ids: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    def _combine(feature, ids: tf.Tensor, rows: tf.Tensor,
+                 attend: bool = True) -> tf.Tensor:
+        """A feature's pooled rows; a ``din`` history's ``[B, L, d]``
+        rows with padding zeroed when ``attend`` (:meth:`_attend` pools
+        them; a wide part takes the mean)."""
         width = tf.shape(rows)[-1]
         if not feature.multi_hot:
             return rows
         rows = tf.reshape(rows, [-1, feature.max_length, width])
         mask = tf.cast(ids >= 0, rows.dtype)[:, :, None]
+        if feature.combiner == "din" and attend:
+            return rows * mask
         total = tf.reduce_sum(rows * mask, axis=1)
         if feature.combiner == "sum":
             return total
         count = tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
         return total / count
+
+    def _attend(self, embeddings: dict[str, tf.Tensor],
+                keys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """``embeddings`` with each ``din`` history pooled by its target
+        attention to its ``of`` feature's embedding (``keys``: the ids,
+        negative = padding)."""
+        for name, attention in self.attention.items():
+            feature = next(f for f in self.spec.categorical
+                           if f.name == name)
+            embeddings[name] = attention(
+                embeddings[name], keys[name] >= 0,
+                embeddings[feature.history.of])
+        return embeddings
 
     def lookup(self, batch: dict[str, tf.Tensor],
                names: tuple[str, ...], training: bool = False
@@ -257,6 +290,7 @@ class SparseArch(tf_keras.layers.Layer):
             e, w = self._lookup_table(name, batch, training=training)
             embeddings.update(e)
             wide.update(w)
+        embeddings = self._attend(embeddings, batch)
         ordered = [embeddings[f.name] for f in self.spec.categorical]
         if not wide or len(wide) < len(self.spec.categorical):
             return ordered, None

@@ -78,6 +78,11 @@ def proxy_spec(spec: FeatureSpec, max_ids: int = 1) -> FeatureSpec:
     next_row = {t.name: 0 for t in spec.tables}
     features = []
     for feature in spec.categorical:
+        if feature.history is not None:  # in its item's rows, as before
+            features.append(dataclasses.replace(
+                feature, hash_buckets=None, vocabulary_file=None,
+                row_offset=None, raw_ids=False))
+            continue
         ids = min(max_ids, feature.hash_buckets or max_ids)
         features.append(dataclasses.replace(
             feature, hash_buckets=ids, vocabulary_file=None,

@@ -102,7 +102,17 @@ class ModelConfig(Codec, where="model"):
         1, flag="--ple-levels",
         help="extraction levels of ``ple`` (one or more)")
 
+    attention_mlp: tuple[int, ...] = option(
+        (36,), flag="--attention-mlp",
+        help="hidden widths of the target-attention MLP of each history "
+        "feature with ``combiner: din`` (DIN), e.g. 80,40")
+    attention_softmax: bool = option(
+        False, flag="--attention-softmax",
+        help="normalise a ``din`` history's attention weights by a softmax "
+        "over its items (default: the raw scores, as in the DIN paper)")
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "attention_mlp", tuple(self.attention_mlp))
         object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
         object.__setattr__(self, "top_mlp", tuple(self.top_mlp))
         object.__setattr__(self, "expert_units", tuple(self.expert_units))
@@ -120,7 +130,7 @@ class ModelConfig(Codec, where="model"):
                 "more positive integers.")
         check_choice("interaction", self.interaction, INTERACTIONS,
                      ModelConfigError)
-        for key in ("bottom_mlp", "top_mlp"):
+        for key in ("bottom_mlp", "top_mlp", "attention_mlp"):
             widths = getattr(self, key)
             if any(not isinstance(w, int) or w < 1 for w in widths):
                 raise ModelConfigError(
@@ -186,6 +196,9 @@ def model_config(name: str, **overrides: object) -> ModelConfig:
     return dataclasses.replace(MODEL_PRESETS[name], **overrides)
 
 
+_DEFAULT = ModelConfig()
+
+
 def check_model_spec(spec: FeatureSpec, config: ModelConfig,
                      name: str | None = None) -> None:
     """Refuses a spec the model cannot be built on, before anything starts.
@@ -205,6 +218,14 @@ def check_model_spec(spec: FeatureSpec, config: ModelConfig,
             f"table); spec {spec.name!r} has only dense features "
             f"{[f.name for f in spec.dense]}: add a categorical feature and "
             "its table to the spec.")
+    if not any(f.combiner == "din" for f in spec.categorical):
+        unused = [key for key in ("attention_mlp", "attention_softmax")
+                  if getattr(config, key) != getattr(_DEFAULT, key)]
+        if unused:
+            raise ModelConfigError(
+                f"`{unused[0]}` = {getattr(config, unused[0])!r} applies to "
+                "a user history with `combiner: din`; spec "
+                f"{spec.name!r} has none: drop it or attend a history.")
 
 
 def initial_logit(positive_rate: float | None) -> float:

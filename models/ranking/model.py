@@ -74,9 +74,11 @@ class RankingModel(ShardedTablesModel):
         width = None
         if config.interaction in COMMON_WIDTH_INTERACTIONS:
             width = max(t.dim for t in spec.tables)
-        self.sparse_arch = SparseArch(spec, wide=config.wide_tables(spec),
-                                      default_scale=config.init_scale,
-                                      name="sparse_arch")
+        self.sparse_arch = SparseArch(
+            spec, wide=config.wide_tables(spec),
+            default_scale=config.init_scale,
+            attention=(config.attention_mlp, config.attention_softmax),
+            name="sparse_arch")
         self.projections = {
             t.name: tf_keras.layers.Dense(width, use_bias=False,
                                           name=f"project_{t.name}")
