@@ -256,7 +256,7 @@ def test_epochs_train_best_and_eval_end_to_end(tmp_path, data, capsys):
 
 
 def _summary_text(data: dict) -> str:
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     return JobSummary.from_dict(data).summary()
 
 
@@ -325,7 +325,7 @@ def test_best_checkpoint_under_ps_on_the_in_process_cluster(
 
 
 def test_summary_says_epochs_best_export_and_early_stop():
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     from psrec.ps_cluster.checkpoint.best import BestRecord
     from psrec.ps_cluster.evaluation.metrics import EvalResult
     best = BestRecord(checkpoint="best/best-40", source="ckpt-40", step=40,
@@ -360,7 +360,7 @@ def test_summary_says_epochs_best_export_and_early_stop():
 
 
 def _summary(**fields):
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     from psrec.ps_cluster.evaluation.metrics import EvalResult
     values = dict(
         strategy="one-device", manifest="m/manifest.json",
@@ -416,7 +416,7 @@ def test_summary_names_one_run_s_files_one_way(tmp_path, monkeypatch):
     """TensorFlow's absolute checkpoint path and the workdir's relative
     ones are printed alike: relative below the working directory, absolute
     outside it, URIs as they are."""
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     from psrec.ps_cluster.evaluation.metrics import EvalResult
     from psrec.uri_path import shown_path
     monkeypatch.chdir(tmp_path)
@@ -444,7 +444,7 @@ def test_summary_names_one_run_s_files_one_way(tmp_path, monkeypatch):
 def test_summary_of_a_run_with_nothing_left_says_so():
     """A rerun of a finished run trains nothing: no 'final train loss nan,
     0 examples/s'."""
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     summary = JobSummary(
         strategy="ps", manifest="m/manifest.json", checkpoint="c/ckpt-8",
         export=None, tensorboard="t", start_step=8, step=8,

@@ -175,7 +175,7 @@ def test_a_run_reports_gauc_and_slices_everywhere(run_with_breakdown,
     from psrec.launch.cli.main import main
     manifest, run, flags = run_with_breakdown
     capsys.readouterr()
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     saved = json.loads((run / "summary.json").read_text())
     evaluated = saved["eval"]
     text = JobSummary.from_dict(saved).summary()  # psrec train's summary

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.launch.job.run import JobSummary
+from psrec.launch.job.summary import JobSummary
 from psrec.ps_cluster.evaluation.metrics import AUC_BINS
 from psrec.ps_cluster.evaluation.metrics import EvalResult
 from psrec.ps_cluster.evaluation.metrics import add_statistics

@@ -456,7 +456,7 @@ def test_summary_and_show_list_every_task(tmp_path, capsys):
     from psrec.data.format.files import write_json_atomic
     from psrec.launch.cli.main import main
     from psrec.launch.job.config import JobConfig
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     workdir = tmp_path / "run"
     JobConfig(workdir=workdir, spec=_spec(), model_name="deepfm",
               model=MMOE).write(workdir / "checkpoints")

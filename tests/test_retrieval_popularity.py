@@ -88,7 +88,7 @@ def test_eval_line_puts_the_baseline_beside_each_metric():
 
 
 def _summary_text(result: RetrievalEvalResult, best=None) -> str:
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     summary = JobSummary(best=best,
         strategy="ps", manifest="m/manifest.json", checkpoint="c/ckpt-80",
         export="w/export/1", tensorboard="w/tb", start_step=0, step=80,

@@ -33,7 +33,7 @@ def runs_folder(tmp_path_factory):
     from psrec.data.format.files import write_json_atomic
     from psrec.features import criteo
     from psrec.launch.job.config import JobConfig
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     from psrec.models.build import build_model
     from psrec.models.ranking.config import model_config
     from psrec.ps_cluster.checkpoint.best import BestTracker

@@ -223,7 +223,7 @@ def _train(args: argparse.Namespace, config: JobConfig, metrics) -> int:
     cluster = _existing_cluster(args) if kind == "ps" else None
     from psrec.launch.job.data import prepare_data
     from psrec.launch.job.data import record_verified
-    from psrec.launch.job.run import JobSummary
+    from psrec.launch.job.summary import JobSummary
     if kind == "ps":
         if cluster is not None:  # coordinate it; an orchestrator restarts us
             return coordinate(args, config, cluster, metrics)
