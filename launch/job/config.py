@@ -314,6 +314,12 @@ def task_keep_best(keep_best: str, spec: FeatureSpec,
     return keep_best if has_ranking_metrics(spec, None) else "none"
 
 
+def _no_ranking_metrics(retrieval: RetrievalConfig | None) -> str:
+    """What a run without ranking metrics is, for a refusal's line."""
+    return ("a retrieval task" if retrieval is not None
+            else "a regression (loss: mse)")
+
+
 def check_breakdown(loop: LoopConfig, spec: FeatureSpec,
                     retrieval: RetrievalConfig | None) -> None:
     """``--group-by`` and ``--slice-by`` name single-valued categorical
@@ -323,9 +329,8 @@ def check_breakdown(loop: LoopConfig, spec: FeatureSpec,
         flag = "--group-by" if breakdown.group_by else "--slice-by"
         raise ConfigError(
             f"{flag}: GAUC and slices are AUC/logloss breakdowns of a binary "
-            "label; this run is " + ("a retrieval task" if retrieval
-                                     else "a regression (loss: mse)")
-            + ": drop it.")
+            f"label; this run is {_no_ranking_metrics(retrieval)}: drop "
+            "it.")
     breakdown.check(spec)
 
 
@@ -357,9 +362,8 @@ def _check_follow(config: JobConfig) -> None:
         raise ConfigError(
             f"`{follow}` evaluates each partition by AUC, logloss and "
             "calibration before training on it: it needs a ranking task with "
-            "a binary label; this run is " + (
-                "a retrieval task" if config.retrieval is not None else
-                "a regression (loss: mse)") + ": drop it.")
+            "a binary label; this run is "
+            f"{_no_ranking_metrics(config.retrieval)}: drop it.")
 
 
 @dataclasses.dataclass(frozen=True)
