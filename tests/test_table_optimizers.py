@@ -25,6 +25,7 @@ from psrec.data.input.config import InputConfig
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import table_groups
+from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 
@@ -39,8 +40,9 @@ SPEC = {
                     {"name": "tag", "table": "tags", "hash_buckets": 50}]}
 FLAGS = OptimizerConfig(sparse_lr=0.1, dense_lr=0.01, base_batch_size=64,
                         warmup_steps=0)  # --sparse-optimizer adagrad
-MODEL = model_config("deepfm")  # wide twins: trained by their table's
-BATCH, STEPS = 64, 6
+# Small towers, and wide twins: trained by their table's optimizer.
+MODEL = ModelConfig(interaction="concat", wide=True, top_mlp=(8,))
+BATCH, STEPS = 64, 4
 INITIAL = 0.1  # every accumulator's initial_accumulator_value
 # table -> (keras class, slot names, slot width: None = the table's dim)
 EXPECTED = {"users": ("Ftrl", ["accumulator", "linear"], None),
@@ -131,7 +133,7 @@ def trained(ps_cluster, tmp_path_factory):
     trainer = _ps_trainer(ps_cluster, PartitionConfig(kind="fixed"),
                           root / "checkpoints")
     result = trainer.train(random_dataset_fn(trainer.spec, BATCH),
-                           LoopConfig(steps=STEPS, steps_per_closure=3,
+                           LoopConfig(steps=STEPS, steps_per_closure=2,
                                       checkpoint_every=0))
     assert result.step == STEPS and result.checkpoint is not None
     return trainer, result.checkpoint, root
