@@ -8,8 +8,9 @@ the planner's bytes are the variables' bytes; the checkpoint names each
 group's optimizer; a restore into another shard count is exact by value. A
 warm start into a spec where one table changed optimizer re-initialises
 that table's slots (one line) and carries the others' by value -- across
-a renamed group too. A dynamic table's reset rows get fresh slots of its
-own optimizer. An unknown optimizer name is one line with a suggestion,
+a renamed group too; ``psrec train --warm-start`` reads the source's
+optimizer flags from its ``job.json``. A dynamic table's reset rows get
+fresh slots of its own optimizer. An unknown optimizer name is one line with a suggestion,
 exit 2.
 """
 
@@ -140,6 +141,7 @@ def trained(ps_cluster, tmp_path_factory):
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # the shared training fixture (>10 s on 2 cores)
 def test_each_table_trains_with_its_optimizer_beside_its_shards(trained):
     trainer, _, _ = trained
     assert len(trainer.sparse_optimizers) == 3  # one per (optimizer, lr)
@@ -171,6 +173,7 @@ def test_each_table_trains_with_its_optimizer_beside_its_shards(trained):
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # the shared training fixture (>10 s on 2 cores)
 def test_the_plan_s_bytes_are_the_variables_bytes(trained):
     from psrec.ps_cluster.planner.plan import plan_partition
     from psrec.ps_cluster.planner.plan import plan_text
@@ -206,6 +209,7 @@ def test_the_plan_s_bytes_are_the_variables_bytes(trained):
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # the shared training fixture (>10 s on 2 cores)
 def test_the_checkpoint_names_each_group_and_restores_resharded_by_value(
         ps_cluster, trained):
     trainer, path, root = trained
@@ -237,6 +241,7 @@ def test_the_checkpoint_names_each_group_and_restores_resharded_by_value(
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # the shared training fixture (>10 s on 2 cores)
 def test_a_warm_start_re_initialises_the_slots_of_a_changed_optimizer(
         trained):
     from psrec.ps_cluster.checkpoint.warm_plan import plan_warm_start
@@ -291,3 +296,24 @@ def test_a_dynamic_table_s_reset_rows_get_its_own_optimizer_s_slots():
     assert np.all(accumulator[rows] == INITIAL) and np.all(linear[rows] == 0)
     others = np.setdiff1d(np.arange(41), rows)
     assert np.all(accumulator[others] == 9.0) and np.all(linear[others] == 9)
+
+
+def test_a_warm_source_s_optimizer_flags_come_from_its_job_json(tmp_path):
+    """``psrec train --warm-start``'s plan compares each table's optimizer
+    with the source run's: its spec and its ``--sparse-optimizer`` (the
+    ``job.json`` beside its checkpoints)."""
+    from psrec.launch.job.config import JobConfig
+    from psrec.launch.job.warm_start import check_source
+    source = JobConfig(workdir=tmp_path / "a", spec=_spec(),
+                       optimizer=OptimizerConfig(sparse="sgd"))
+    folder = tmp_path / "a" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "job.json").write_text(json.dumps(source.to_dict()))
+    (folder / "ckpt-5.index").write_bytes(b"")
+    (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')
+    config = JobConfig(workdir=tmp_path / "b", spec=_spec(), optimizer=FLAGS)
+    plan = check_source(config, str(tmp_path / "a")).plan
+    # tags names no optimizer: sgd there, the flag's adagrad here.
+    assert plan.optimizer_changes() == [("tags", "sgd", "adagrad")]
+    assert plan.lines() == ["warm start: table 'tags' optimizer sgd -> "
+                            "adagrad: its optimizer slots are re-initialised"]
