@@ -32,8 +32,8 @@ import math
 from typing import Any
 
 from psrec.errors import check
-from psrec.features.spec.columns import TABLE_OPTIMIZERS
 from psrec.errors import check_at_least
+from psrec.features.spec.columns import TABLE_OPTIMIZERS
 from psrec.options import Codec
 from psrec.options import check_choices
 from psrec.options import option

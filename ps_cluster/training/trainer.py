@@ -27,10 +27,10 @@ from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.build import build_model
-from psrec.models.optim.config import OptimizerConfig
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.embedding.sparse_arch import table_variables
 from psrec.models.optim.config import DEFAULT_GROUP
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.optimizers import build_optimizers
 from psrec.models.optim.optimizers import build_table_optimizers
 from psrec.models.ranking.config import ModelConfig
