@@ -26,6 +26,7 @@ from psrec.data.input.config import InputConfig
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import table_groups
+from psrec.models.optim.config import table_row_bytes
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
@@ -206,6 +207,27 @@ def test_the_plan_s_bytes_are_the_variables_bytes(trained):
                in line]
         assert row and f"{planned.row_bytes:,}" in row[0].split(), (
             planned.name, text)
+    # What `psrec advise` shows per table is the plan's.
+    assert {name: (optimizer, size) for name, optimizer, size
+            in table_row_bytes(trainer.spec.tables, FLAGS)} == {
+        t.name: (t.optimizer, t.row_bytes) for t in result.tables
+        if not t.name.endswith("__wide")}
+
+
+def test_advise_shows_each_table_s_optimizer_and_bytes_per_row():
+    from psrec.models.optim.sizing import DeviceMemory
+    from psrec.models.optim.sizing import SizeEstimate
+    from psrec.ps_cluster.planner.advise import Advice
+    from psrec.ps_cluster.planner.advise import Measurements
+    advice = Advice(
+        "tabopt", "dlrm", 64, SizeEstimate(1, 1, 1, 1),
+        DeviceMemory("CPU", 1 << 30, "test"), 0.5, 0.3,
+        Measurements(1.0, 0.1, 0.1, 1, 2, "2 x CPU"), "ps", (), 1.0,
+        tables=table_row_bytes(_spec().tables, FLAGS))
+    # users: 8 values + FTRL's 2 x 8; items: 4 + 1 per row; tags: 4 + 4.
+    assert ("  tables (optimizer, bytes/row with slots): users ftrl 96, "
+            "items rowwise_adagrad 20, tags adagrad 32") in \
+        advice.summary().splitlines()
 
 
 @pytest.mark.cluster

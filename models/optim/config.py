@@ -188,3 +188,14 @@ def table_groups(tables, config: OptimizerConfig) -> dict[str, TableGroup]:
     return {t.name: _group(t.optimizer or config.sparse,
                            t.lr or config.sparse_lr, config)
             for t in tables}
+
+
+def table_row_bytes(tables, config: OptimizerConfig
+                    ) -> tuple[tuple[str, str, int], ...]:
+    """``(table, optimizer, bytes per row with its slots)`` of each of the
+    spec's ``tables`` (float32), as ``psrec plan`` and ``psrec advise``
+    show them."""
+    groups = table_groups(tables, config)
+    return tuple((t.name, groups[t.name].optimizer,
+                  row_bytes(groups[t.name].optimizer, t.dim))
+                 for t in tables)
