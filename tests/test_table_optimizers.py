@@ -296,6 +296,23 @@ def test_a_warm_start_re_initialises_the_slots_of_a_changed_optimizer(
     assert "sparse_optimizer_ftrl_lr0p02" in target.sparse_optimizers
 
 
+@pytest.mark.cluster
+@pytest.mark.slow  # the shared training fixture (>10 s on 2 cores)
+def test_a_resume_with_a_changed_table_optimizer_is_refused(trained):
+    from psrec.ps_cluster.checkpoint.keeper import RestoreError
+    from psrec.ps_cluster.training.trainer import Trainer
+    _, path, root = trained
+    resumed = Trainer(tf.distribute.OneDeviceStrategy("/cpu:0"),
+                      _spec(users={"optimizer": "adagrad", "lr": None}),
+                      MODEL, FLAGS, InputConfig(batch_size=BATCH),
+                      checkpoint_dir=root / "checkpoints")
+    with pytest.raises(RestoreError) as error:
+        resumed.restore()
+    message = str(error.value)
+    assert _slot_key("users", "sparse_optimizer", "accumulator") in message
+    assert "--warm-start" in message and "table optimizer" in message
+
+
 def test_a_dynamic_table_s_reset_rows_get_its_own_optimizer_s_slots():
     from psrec.ps_cluster.training.maintenance import dynamic_maintainer
     from psrec.ps_cluster.training.trainer import Trainer
