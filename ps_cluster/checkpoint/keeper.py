@@ -413,6 +413,8 @@ class CheckpointKeeper:
             raise RestoreError(
                 f"checkpoint {path} restored incompletely: {len(bad)} key(s) "
                 f"are missing on one side or differ after restore: {bad[:8]}. "
-                "Was it written with another spec or model configuration? "
+                "Was it written with another spec, model configuration or "
+                "table optimizer (a table's `optimizer`, --sparse-optimizer; "
+                "to change one, start a new workdir with --warm-start)? "
                 "Nothing was trained on the partial state.")
         return path

@@ -27,8 +27,12 @@ from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.build import build_model
+from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
+from psrec.models.embedding.sparse_arch import table_variables
+from psrec.models.optim.config import DEFAULT_GROUP
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.optimizers import build_optimizers
+from psrec.models.optim.optimizers import build_table_optimizers
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.model import RankingModel
 from psrec.models.ranking.model import shifted_outputs
@@ -155,19 +159,25 @@ class Trainer:
         with _policy(precision), strategy.scope():
             self.model: RankingModel = build_model(spec, model_config,
                                                    positive_rate)
-            self.sparse_optimizer, self.dense_optimizer = build_optimizers(
-                optimizer_config, input_config.batch_size * micro_batches)
+            rows = input_config.batch_size * micro_batches
+            _, self.dense_optimizer = build_optimizers(optimizer_config,
+                                                       rows)
+            # One optimizer per (optimizer, lr) of the tables; the flags'
+            # is `sparse_optimizer` (checkpoints before per-table ones).
+            self.sparse_optimizers, self.table_optimizers = (
+                build_table_optimizers(optimizer_config, rows, spec.tables))
+            self.sparse_optimizer = self.sparse_optimizers[DEFAULT_GROUP]
             self.loss_scale = (DynamicLossScale()
                                if precision == "mixed_float16" else None)
             # Slots now, under the scope, so a restore fills them before
             # training instead of deferring silently.
-            self.sparse_optimizer._create_all_weights(  # noqa: SLF001
-                self.model.embedding_variables())
+            for optimizer in self.sparse_optimizers.values():
+                optimizer._create_all_weights(  # noqa: SLF001
+                    self._variables_of(optimizer))
             self.dense_optimizer._create_all_weights(  # noqa: SLF001
                 self.model.dense_variables())
         self.progress = Progress()  # on the coordinator, outside the scope
-        state = {"model": self.model,
-                 "sparse_optimizer": self.sparse_optimizer,
+        state = {"model": self.model, **self.sparse_optimizers,
                  "dense_optimizer": self.dense_optimizer,
                  "progress": self.progress}
         if self.loss_scale is not None:
@@ -177,7 +187,7 @@ class Trainer:
         self.keeper = None if self.checkpoint_dir is None else (
             CheckpointKeeper(
                 self.checkpoint_dir, self.checkpoint,
-                optimizers={"sparse_optimizer": self.sparse_optimizer,
+                optimizers={**self.sparse_optimizers,
                             "dense_optimizer": self.dense_optimizer},
                 tables=table_checkpoint_keys(self.model), strategy=strategy,
                 max_to_keep=keep_checkpoints, writers=checkpoint_writers))
@@ -185,13 +195,22 @@ class Trainer:
             self.model, self.sparse_optimizer, self.dense_optimizer,
             spec.labels if spec.multi_task else spec.label,
             loss_scale=self.loss_scale,
-            prepare_table_grads=self._padding())
+            prepare_table_grads=self._padding(),
+            table_optimizers=self.table_optimizers)
         self.executor = self.eval_beat = None  # set by train()
         self._train_functions: dict[tuple[int, bool], Callable] = {}
         self.coverage_rows: int | None = None  # set by dataset_fn
         # Seconds the last checkpoint save took (None: none yet); an
         # interrupted run's estimate of whether a save fits its grace period.
         self.last_save_seconds: float | None = None
+
+    def _variables_of(self, optimizer) -> list[tf.Variable]:
+        """The table shard variables ``optimizer`` trains (with the wide
+        twins of its tables)."""
+        return [shard for name, variable in
+                self.model.sparse_arch.tables.items()
+                if self.table_optimizers.get(name.removesuffix(WIDE_SUFFIX))
+                is optimizer for shard in table_variables(variable)]
 
     def _padding(self) -> Callable[[list], list] | None:
         """Replicated strategies all-gather table gradients inside a
