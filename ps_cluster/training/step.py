@@ -165,13 +165,17 @@ class TrainStep:
       example_losses: ``batch -> [B]`` per-example losses of the task
         (retrieval: a sampled softmax); None: the logloss of the model's
         logits against ``label``.
+      on_table_update: ``table grads -> None``, called in the apply right
+        after the sparse update (``ChangeTracker.mark``: flags the rows
+        written, on each shard's PS).
     """
 
     def __init__(self, model: RankingModel, sparse_optimizer,
                  dense_optimizer, label: str, *,
                  loss_scale: DynamicLossScale | None = None,
                  prepare_table_grads: Callable[[list], list] | None = None,
-                 example_losses: Callable[[Batch], tf.Tensor] | None = None
+                 example_losses: Callable[[Batch], tf.Tensor] | None = None,
+                 on_table_update: Callable[[list], None] | None = None
                  ) -> None:
         self.model = model
         self.sparse_optimizer = sparse_optimizer
@@ -183,6 +187,7 @@ class TrainStep:
         self.regression = getattr(labels[0], "loss", "logloss") == "mse"
         self.loss_scale = loss_scale
         self._prepare = prepare_table_grads
+        self._on_table_update = on_table_update
         self.example_losses = example_losses or self._label_loss
 
     def _label_loss(self, batch: Batch) -> tf.Tensor:
@@ -298,6 +303,8 @@ class TrainStep:
             self.sparse_optimizer.apply_gradients(
                 zip(grads[:split], tables),
                 experimental_aggregate_gradients=ps)
+            if self._on_table_update is not None:
+                self._on_table_update(grads[:split])
             self.dense_optimizer.apply_gradients(
                 zip(grads[split:], dense),
                 experimental_aggregate_gradients=ps)
