@@ -22,13 +22,15 @@ class Maintainer:
     """Maintains the dynamic tables of a model's ``sparse_arch``; the slots
     of reset rows are reset too, in the table's own optimizer:
     ``optimizers`` (table name -> optimizer) or, a table it does not name,
-    ``optimizer``."""
+    ``optimizer``; ``on_reset(table name, rows)`` is told them (the delta
+    checkpoints' changed rows)."""
 
     def __init__(self, sparse_arch, optimizer,
-                 optimizers: dict | None = None) -> None:
+                 optimizers: dict | None = None, on_reset=None) -> None:
         self.sparse_arch = sparse_arch
         self.optimizer = optimizer
         self.optimizers = dict(optimizers or {})
+        self.on_reset = on_reset or (lambda name, rows: None)
         self.tables = dict(sparse_arch.dynamic_tables)
         self.admitted = self.evicted = 0  # by this process, for reports
 
@@ -58,9 +60,11 @@ class Maintainer:
         optimizer = self.optimizers.get(name, self.optimizer)
         reset_rows(self.sparse_arch.tables[name], rows,
                    self.tables[name].fresh_rows(int(rows.size)), optimizer)
+        self.on_reset(name, rows)
         wide = self.sparse_arch.tables.get(name + WIDE_SUFFIX)
         if wide is not None:
             reset_rows(wide, rows, tf.zeros([rows.size, 1]), optimizer)
+            self.on_reset(name + WIDE_SUFFIX, rows)
 
 
 def dynamic_maintainer(trainer) -> Maintainer | None:
@@ -69,4 +73,5 @@ def dynamic_maintainer(trainer) -> Maintainer | None:
     if not getattr(arch, "dynamic_tables", None):
         return None
     return Maintainer(arch, trainer.sparse_optimizer,
-                      trainer.table_optimizers)
+                      trainer.table_optimizers,
+                      trainer.changes and trainer.mark_reset_rows)

@@ -169,6 +169,9 @@ class TrainStep:
       table_optimizers: table name -> the optimizer that trains it (and
         its wide twin), one ``apply_gradients`` per distinct optimizer
         (``models.optim.optimizers.build_table_optimizers``).
+      on_table_update: ``table grads -> None``, called in the apply right
+        after the sparse update (``ChangeTracker.mark``: flags the rows
+        written, on each shard's PS).
     """
 
     def __init__(self, model: RankingModel, sparse_optimizer,
@@ -176,7 +179,9 @@ class TrainStep:
                  loss_scale: DynamicLossScale | None = None,
                  prepare_table_grads: Callable[[list], list] | None = None,
                  example_losses: Callable[[Batch], tf.Tensor] | None = None,
-                 table_optimizers: dict | None = None) -> None:
+                 table_optimizers: dict | None = None,
+                 on_table_update: Callable[[list], None] | None = None
+                 ) -> None:
         self.model = model
         self.sparse_optimizer = sparse_optimizer
         self.table_optimizers = dict(table_optimizers or {})
@@ -188,6 +193,7 @@ class TrainStep:
         self.regression = getattr(labels[0], "loss", "logloss") == "mse"
         self.loss_scale = loss_scale
         self._prepare = prepare_table_grads
+        self._on_table_update = on_table_update
         self.example_losses = example_losses or self._label_loss
 
     def _label_loss(self, batch: Batch) -> tf.Tensor:
@@ -306,6 +312,8 @@ class TrainStep:
                 optimizer.apply_gradients(
                     [(grads[i], tables[i]) for i in indices],
                     experimental_aggregate_gradients=ps)
+            if self._on_table_update is not None:
+                self._on_table_update(grads[:split])
             self.dense_optimizer.apply_gradients(
                 zip(grads[split:], dense),
                 experimental_aggregate_gradients=ps)
