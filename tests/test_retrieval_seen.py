@@ -29,6 +29,11 @@ from psrec.features.spec.columns import SpecError
 from psrec.features.spec.presets import PRESETS
 from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
+from psrec.launch.cli.main import build_parser
+from psrec.launch.cli.main import main
+from psrec.launch.cli.main import parse
+from psrec.launch.cli.retrieval_flags import retrieval_config
+from psrec.launch.job.config import JobConfig
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.retrieval.config import RetrievalConfig
 from psrec.ps_cluster.retrieval.eval import SeenTables
@@ -233,3 +238,23 @@ def test_a_conversion_without_query_id_writes_no_lists(tmp_path, data):
                      ConversionOptions(eval_fraction=0.25, split_mode="hash"))
     assert not (report.manifest.root / SEEN_NAME).exists()
     assert Catalogue.load(report.manifest.root, spec).seen is None
+
+
+def test_no_exclude_seen_is_a_retrieval_flag_of_train_and_eval(
+        data, tmp_path, capsys):
+    spec, manifest, _ = data
+    parser = build_parser()
+
+    def train(*flags: str):
+        return retrieval_config(parse(parser, [
+            "train", "--task", "retrieval", "--data", str(manifest.root),
+            *flags]), spec)
+
+    assert train().exclude_seen and not train(
+        "--no-exclude-seen").exclude_seen
+    # A ranking run's eval refuses it before TensorFlow, exit 2.
+    JobConfig(workdir=tmp_path, spec=PRESETS["criteo"]()).write(
+        tmp_path / "checkpoints")
+    assert main(["eval", str(tmp_path / "checkpoints"), "--data",
+                 str(manifest.root), "--no-exclude-seen"]) == 2
+    assert "--no-exclude-seen: " in capsys.readouterr().err
