@@ -334,19 +334,21 @@ class Trainer:
         partition's test before train reads all of its rows) once, one
         call or closure per shard, with the task's metrics
         (:meth:`_eval_function`)."""
-        function, combine = self._eval_function(
-            batch_size or self.input_config.batch_size, manifest.block_rows)
         splits = (split,) if isinstance(split, str) else split
+        function, combine = self._eval_function(
+            batch_size or self.input_config.batch_size, manifest.block_rows,
+            splits)
         return evaluate_files(function,
                               [f for s in splits for f in manifest.files(s)],
                               self.coordinator, combine=combine,
                               on_part=self.eval_beat)
 
-    def _eval_function(self, batch_size: int, block_rows: int
+    def _eval_function(self, batch_size: int, block_rows: int,
+                       splits: tuple[str, ...] = ("eval",)
                        ) -> tuple[Callable, Callable]:
-        """The per-shard eval function and the merge of its statistics:
-        ranking metrics on logits corrected for the negative sampling of
-        the train data."""
+        """The per-shard eval function of ``splits`` and the merge of its
+        statistics: ranking metrics on logits corrected for the negative
+        sampling of the train data."""
         model, shift = self.model, self.logit_shift
         breakdown = self.breakdown
         return make_eval_function(
