@@ -138,6 +138,10 @@ class SparseArch(tf_keras.layers.Layer):
         self._by_table = collections.defaultdict(list)
         for feature in spec.categorical:
             self._by_table[feature.table].append(feature)
+        # Every weight is made here (or handed in), none by build(): the
+        # layer is built once constructed, as the SavedModel writer expects
+        # of a layer it serialises (else it skips it with a warning).
+        self.built = True
         if serving is not None:
             self.tables, self.dynamic_tables = dict(serving[0]), serving[1]
             return
