@@ -29,6 +29,8 @@ import tf_keras
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import transform_dense
+from psrec.models.embedding.attention import BehaviorTransformer
+from psrec.models.embedding.attention import TargetAttention
 from psrec.models.embedding.sparse_arch import ShardedTablesModel
 from psrec.models.embedding.sparse_arch import SparseArch
 from psrec.models.ranking.blocks import MLP
@@ -38,6 +40,23 @@ from psrec.models.ranking.config import check_model_spec
 from psrec.models.ranking.config import initial_logit
 from psrec.models.ranking.interaction import make_interaction
 from psrec.models.ranking.tasks import make_task_arch
+
+
+def _history_attention(spec: FeatureSpec, config: ModelConfig
+                       ) -> dict[str, tf_keras.layers.Layer]:
+    """The pooling layer of each history with ``combiner: din`` or
+    ``bst`` (``models.embedding.attention``), sized by ``config``."""
+    layers = {}
+    for feature in spec.categorical:
+        name = f"attention_{feature.name}"
+        if feature.combiner == "din":
+            layers[feature.name] = TargetAttention(
+                config.attention_mlp, config.attention_softmax, name=name)
+        elif feature.combiner == "bst":
+            layers[feature.name] = BehaviorTransformer(
+                feature.max_length, spec.table(feature.table).dim,
+                config.bst_heads, config.bst_ff_units, name=name)
+    return layers
 
 
 class RankingModel(ShardedTablesModel):
@@ -77,8 +96,7 @@ class RankingModel(ShardedTablesModel):
         self.sparse_arch = SparseArch(
             spec, wide=config.wide_tables(spec),
             default_scale=config.init_scale,
-            attention=(config.attention_mlp, config.attention_softmax),
-            name="sparse_arch")
+            attention=_history_attention(spec, config), name="sparse_arch")
         self.projections = {
             t.name: tf_keras.layers.Dense(width, use_bias=False,
                                           name=f"project_{t.name}")
@@ -142,6 +160,8 @@ class RankingModel(ShardedTablesModel):
                 parts[name] = getattr(self, name)
         if self.task_over_archs:
             parts["task_over_archs"] = dict(self.task_over_archs)
+        if self.sparse_arch.attention:  # a history's din / bst layer
+            parts["attention"] = dict(self.sparse_arch.attention)
         return parts
 
     def head(self, embeddings: list[tf.Tensor], wide_logit, batch,
