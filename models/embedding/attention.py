@@ -100,8 +100,8 @@ class BehaviorTransformer(tf_keras.layers.Layer):
     def build(self, input_shape) -> None:
         self.positions = self.add_weight(
             name="positions", shape=(self.length + 1, self.dim),
-            initializer=tf_keras.initializers.RandomNormal(
-                stddev=self.dim ** -0.5),
+            initializer=tf_keras.initializers.TruncatedNormal(
+                stddev=0.02),  # as BERT
             trainable=True)
         super().build(input_shape)
 
