@@ -6,7 +6,8 @@ anything is built, :func:`estimate_replicated_bytes` adds up, per device:
 
 * tables: ``rows * dim * 4`` bytes per table (plus the ``[rows, 1]`` wide
   tables of DeepFM / Wide & Deep);
-* table slots: the sparse optimizer's slots (``models.optim.config``'s
+* table slots: the slots of each table's optimizer -- the one its spec
+  names, else ``--sparse-optimizer`` -- (``models.optim.config``'s
   ``slot_values``): table-sized ones (Adagrad 1, FTRL 2, SGD 0) and
   one-value-per-row ones (row-wise Adagrad: ``rows * 4`` bytes per table);
 * dense weights and their slots (Adam 2, Adagrad 1, SGD 0).
@@ -32,6 +33,7 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots
+from psrec.models.optim.config import table_groups
 from psrec.models.ranking.config import ModelConfig
 
 GIB = float(1 << 30)
@@ -116,12 +118,14 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
     """Bytes of one replica: tables, their slots, dense weights and slots
     (``dense_parameters`` counted with :func:`dense_parameter_count` unless
     known)."""
-    shapes = [(t.rows, t.dim) for t in spec.tables]
+    groups = table_groups(spec.tables, optimizer)
+    shapes = [(groups[t.name].optimizer, t.rows, t.dim) for t in spec.tables]
     wide = model.wide_tables(spec)
-    shapes += [(t.rows, 1) for t in spec.tables if t.name in wide]
-    tables = 4 * sum(rows * dim for rows, dim in shapes)
-    table_slots = 4 * sum(slot_values(optimizer.sparse, rows, dim)
-                          for rows, dim in shapes)
+    shapes += [(groups[t.name].optimizer, t.rows, 1) for t in spec.tables
+               if t.name in wide]
+    tables = 4 * sum(rows * dim for _, rows, dim in shapes)
+    table_slots = 4 * sum(slot_values(name, rows, dim)
+                          for name, rows, dim in shapes)
     if dense_parameters is None:
         dense_parameters = dense_parameter_count(spec, model)
     dense = 4 * dense_parameters

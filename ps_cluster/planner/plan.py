@@ -9,9 +9,10 @@ test, predict); then come the tables, in spec order, each followed by its
 wide table: shard ``i`` of a table whose first shard is variable number
 ``c`` (from 0) lands on PS ``(c + i) % ps``. Rows follow the "div" split:
 ``rows // shards`` each, the first ``rows % shards`` shards one row more.
-The sparse optimizer's slots (``models.optim.config.slot_values``: Adagrad
-1, FTRL 2, SGD 0 of the shard's size; row-wise Adagrad one ``[shard_rows,
-1]``) sit beside their shard, on its PS. Dense weights
+The slots of each table's optimizer (the one its spec names, else
+``--sparse-optimizer``; ``models.optim.config.slot_values``: Adagrad 1, FTRL
+2, SGD 0 of the shard's size; row-wise Adagrad one ``[shard_rows, 1]``) sit
+beside their shard, on its PS. Dense weights
 and their slots are counted whole on every PS (an upper bound, small beside
 the tables). ``plan(...).max_ps_bytes`` is the memory one PS task needs.
 """
@@ -28,10 +29,11 @@ from psrec.errors import check
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.embedding.sparse_arch import table_creation_scope
-from psrec.models.optim.config import OPTIMIZERS
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import row_bytes
 from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots as slots_of
+from psrec.models.optim.config import table_groups
 from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
@@ -92,12 +94,19 @@ class TableShard:
 
 @dataclasses.dataclass(frozen=True)
 class TablePlan:
-    """A table variable (``rows`` x ``dim``) and its shards, in order."""
+    """A table variable (``rows`` x ``dim``), its optimizer and its shards,
+    in order."""
 
     name: str
     rows: int
     dim: int
     shards: tuple[TableShard, ...]
+    optimizer: str = OptimizerConfig.sparse
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row with its optimizer slots."""
+        return row_bytes(self.optimizer, self.dim, VALUE_BYTES)
 
     @property
     def bytes(self) -> int:
@@ -109,6 +118,7 @@ class TablePlan:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "rows": self.rows, "dim": self.dim,
+                "optimizer": self.optimizer, "row_bytes": self.row_bytes,
                 "bytes": self.bytes, "slot_bytes": self.slot_bytes,
                 "shards": [s.to_dict() for s in self.shards]}
 
@@ -118,6 +128,8 @@ class ShardingPlan:
     """Where every table shard goes and what each PS task holds.
 
     Attributes:
+      optimizer: ``--sparse-optimizer``, of the tables that name none
+        (each :class:`TablePlan` has its own).
       tables: every table variable, in creation order.
       dense_bytes: dense weights and their slots, counted on every PS.
       ps_bytes: per PS task: its shards, their slots, ``dense_bytes`` and
@@ -179,7 +191,7 @@ class ShardingPlan:
                    "every PS): raise --ps-memory or --table-shards")
         return (f"PS {worst} of {self.ps} would hold "
                 f"{format_bytes(self.max_ps_bytes)} of table shards, "
-                f"{self.optimizer} slots and dense weights, over `--ps-memory`"
+                f"optimizer slots and dense weights, over `--ps-memory`"
                 f" = {format_bytes(self.ps_memory)}; {fix}.")
 
 
@@ -201,6 +213,15 @@ def table_variables(spec: FeatureSpec, model: ModelConfig
     return variables
 
 
+def variable_optimizers(spec: FeatureSpec, optimizer: OptimizerConfig
+                        ) -> dict[str, str]:
+    """Table variable name (wide twins too) -> the optimizer that trains it:
+    its table's own, else ``optimizer.sparse``."""
+    groups = table_groups(spec.tables, optimizer)
+    return {name: groups[name].optimizer for name in groups} | {
+        name + WIDE_SUFFIX: group.optimizer for name, group in groups.items()}
+
+
 def shard_rows(rows: int, num_ps: int, partition: PartitionConfig,
                dim: int) -> list[int]:
     """Rows of each shard of a ``[rows, dim]`` float32 table, as
@@ -214,10 +235,11 @@ def shard_rows(rows: int, num_ps: int, partition: PartitionConfig,
 
 
 def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
-            partition: PartitionConfig, optimizer: str
+            partition: PartitionConfig, optimizers: dict[str, str]
             ) -> tuple[TablePlan, ...]:
     counter, tables = FIRST_TABLE_VARIABLE, []
     for name, rows, dim in table_variables(spec, model):
+        optimizer = optimizers[name]
         shards, offset = [], 0
         for index, count in enumerate(shard_rows(rows, num_ps, partition,
                                                  dim)):
@@ -228,13 +250,13 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
                 slot_bytes=VALUE_BYTES * slot_values(optimizer, count, dim)))
             offset += count
             counter += 1
-        tables.append(TablePlan(name, rows, dim, tuple(shards)))
+        tables.append(TablePlan(name, rows, dim, tuple(shards), optimizer))
     return tuple(tables)
 
 
 def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
-                  partition: PartitionConfig, optimizer: str, dense: int,
-                  dynamic: frozenset[str]) -> int:
+                  partition: PartitionConfig, optimizers: dict[str, str],
+                  dense: int, dynamic: frozenset[str]) -> int:
     """``max_ps_bytes`` of a plan on ``num_ps`` PS tasks, without building
     it (``min_ps`` tries up to ``MAX_PLANNED_PS`` counts)."""
     counter = FIRST_TABLE_VARIABLE
@@ -242,9 +264,7 @@ def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
     for name, rows, dim in variables:
         rows_each = np.asarray(shard_rows(rows, num_ps, partition, dim),
                                dtype=np.float64)
-        kind = OPTIMIZERS[optimizer]
-        sizes = rows_each * (VALUE_BYTES * (dim * (1 + kind.slots)
-                                            + kind.row_slots))
+        sizes = rows_each * row_bytes(optimizers[name], dim, VALUE_BYTES)
         if name in dynamic:  # its maps and statistics, shard by shard
             sizes += dynamic_table_bytes(rows_each)
         places = (counter + np.arange(len(sizes))) % num_ps
@@ -261,8 +281,9 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
         return None
     variables = table_variables(spec, model)
     for num_ps in range(1, MAX_PLANNED_PS + 1):
-        if _max_ps_bytes(variables, num_ps, partition, optimizer.sparse,
-                         dense, dynamic_names(spec)) <= ps_memory:
+        if _max_ps_bytes(variables, num_ps, partition,
+                         variable_optimizers(spec, optimizer), dense,
+                         dynamic_names(spec)) <= ps_memory:
             return num_ps
     return None
 
@@ -270,7 +291,8 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
 def _layout(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             optimizer: OptimizerConfig, partition: PartitionConfig,
             dense_parameters: int) -> ShardingPlan:
-    tables = _tables(spec, model, num_ps, partition, optimizer.sparse)
+    tables = _tables(spec, model, num_ps, partition,
+                     variable_optimizers(spec, optimizer))
     dense = VALUE_BYTES * dense_parameters * (1 + slots_of(optimizer.dense))
     ps_bytes = [dense] * num_ps
     dynamic = dynamic_names(spec)
@@ -315,8 +337,8 @@ def plan(spec: FeatureSpec, model_config: ModelConfig, ps: int,
     Args:
       model_config: the architecture (wide tables, dense towers): a
         ranking ``ModelConfig`` or a two-tower ``RetrievalConfig``.
-      optimizer: the tables' optimizer (its slots); the dense part's is
-        the default (``OptimizerConfig.dense``).
+      optimizer: the optimizer (its slots) of the tables whose spec names
+        none; the dense part's is the default (``OptimizerConfig.dense``).
       shards: shards per table (``--table-shards``; default one per PS).
       partitioner: ``min-size`` (the train default), ``fixed``, ``max-size``.
       ps_memory: bytes one PS task may hold; sets ``fits`` and ``min_ps``.
@@ -368,6 +390,20 @@ def _ps_lines(result: ShardingPlan) -> list[str]:
     return lines
 
 
+def _table_lines(result: ShardingPlan) -> list[str]:
+    """One line per table variable: its optimizer and bytes per row."""
+    width = max([len(t.name) for t in result.tables] + [5])
+    lines = ["tables (bytes per row: values + optimizer slots, float32):",
+             f"  {'table':<{width}}  {'rows':>12}  {'dim':>4}  "
+             f"{'optimizer':<15}  {'bytes/row':>9}  {'with slots':>10}"]
+    for table in result.tables:
+        lines.append(
+            f"  {table.name:<{width}}  {table.rows:>12,}  {table.dim:>4}  "
+            f"{table.optimizer:<15}  {table.row_bytes:>9,}  "
+            f"{format_bytes(table.bytes + table.slot_bytes):>10}")
+    return lines
+
+
 def _shard_lines(result: ShardingPlan) -> list[str]:
     width = max([len(t.name) for t in result.tables] + [5])
     lines = ["table shards:",
@@ -386,8 +422,10 @@ def plan_text(result: ShardingPlan) -> str:
     """The plan as text (``psrec plan`` without ``--json``)."""
     largest = result.largest_shard
     lines = [f"sharding plan: {result.ps} PS, partitioner "
-             f"{_partitioning(result)}, {result.optimizer} slots"]
+             f"{_partitioning(result)}, {result.optimizer} slots for the "
+             "tables that name no optimizer"]
     lines += _ps_lines(result)
+    lines += _table_lines(result)
     lines += _shard_lines(result)
     lines.append(
         f"largest shard: {_shard_name(largest)} "
