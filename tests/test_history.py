@@ -462,7 +462,6 @@ BOTH_SPEC = FeatureSpec.from_dict(dict(SPEC_DICT, categorical=SPEC_DICT[
                            combiner=c) for c in ("din", "bst")]))
 
 
-@pytest.mark.slow  # ~10 s
 @pytest.mark.cluster
 def test_attended_histories_train_and_evaluate_on_the_ps_cluster(
         tmp_path, ps_cluster):
