@@ -1,14 +1,15 @@
 """MovieLens 100K, the "like" task (rating >= 4) without and with the
-user's history: no history, a mean-pooled history, and DIN target
-attention over it.
+user's history: no history, a mean-pooled history, DIN target attention
+over it, and a BST transformer layer over it.
 
-The three specs are the ``movielens`` preset's features with one label,
+The four specs are the ``movielens`` preset's features with one label,
 ``like``; the history runs add ``recent_items``, the user's last 50 rated
 movies strictly before each rating (``history: {of: item_id, by: user_id,
-order: timestamp}``), pooled by ``combiner: mean`` or ``din``. Each is
-converted with the same time split (the last 20% of the ratings by
-``timestamp`` are the eval split; their histories hold the earlier train
-and eval ratings of the user, as a served request would) and trained by
+order: timestamp}``), pooled by ``combiner: mean``, ``din`` or ``bst``
+(each at its default sizes). Each is converted with the same time split
+(the last 20% of the ratings by ``timestamp`` are the eval split; their
+histories hold the earlier train and eval ratings of the user, as a served
+request would) and trained by
 ``psrec train --strategy one-device`` with the same flags (the runs and
 the table as ``benchmarks/movielens_multitask.py``)::
 
@@ -31,6 +32,7 @@ RUNS = {  # name: (history combiner or None, extra flags)
     "no history": (None, []),
     "history, mean": ("mean", []),
     "history, din": ("din", []),
+    "history, bst": ("bst", []),
 }
 
 

@@ -12,10 +12,11 @@ from psrec.models.retrieval.model import build_retrieval_model
 
 
 def build_model(spec: FeatureSpec, config: ModelConfig | RetrievalConfig,
-                positive_rate: float | None = None):
+                positive_rate: float | None = None,
+                label_means: dict[str, float] | None = None):
     """The model of ``config``'s task with all its variables (call under a
-    strategy scope); ``positive_rate`` sets a ranking model's output bias
-    (a retrieval model has none)."""
+    strategy scope); ``positive_rate`` and ``label_means`` set a ranking
+    model's initial outputs (a retrieval model has none)."""
     if isinstance(config, RetrievalConfig):
         return build_retrieval_model(spec, config)
-    return build_ranking_model(spec, config, positive_rate)
+    return build_ranking_model(spec, config, positive_rate, label_means)

@@ -489,7 +489,8 @@ def test_positives_of_a_hash_split_match_the_parquet_labels(tmp_path):
 
 
 def test_manifest_without_positives_still_loads(tmp_path):
-    """A manifest written before positives were recorded: positives None."""
+    """A manifest written before positives (label means) were recorded:
+    positives (label means) None."""
     pq.write_table(_small_criteo_table(), tmp_path / "in.parquet")
     spec = criteo(buckets=1000)
     convert([tmp_path / "in.parquet"], spec, tmp_path / "out",
@@ -497,10 +498,11 @@ def test_manifest_without_positives_still_loads(tmp_path):
     path = tmp_path / "out" / MANIFEST_NAME
     data = json.loads(path.read_text())
     assert data["positives"]["eval"] == 0
-    del data["positives"]
+    assert data["label_means"] == {}  # no `mse` label
+    del data["positives"], data["label_means"]
     path.write_text(json.dumps(data))
     manifest = Manifest.load(tmp_path / "out")
-    assert manifest.positives is None
+    assert manifest.positives is None and manifest.label_means is None
     assert manifest.positive_rate("train") is None
     assert manifest.rows("train") == 300
     manifest.verify(spec.fingerprint())

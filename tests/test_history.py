@@ -1,8 +1,14 @@
 """User-history features (``features.spec.history``): built at conversion
 from the log with only strictly earlier events, taken from the request at
-serving."""
+serving; pooled by DIN target attention or a BST transformer layer, under
+one device and the in-process PS cluster, exported whole and split."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -20,12 +26,14 @@ from psrec.features.spec.spec import ID_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import CategoricalEncoder
 from psrec.models.build import build_model
+from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import ModelConfigError
 from psrec.models.ranking.config import check_model_spec
 from psrec.models.serving.export import export_saved_model
 from psrec.models.serving.export import serving_signature
+from psrec.models.serving.split_export import publish_split
 
 LENGTH = 3
 FUTURE_ITEM = 999  # planted: one user's last event, at the log's last time
@@ -214,16 +222,26 @@ def test_a_history_spec_round_trips_and_reads_its_order_column(tmp_path):
         "of": "item", "by": "user", "order": "ts"}
 
 
-# -- target attention (combiner: din) -----------------------------------------
+# -- target attention (combiner: din) and BST (combiner: bst) -----------------
 
-DIN_SPEC = FeatureSpec.from_dict(dict(SPEC_DICT, categorical=SPEC_DICT[
-    "categorical"][:2] + [dict(SPEC_DICT["categorical"][2], combiner="din")]))
+def _attended(combiner: str) -> FeatureSpec:
+    return FeatureSpec.from_dict(dict(SPEC_DICT, categorical=SPEC_DICT[
+        "categorical"][:2] + [dict(SPEC_DICT["categorical"][2],
+                                   combiner=combiner)]))
+
+
+DIN_SPEC, BST_SPEC = _attended("din"), _attended("bst")
+SPECS = {"din": DIN_SPEC, "bst": BST_SPEC}
+#: The models of the attended specs (small: dim 4, one 8-wide layer).
+MODELS = {"din": ModelConfig(interaction="dot", bottom_mlp=(8,),
+                             top_mlp=(8,), attention_mlp=(8,)),
+          "bst": ModelConfig(interaction="dot", bottom_mlp=(8,),
+                             top_mlp=(8,), bst_heads=2, bst_ff_units=8)}
 
 
 def _din_model(softmax: bool = False):
-    return build_model(DIN_SPEC, ModelConfig(
-        interaction="dot", bottom_mlp=(8,), top_mlp=(8,),
-        attention_mlp=(8,), attention_softmax=softmax))
+    return build_model(DIN_SPEC, dataclasses.replace(
+        MODELS["din"], attention_softmax=softmax))
 
 
 def _ids(feature: str, values) -> tf.Tensor:
@@ -275,17 +293,115 @@ def test_din_pools_by_the_target_and_masks_padding(softmax):
                          for g in grads.values())
 
 
-def test_a_din_model_exports_and_serves_from_a_history_list(converted):
+def _batch(seen, items=(5, 6)) -> dict[str, tf.Tensor]:
+    """A model batch of two rows: users, target ``items`` and the history
+    ``seen`` (raw item ids, -1 padding kept where it is) of each row."""
+    padding = tf.constant(seen, tf.int64) < 0
+    return {"user": _ids("user", ["u0", "u1"]), "item": _ids("item", items),
+            "seen": tf.where(padding, tf.constant(-1, tf.int64),
+                             _ids("item", seen)),
+            "psrec__dense": tf.zeros([2, 1])}
+
+
+def test_bst_reads_the_target_and_the_order_and_ignores_padding():
+    model = build_model(BST_SPEC, MODELS["bst"])
+    arch = model.sparse_arch
+    batch = _batch([[7, 8, 9], [7, 8, 9]])
+    model(batch)  # builds every part
+    index = [f.name for f in BST_SPEC.categorical].index("seen")
+
+    def pooled(batch):
+        return arch(batch)[0][index].numpy()
+
+    first = pooled(batch)
+    # Two targets, the same history: two pooled vectors.
+    assert np.abs(first[0] - first[1]).max() > 1e-4
+    # The same items in another order (the position embeddings).
+    assert np.abs(pooled(_batch([[9, 8, 7], [8, 7, 9]])) - first).max() > 1e-4
+    # Padding takes no position: [7, pad, 8] pools as [7, 8, pad] (and
+    # the third item counts: [7, 8, 9] pools otherwise).
+    packed = pooled(_batch([[7, 8, -1], [9, -1, -1]]))
+    np.testing.assert_allclose(
+        pooled(_batch([[7, -1, 8], [-1, -1, 9]])), packed, atol=1e-6)
+    assert np.abs(packed[0] - first[0]).max() > 1e-4
+    # Whatever the rows at padded slots hold, the output is the same; a
+    # list of padding only pools the target's own output (finite).
+    layer = arch.attention["seen"]
+    rows = tf.random.stateless_normal([3, LENGTH, 4], [3, 4])
+    mask = tf.constant([[1, 1, 0], [1, 0, 0], [0, 0, 0]], tf.float32)
+    target = tf.random.stateless_normal([3, 4], [5, 6])
+    noise = 100 * tf.random.stateless_normal([3, LENGTH, 4], [7, 8])
+    clean = layer(rows, mask, target).numpy()
+    np.testing.assert_allclose(
+        layer(rows + noise * (1 - mask[:, :, None]), mask, target),
+        clean, atol=1e-5)
+    assert np.isfinite(clean).all()
+    # Every weight of the layer is a dense part and gets gradients (but
+    # the key bias: it adds one value to all of a query's scores, which a
+    # softmax does not see).
+    variables = layer.trainable_variables
+    assert {id(v) for v in variables} <= {id(v) for v in
+                                          model.dense_variables()}
+    with tf.GradientTape() as tape:
+        out = arch(batch)[0][index]
+        loss = tf.reduce_sum(out * tf.random.stateless_normal(
+            tf.shape(out), [1, 2]))
+    grads = {v.name: tf.convert_to_tensor(g) for v, g in zip(
+        variables, tape.gradient(loss, variables))
+        if "key/bias" not in v.name}
+    assert len(grads) == len(variables) - 1 and any(
+        "positions" in name for name in grads)
+    assert all(np.abs(g.numpy()).max() > 0 for g in grads.values()), [
+        name for name, g in grads.items() if not np.abs(g.numpy()).any()]
+
+
+def _split_client_scores(folder, raw: dict[str, tf.Tensor]) -> np.ndarray:
+    """A split version served as a key-value store does, with plain TF and
+    pyarrow: raw features -> ``keys`` -> rows of the table file (padding,
+    key -1: zeros) -> the dense model (the history's rows and its keys)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    model = tf.saved_model.load(str(folder / manifest["model"]))
+    keys = model.signatures["keys"](**raw)
+    dump = pq.read_table(folder / manifest["tables"]["ids"]["file"])
+    store = dict(zip(dump.column("key").to_pylist(),
+                     dump.column("vector").to_pylist()))
+    inputs = {"price": raw["price"], "seen__keys": keys["seen"]}
+    for feature in manifest["features"]:
+        ids = keys[feature].numpy()
+        inputs[feature] = tf.constant(np.array(
+            [store.get(int(k), [0.0] * 4) for k in ids.reshape(-1)],
+            np.float32).reshape(ids.shape + (4,)))
+    return model.signatures["serving_default"](**inputs)[
+        "probability"].numpy()
+
+
+@pytest.mark.parametrize("combiner", ["din", "bst"])
+def test_an_attended_history_exports_and_serves_from_a_history_list(
+        converted, combiner):
+    """The all-in-one export and the split export serve the trained
+    model's scores from raw features and the history list."""
     root, table, _, batch = converted
-    model = _din_model()
+    spec = SPECS[combiner]
+    model = build_model(spec, MODELS[combiner])
     inputs = {k: tf.constant(v) for k, v in batch.items()
               if k not in ("label", ID_COLUMN)}
     expected = tf.sigmoid(model(inputs)).numpy()
     loaded = tf.saved_model.load(str(export_saved_model(
-        model, DIN_SPEC, root / "din_export")))
+        model, spec, root / f"{combiner}_export")))
     raw = _request(table)
     served = loaded.signatures["serving_default"](**raw)["probability"]
     np.testing.assert_allclose(served.numpy(), expected, atol=1e-6)
+    # The order of the list matters to BST (position embeddings).
+    reversed_raw = dict(raw, seen=tf.constant(_padded(
+        [row[::-1] for row in _expected(table)])))
+    other = loaded.signatures["serving_default"](**reversed_raw)[
+        "probability"].numpy()
+    assert (np.abs(other - served.numpy()).max() > 1e-6) == (
+        combiner == "bst")
+    bundle = publish_split(model, spec, root / f"{combiner}_split",
+                           {"step": 0})
+    np.testing.assert_allclose(_split_client_scores(Path(bundle.path), raw),
+                               expected, atol=1e-6)
 
 
 def test_din_needs_a_history_and_a_ranking_model():
@@ -294,22 +410,86 @@ def test_din_needs_a_history_and_a_ranking_model():
                 + SPEC_DICT["categorical"][1:])
     with pytest.raises(SpecError, match="only a feature with `history`"):
         FeatureSpec.from_dict(data)
-    with pytest.raises(SpecError, match="use `combiner: din`"):
-        FeatureSpec.from_dict(dict(DIN_SPEC.to_dict(), towers={
-            "query": ["user", "seen", "price"], "candidate": ["item"],
-            "candidate_id": "item"}))
+    for spec in (DIN_SPEC, BST_SPEC):
+        with pytest.raises(SpecError, match=f"use `combiner: "
+                           f"{spec.categorical[2].combiner}`"):
+            FeatureSpec.from_dict(dict(spec.to_dict(), towers={
+                "query": ["user", "seen", "price"], "candidate": ["item"],
+                "candidate_id": "item"}))
 
 
-def test_the_size_estimate_counts_the_attention_mlp():
+def test_the_size_estimate_counts_the_attention_layers():
     config = ModelConfig(interaction="dot", bottom_mlp=(8,), top_mlp=(8,))
     dim, width = 4, config.attention_mlp[0]  # [h, t, h*t, h-t] -> 36 -> 1
     attention = (4 * dim * width + width) + (width + 1)
     assert (dense_parameter_count(DIN_SPEC, config)
             - dense_parameter_count(SPEC, config)) == attention
+    # BST: positions (target + LENGTH), query/key/value/output of 3 heads
+    # of ceil(4 / 3) = 2 units, two layer norms, the feed-forward part of
+    # 4 x dim units (the default).
+    heads, key, ff = 3, 2, 4 * dim
+    transformer = ((LENGTH + 1) * dim + 3 * (dim * heads * key + heads * key)
+                   + (heads * key * dim + dim) + 2 * 2 * dim
+                   + (dim * ff + ff) + (ff * dim + dim))
+    assert (dense_parameter_count(BST_SPEC, dataclasses.replace(
+        config, bst_heads=heads)) - dense_parameter_count(SPEC, config)
+            ) == transformer
 
 
-def test_attention_options_without_a_din_history_are_refused():
-    check_model_spec(DIN_SPEC, ModelConfig(attention_softmax=True))
-    with pytest.raises(ModelConfigError, match="`attention_softmax` = True "
-                       "applies to a user history with `combiner: din`"):
-        check_model_spec(SPEC, ModelConfig(attention_softmax=True))
+@pytest.mark.parametrize("spec,option,combiner", [
+    (SPEC, {"attention_softmax": True}, "din"),
+    (BST_SPEC, {"attention_mlp": (4,)}, "din"),
+    (SPEC, {"bst_heads": 4}, "bst"),
+    (DIN_SPEC, {"bst_ff_units": 16}, "bst")])
+def test_attention_options_without_their_history_are_refused(
+        spec, option, combiner):
+    check_model_spec(SPECS[combiner], ModelConfig(**option))
+    (key, value), = option.items()
+    with pytest.raises(ModelConfigError, match=re.escape(
+            f"`{key}` = {value!r} applies to a user history with "
+            f"`combiner: {combiner}`")):
+        check_model_spec(spec, ModelConfig(**option))
+    with pytest.raises(ModelConfigError, match="`bst_heads` = 0 must be"):
+        ModelConfig(bst_heads=0)
+
+
+# -- under the in-process PS cluster --------------------------------------------
+
+#: Two histories of the same events, one attended by DIN, one by BST: one
+#: run trains both.
+BOTH_SPEC = FeatureSpec.from_dict(dict(SPEC_DICT, categorical=SPEC_DICT[
+    "categorical"] + [dict(SPEC_DICT["categorical"][2], name=f"seen_{c}",
+                           combiner=c) for c in ("din", "bst")]))
+
+
+@pytest.mark.cluster
+def test_attended_histories_train_and_evaluate_on_the_ps_cluster(
+        tmp_path, ps_cluster):
+    """The DIN and BST layers live on a PS, the workers' steps train them,
+    and the evaluation (one closure per shard) counts every eval row
+    once."""
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.training.config import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
+    pq.write_table(_log(400), tmp_path / "log.parquet", row_group_size=64)
+    report = convert([tmp_path / "log.parquet"], BOTH_SPEC, tmp_path / "data",
+                     ConversionOptions(shards=2, eval_fraction=0.25))
+    trainer = Trainer(build_ps_strategy(ps_cluster, PartitionConfig(
+        kind="fixed")), BOTH_SPEC, dataclasses.replace(
+            MODELS["bst"], attention_mlp=(8,)),
+        OptimizerConfig(dense_lr=0.01), InputConfig(batch_size=32))
+    layers = trainer.model.sparse_arch.attention
+    variables = [v for name in ("seen_din", "seen_bst")
+                 for v in layers[name].trainable_variables]
+    assert all("/job:ps/" in v.device for v in variables)
+    before = [v.numpy() for v in variables]
+    result = trainer.train(trainer.dataset_fn(report.manifest), LoopConfig(
+        steps=6, steps_per_closure=3, checkpoint_every=0),
+        eval_manifest=report.manifest)
+    assert np.isfinite(result.final_loss) and result.step == 6
+    assert result.eval.count == report.rows_written["eval"] == 100
+    assert 0.0 <= result.eval.auc <= 1.0
+    moved = {v.name: np.abs(v.numpy() - b).max() > 0 for v, b in zip(
+        variables, before) if "key/bias" not in v.name}
+    assert len(moved) == len(variables) - 1 and all(moved.values()), moved

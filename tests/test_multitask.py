@@ -21,6 +21,7 @@ from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
 from psrec.data.ingest.synthetic import synthetic_table
 from psrec.data.input.config import InputConfig
+from psrec.data.format.manifest import Manifest
 from psrec.data.input.dataset import make_eval_dataset
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.spec import ID_COLUMN
@@ -158,6 +159,35 @@ def test_conversion_writes_every_label_and_a_missing_one_as_its_mask(data):
     for name in ("like", "rating"):  # about MISSING of the rows lack it
         share = 1 - truth["present"][name] / truth["rows"]
         assert 0.2 < share < 0.4, (name, share)
+
+
+def test_an_mse_task_starts_at_its_train_mean(data):
+    """Conversion records each ``mse`` label's mean over the train rows
+    that hold it; the untrained model outputs it for that task (and the
+    base-rate logit for the first task, not for the others)."""
+    spec, manifest, _ = data
+    ratings = np.concatenate([
+        batch["rating"].numpy() for batch in make_eval_dataset(
+            manifest.files("train"), spec, 512, manifest.block_rows)])
+    assert manifest.label_means == {"rating": pytest.approx(
+        float(np.nanmean(ratings)), rel=1e-6)}
+    assert np.isnan(ratings).any()  # the missing ones are left out
+    assert Manifest.load(manifest.root).label_means == manifest.label_means
+    model = build_ranking_model(spec, MODEL, positive_rate=0.2,
+                                label_means={"rating": 3.5})
+    outputs = model(example_batch(spec, 6))
+    np.testing.assert_allclose(outputs["rating"], 3.5, rtol=1e-6)
+    np.testing.assert_allclose(outputs["click"], np.log(0.2 / 0.8),
+                               rtol=1e-5)
+    out = model.task_over_archs["like"].out  # default initialisation
+    assert not out.bias.numpy().any() and out.kernel.numpy().any()
+    # One mse label: its mean, whatever the (meaningless) positive rate.
+    alone = FeatureSpec.from_dict(dict(spec.to_dict(), labels=[
+        {"name": "rating", "loss": "mse"}]))
+    model = build_ranking_model(alone, MODEL, positive_rate=0.9,
+                                label_means={"rating": 3.5})
+    np.testing.assert_allclose(model(example_batch(alone, 6)), 3.5,
+                               rtol=1e-6)
 
 
 def test_a_masked_task_contributes_nothing_to_the_loss_or_gradients():

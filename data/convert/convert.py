@@ -336,6 +336,9 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     quarantine = Quarantine(out)
     truncated: collections.Counter = collections.Counter()
     positives = dict.fromkeys(SPLITS, 0)
+    # (sum, count) over the train rows holding it, of each `mse` label
+    totals = {label.name: [0.0, 0] for label in spec.labels
+              if label.loss == "mse"}
     next_id = 0
     catalogue = CatalogueCollector(spec) if spec.towers else None
     seen = SeenCollector(spec) if spec.towers and (
@@ -373,6 +376,11 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                                                 options.neg_sample_rate)
                 positives["train"] += np.count_nonzero(label[to_train])
                 positives["eval"] += np.count_nonzero(label[to_eval])
+                for name, total in totals.items():
+                    values = columns[name][to_train]
+                    values = values[np.isfinite(values)]
+                    total[0] += float(values.sum(dtype=np.float64))
+                    total[1] += len(values)
                 if catalogue is not None:  # retrieval: candidates, counts
                     catalogue.add(batch, columns, to_train, to_eval)
                 if seen is not None:  # each user's train candidates
@@ -435,7 +443,9 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
         sources=tuple(sources),
         positives={k: int(v) for k, v in positives.items()},
         spec_file=_save_spec(spec, out),
-        neg_sample_rate=float(options.neg_sample_rate))
+        neg_sample_rate=float(options.neg_sample_rate),
+        label_means={name: total / count
+                     for name, (total, count) in totals.items() if count})
     manifest.write()
     rows_written = {k: sum(s.rows for s in v) for k, v in shards.items()}
     return ConversionReport(

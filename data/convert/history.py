@@ -123,11 +123,15 @@ class HistoryBuilder:
         """Each history feature's raw value lists of the rows of ``batch``
         (good rows only; ``rows``: their row numbers in ``where``, the
         input file, for messages)."""
-        found = {}
+        found, order = {}, {}
         for history in self._histories:
             source = history.feature.history
-            times = order_values(batch.column(source.order))
-            self._check_order(source.order, times, where, rows)
+            if source.order not in order:  # each order column checked once
+                order[source.order] = order_values(batch.column(
+                    source.order))
+                self._check_order(source.order, order[source.order], where,
+                                  rows)
+            times = order[source.order]
             users = serving_values(batch.column(source.by),
                                    history.user_dtype, source.by)
             items = serving_values(batch.column(source.of),

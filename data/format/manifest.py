@@ -64,6 +64,9 @@ class Manifest:
       neg_sample_rate: share of train negatives kept at conversion (1.0:
         all, and for manifests written before psrec sampled); a model
         trained on the data corrects its logits by ``log(rate)``.
+      label_means: label -> its mean over the train rows that hold it, for
+        each ``loss: mse`` label (the value its output starts at); None
+        for a manifest written before psrec recorded it.
     """
 
     root: Path | UriPath
@@ -78,6 +81,7 @@ class Manifest:
     positives: dict[str, int] | None = None
     spec_file: str | None = None
     neg_sample_rate: float = 1.0
+    label_means: dict[str, float] | None = None
 
     def files(self, split: str = "train") -> list[str]:
         """Absolute paths of a split's shards, in order."""
@@ -138,6 +142,7 @@ class Manifest:
             "positives": self.positives,
             "neg_sample_rate": self.neg_sample_rate,
             "negatives_dropped": self.negatives_dropped,
+            "label_means": self.label_means,
         }
 
     def write(self) -> Path | UriPath:
@@ -178,6 +183,7 @@ class Manifest:
                 positives=_positives(data.get("positives")),
                 spec_file=data.get("spec_file"),
                 neg_sample_rate=_rate(data.get("neg_sample_rate", 1.0)),
+                label_means=_means(data.get("label_means")),
             )
         except (KeyError, TypeError, json.JSONDecodeError) as error:
             raise ManifestError(f"{path} is malformed: {error!r}") from None
@@ -333,6 +339,13 @@ def _positives(data: Any) -> dict[str, int] | None:
     if data is None:
         return None
     return {split: int(data[split]) for split in SPLITS}
+
+
+def _means(data: Any) -> dict[str, float] | None:
+    """The recorded label means; None (older manifests) when absent."""
+    if data is None:
+        return None
+    return {name: float(value) for name, value in data.items()}
 
 
 def _rate(value: Any) -> float:

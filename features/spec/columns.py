@@ -15,11 +15,12 @@ from psrec.errors import ConfigError
 from psrec.errors import did_you_mean
 from psrec.features.spec.dynamic import dynamic_problems
 from psrec.features.spec.dynamic import table_dict
+from psrec.features.spec.history import ATTENTION_COMBINERS
 from psrec.features.spec.history import History
 from psrec.uri_path import as_path
 
 DENSE_TRANSFORMS = ("none", "log1p", "standardize")
-COMBINERS = ("sum", "mean", "din")
+COMBINERS = ("sum", "mean", *ATTENTION_COMBINERS)
 CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 LOSSES = ("logloss", "bce", "mse")
@@ -257,7 +258,8 @@ class CategoricalFeature:
             of which the first ``max_length`` non-padding values are kept
             (null, ``""`` and ``-1`` elements are padding).
         combiner: ``sum`` or ``mean`` of a multi-hot list; ``din``: a
-            history's target attention (``models.embedding.attention``).
+            history's target attention, ``bst``: a transformer layer over
+            the target and the history (``models.embedding.attention``).
         required: when true, a null is a bad row; otherwise null is hashed as
             the empty string (its own "missing" bucket).
         raw_ids: the feature's ids are raw 64-bit fingerprints of the value
@@ -332,9 +334,10 @@ class CategoricalFeature:
     def _history_problems(self, where: str) -> list[str]:
         """Parses ``history`` and shares its item's rows."""
         if self.history is None:
-            return ([] if self.combiner != "din" else [
-                f"{where}: `combiner` = 'din' attends a user history by its "
-                "target item; only a feature with `history` takes it."])
+            return ([] if self.combiner not in ATTENTION_COMBINERS else [
+                f"{where}: `combiner` = {self.combiner!r} attends a user "
+                "history by its target item; only a feature with `history` "
+                "takes it."])
         history, problems = History.parse(where, self.history)
         object.__setattr__(self, "history", history)
         if history is None:

@@ -18,6 +18,10 @@ from typing import Mapping
 from typing import Sequence
 
 HISTORY_KEYS = ("of", "by", "order")
+#: The combiners that pool a history by its target item (the ``of``
+#: feature): ``din`` target attention, ``bst`` a transformer layer over the
+#: target and the history (``models.embedding.attention``).
+ATTENTION_COMBINERS = ("din", "bst")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from psrec.errors import did_you_mean
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.columns import SpecError
+from psrec.features.spec.history import ATTENTION_COMBINERS
 
 TOWER_KEYS = ("query", "candidate", "candidate_id", "query_id")
 _REQUIRED_KEYS = TOWER_KEYS[:3]
@@ -103,9 +104,11 @@ def towers_problems(towers: TowersConfig | None,
                     f"or categorical feature of the spec; known: "
                     f"{sorted(known)}"
                     f"{did_you_mean(name, sorted(known)) or '.'}")
-    attended = [f.name for f in categorical if f.combiner == "din"]
+    attended = [f for f in categorical
+                if f.combiner in ATTENTION_COMBINERS]
     if attended:
-        problems.append(f"towers: {attended} use `combiner: din`, which "
+        problems.append(f"towers: {[f.name for f in attended]} use "
+                        f"`combiner: {attended[0].combiner}`, which "
                         "attends a history by the candidate inside one "
                         "model; a two-tower model scores the towers apart: "
                         "use `combiner: mean` or `sum`.")

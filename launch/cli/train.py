@@ -118,7 +118,9 @@ def _job_config(args: argparse.Namespace) -> JobConfig:
                      expert_units=args.expert_units,
                      ple_levels=args.ple_levels,
                      attention_mlp=args.attention_mlp,
-                     attention_softmax=args.attention_softmax)
+                     attention_softmax=args.attention_softmax,
+                     bst_heads=args.bst_heads,
+                     bst_ff_units=args.bst_ff_units)
     manifest = Manifest.load(args.data) if args.data else None
     if manifest is not None:  # refused before anything starts (exit 1)
         manifest.require_rows("train")
@@ -346,6 +348,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_option(model, ModelConfig, "ple_levels", type=positive)
     add_option(model, ModelConfig, "attention_mlp", type=widths)
     add_option(model, ModelConfig, "attention_softmax")
+    add_option(model, ModelConfig, "bst_heads", type=positive)
+    add_option(model, ModelConfig, "bst_ff_units", type=positive)
     model.add_argument("--sync-batch-norm", action="store_true",
                        help="batch norm in the MLP towers with statistics "
                        "all-reduced across the replicas in sync (under ps: "

@@ -383,6 +383,7 @@ def _make_trainer(config: JobConfig, strategy, manifest: Manifest):
         trainer = Trainer(
             strategy, config.spec, config.model, config.optimizer,
             config.input, positive_rate=_base_rate(manifest),
+            label_means=manifest.label_means,
             neg_sample_rate=manifest.neg_sample_rate, **common)
     return trainer
 

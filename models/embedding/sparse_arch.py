@@ -21,10 +21,10 @@ import tensorflow as tf
 import tf_keras
 
 from psrec.features.spec.columns import TableConfig
+from psrec.features.spec.history import ATTENTION_COMBINERS
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.dynamic.shards import ShardLayout
 from psrec.models.dynamic.table import DynamicTable
-from psrec.models.embedding.attention import TargetAttention
 from psrec.models.embedding.quantize import QuantizedTable
 from psrec.models.embedding.quantize import quantize_tables
 from psrec.models.embedding.table_init import fill_table
@@ -113,25 +113,29 @@ class SparseArch(tf_keras.layers.Layer):
         ``scale`` unset (``ModelConfig.init_scale``); None: ``1/sqrt(dim)``.
       serving: ``(tables, dynamic_tables)`` to read instead of creating
         tables (:meth:`with_tables`).
-      attention: ``(widths, softmax)`` of the target attention
-        (``models.embedding.attention``) of each history feature with
-        ``combiner: din``, ``attention_<feature>`` (a dense layer, pooling
-        the history by its ``of`` feature's embedding; its wide part, if
-        any, is the mean).
+      attention: ``{feature: layer}`` for each history feature with
+        ``combiner: din`` or ``bst`` (``models.embedding.attention``; the
+        model builds them from its options, ``attention_<feature>``):
+        dense layers called with the history's ``[B, L, d]`` rows, its
+        ``[B, L]`` mask and its ``of`` feature's ``[B, d]`` embedding (the
+        target), returning the pooled ``[B, d]``; a wide part, if any,
+        takes the history's mean.
     """
 
     def __init__(self, spec: FeatureSpec,
                  wide: tuple[str, ...] = (),
                  default_scale: float | None = None,
                  serving: tuple[dict, dict] | None = None,
-                 attention: tuple[tuple[int, ...], bool] = ((36,), False),
+                 attention: dict[str, tf_keras.layers.Layer] | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.spec = spec
-        self.attention_options = attention
-        self.attention = {
-            f.name: TargetAttention(*attention, name=f"attention_{f.name}")
-            for f in spec.categorical if f.combiner == "din"}
+        self.attention = dict(attention or {})
+        attended = {f.name for f in spec.categorical
+                    if f.combiner in ATTENTION_COMBINERS}
+        if set(self.attention) != attended:
+            raise ValueError(f"attention layers for {sorted(self.attention)}"
+                             f"; the spec attends {sorted(attended)}")
         #: The tables with a wide twin, in spec order.
         self.wide_tables = tuple(t.name for t in spec.tables
                                  if t.name in wide)
@@ -175,11 +179,9 @@ class SparseArch(tf_keras.layers.Layer):
         """An arch of the same spec that reads ``tables`` (``name -> `` a
         plain variable or a :class:`QuantizedTable`) and this
         arch's dynamic tables (their id -> row maps); for serving only."""
-        arch = SparseArch(self.spec, wide=self.wide_tables,
+        return SparseArch(self.spec, wide=self.wide_tables,
                           serving=(tables, self.dynamic_tables),
-                          attention=self.attention_options, name=self.name)
-        arch.attention = self.attention  # the trained attention layers
-        return arch
+                          attention=self.attention, name=self.name)
 
     def table_variables(self) -> list[tf.Variable]:
         """All shard variables of all tables (sparse-optimizer variables)."""
@@ -241,15 +243,15 @@ class SparseArch(tf_keras.layers.Layer):
     @staticmethod
     def _combine(feature, ids: tf.Tensor, rows: tf.Tensor,
                  attend: bool = True) -> tf.Tensor:
-        """A feature's pooled rows; a ``din`` history's ``[B, L, d]``
-        rows with padding zeroed when ``attend`` (:meth:`_attend` pools
-        them; a wide part takes the mean)."""
+        """A feature's pooled rows; an attended history's (``din``,
+        ``bst``) ``[B, L, d]`` rows with padding zeroed when ``attend``
+        (:meth:`_attend` pools them; a wide part takes the mean)."""
         width = tf.shape(rows)[-1]
         if not feature.multi_hot:
             return rows
         rows = tf.reshape(rows, [-1, feature.max_length, width])
         mask = tf.cast(ids >= 0, rows.dtype)[:, :, None]
-        if feature.combiner == "din" and attend:
+        if feature.combiner in ATTENTION_COMBINERS and attend:
             return rows * mask
         total = tf.reduce_sum(rows * mask, axis=1)
         if feature.combiner == "sum":
@@ -259,8 +261,8 @@ class SparseArch(tf_keras.layers.Layer):
 
     def _attend(self, embeddings: dict[str, tf.Tensor],
                 keys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """``embeddings`` with each ``din`` history pooled by its target
-        attention to its ``of`` feature's embedding (``keys``: the ids,
+        """``embeddings`` with each attended history pooled by its layer
+        with its ``of`` feature's embedding, the target (``keys``: the ids,
         negative = padding)."""
         for name, attention in self.attention.items():
             feature = next(f for f in self.spec.categorical

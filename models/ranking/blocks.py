@@ -36,7 +36,8 @@ class MLP(tf_keras.layers.Layer):
         layer's own policy.
       output_bias: when given, the final linear layer starts as this
         constant: zero kernel, bias ``output_bias`` (a ranking model's
-        base-rate logit); None: the default initialisation.
+        base-rate logit, an ``mse`` task's label mean); None: the default
+        initialisation.
     """
 
     def __init__(self, widths: Sequence[int], output_units: int | None = None,

@@ -110,6 +110,16 @@ class ModelConfig(Codec, where="model"):
         False, flag="--attention-softmax",
         help="normalise a ``din`` history's attention weights by a softmax "
         "over its items (default: the raw scores, as in the DIN paper)")
+    bst_heads: int = option(
+        2, flag="--bst-heads",
+        help="attention heads of the transformer layer of each history "
+        "feature with ``combiner: bst`` (BST); each head is "
+        "ceil(dim / heads) wide, dim the history's embedding width")
+    bst_ff_units: int | None = option(
+        None, flag="--bst-ff-units",
+        help="hidden width of the feed-forward part of that transformer "
+        "layer (default: 4 x the history's embedding width, as in the "
+        "Transformer)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_mlp", tuple(self.attention_mlp))
@@ -118,7 +128,7 @@ class ModelConfig(Codec, where="model"):
         object.__setattr__(self, "expert_units", tuple(self.expert_units))
         check_choice("task_towers", self.task_towers, TASK_TOWERS,
                      ModelConfigError)
-        for key in ("experts", "task_experts", "ple_levels"):
+        for key in ("experts", "task_experts", "ple_levels", "bst_heads"):
             value = getattr(self, key)
             check(isinstance(value, int) and not isinstance(value, bool)
                   and value >= 1, key, value, "must be an integer >= 1",
@@ -141,9 +151,13 @@ class ModelConfig(Codec, where="model"):
                 "cross interaction.")
         check_choice("batch_norm", self.batch_norm, BATCH_NORMS,
                      ModelConfigError)
-        check(self.cross_low_rank is None or self.cross_low_rank >= 1,
-              "cross_low_rank", self.cross_low_rank, "must be >= 1 or None",
-              ModelConfigError)
+        for key in ("cross_low_rank", "bst_ff_units"):
+            value = getattr(self, key)
+            check(value is None or (isinstance(value, int)
+                                    and not isinstance(value, bool)
+                                    and value >= 1),
+                  key, value, "must be an integer >= 1 or None",
+                  ModelConfigError)
         scale = self.init_scale
         check(scale is None or (isinstance(scale, (int, float))
                                 and not isinstance(scale, bool)
@@ -197,6 +211,9 @@ def model_config(name: str, **overrides: object) -> ModelConfig:
 
 
 _DEFAULT = ModelConfig()
+#: The options of each history combiner (refused on a spec without one).
+_HISTORY_OPTIONS = {"din": ("attention_mlp", "attention_softmax"),
+                    "bst": ("bst_heads", "bst_ff_units")}
 
 
 def check_model_spec(spec: FeatureSpec, config: ModelConfig,
@@ -218,13 +235,15 @@ def check_model_spec(spec: FeatureSpec, config: ModelConfig,
             f"table); spec {spec.name!r} has only dense features "
             f"{[f.name for f in spec.dense]}: add a categorical feature and "
             "its table to the spec.")
-    if not any(f.combiner == "din" for f in spec.categorical):
-        unused = [key for key in ("attention_mlp", "attention_softmax")
+    for combiner, keys in _HISTORY_OPTIONS.items():
+        if any(f.combiner == combiner for f in spec.categorical):
+            continue
+        unused = [key for key in keys
                   if getattr(config, key) != getattr(_DEFAULT, key)]
         if unused:
             raise ModelConfigError(
                 f"`{unused[0]}` = {getattr(config, unused[0])!r} applies to "
-                "a user history with `combiner: din`; spec "
+                f"a user history with `combiner: {combiner}`; spec "
                 f"{spec.name!r} has none: drop it or attend a history.")
 
 

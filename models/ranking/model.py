@@ -29,6 +29,8 @@ import tf_keras
 from psrec.features.spec.spec import DENSE_COLUMN
 from psrec.features.spec.spec import FeatureSpec
 from psrec.features.transforms.ops import transform_dense
+from psrec.models.embedding.attention import BehaviorTransformer
+from psrec.models.embedding.attention import TargetAttention
 from psrec.models.embedding.sparse_arch import ShardedTablesModel
 from psrec.models.embedding.sparse_arch import SparseArch
 from psrec.models.ranking.blocks import MLP
@@ -38,6 +40,40 @@ from psrec.models.ranking.config import check_model_spec
 from psrec.models.ranking.config import initial_logit
 from psrec.models.ranking.interaction import make_interaction
 from psrec.models.ranking.tasks import make_task_arch
+
+
+def _history_attention(spec: FeatureSpec, config: ModelConfig
+                       ) -> dict[str, tf_keras.layers.Layer]:
+    """The pooling layer of each history with ``combiner: din`` or
+    ``bst`` (``models.embedding.attention``), sized by ``config``."""
+    layers = {}
+    for feature in spec.categorical:
+        name = f"attention_{feature.name}"
+        if feature.combiner == "din":
+            layers[feature.name] = TargetAttention(
+                config.attention_mlp, config.attention_softmax, name=name)
+        elif feature.combiner == "bst":
+            layers[feature.name] = BehaviorTransformer(
+                feature.max_length, spec.table(feature.table).dim,
+                config.bst_heads, config.bst_ff_units, name=name)
+    return layers
+
+
+def _initial_outputs(spec: FeatureSpec, positive_rate: float | None,
+                     label_means: dict[str, float]
+                     ) -> dict[str, float | None]:
+    """Each task's initial output (the bias of its over arch's output
+    layer; None: the default initialisation): an ``mse`` task's train
+    mean, the first 0/1 task's base-rate logit."""
+    starts = {}
+    for i, label in enumerate(spec.labels):
+        if label.loss == "mse":
+            starts[label.name] = label_means.get(label.name)
+        else:
+            starts[label.name] = (initial_logit(positive_rate)
+                                  if i == 0 and positive_rate is not None
+                                  else None)
+    return starts
 
 
 class RankingModel(ShardedTablesModel):
@@ -58,27 +94,32 @@ class RankingModel(ShardedTablesModel):
         wide tables, so the initial logit is the bias (plus, for ``fm``,
         the FM term of the random field vectors: near 0, since ``deepfm``
         starts them small, ``ModelConfig.init_scale``). None: default
-        initialisation, bias 0.
+        initialisation, bias 0. Only the first task's, and only a 0/1 one.
+      label_means: ``{label: train mean}`` of ``loss: mse`` labels: the
+        output of each such task starts at its mean (its over arch's output
+        layer: zero kernel, the mean as bias), not at 0, so its first steps
+        do not all go to learning the offset.
     """
 
     def __init__(self, spec: FeatureSpec, config: ModelConfig,
                  positive_rate: float | None = None,
+                 label_means: dict[str, float] | None = None,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         check_model_spec(spec, config)
         self.spec = spec
         self.config = config
         self.positive_rate = positive_rate
-        bias = (None if positive_rate is None
-                else initial_logit(positive_rate))
+        self.label_means = dict(label_means or {})
+        starts = _initial_outputs(spec, positive_rate, self.label_means)
+        bias = starts[spec.label.name]
         width = None
         if config.interaction in COMMON_WIDTH_INTERACTIONS:
             width = max(t.dim for t in spec.tables)
         self.sparse_arch = SparseArch(
             spec, wide=config.wide_tables(spec),
             default_scale=config.init_scale,
-            attention=(config.attention_mlp, config.attention_softmax),
-            name="sparse_arch")
+            attention=_history_attention(spec, config), name="sparse_arch")
         self.projections = {
             t.name: tf_keras.layers.Dense(width, use_bias=False,
                                           name=f"project_{t.name}")
@@ -107,6 +148,7 @@ class RankingModel(ShardedTablesModel):
             label.name: MLP(config.top_mlp, output_units=1,
                             batch_norm=config.batch_norm,
                             output_dtype=logit_dtype,
+                            output_bias=starts[label.name],
                             name=f"over_arch_{label.name}")
             for label in spec.further_labels}
         wide_options = {"dtype": logit_dtype} if logit_dtype else {}
@@ -119,13 +161,15 @@ class RankingModel(ShardedTablesModel):
     def get_config(self) -> dict:
         return {"spec": self.spec.to_dict(),
                 "config": dataclasses.asdict(self.config),
-                "positive_rate": self.positive_rate}
+                "positive_rate": self.positive_rate,
+                "label_means": dict(self.label_means)}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects=None) -> RankingModel:
         return cls(FeatureSpec.from_dict(config["spec"]),
                    ModelConfig(**config["config"]),
-                   positive_rate=config.get("positive_rate"))
+                   positive_rate=config.get("positive_rate"),
+                   label_means=config.get("label_means"))
 
     def call(self, batch: dict[str, tf.Tensor], training: bool = False):
         embeddings, wide_logit = self.sparse_arch(batch)
@@ -142,6 +186,8 @@ class RankingModel(ShardedTablesModel):
                 parts[name] = getattr(self, name)
         if self.task_over_archs:
             parts["task_over_archs"] = dict(self.task_over_archs)
+        if self.sparse_arch.attention:  # a history's din / bst layer
+            parts["attention"] = dict(self.sparse_arch.attention)
         return parts
 
     def head(self, embeddings: list[tf.Tensor], wide_logit, batch,
@@ -277,11 +323,12 @@ def example_batch(spec: FeatureSpec, rows: int = 2) -> dict[str, tf.Tensor]:
 
 
 def build_ranking_model(spec: FeatureSpec, config: ModelConfig,
-                        positive_rate: float | None = None
+                        positive_rate: float | None = None,
+                        label_means: dict[str, float] | None = None
                         ) -> RankingModel:
     """Creates the model and all its variables (call under a strategy scope
-    so that tables are sharded across PS tasks); ``positive_rate``: see
-    :class:`RankingModel`.
+    so that tables are sharded across PS tasks); ``positive_rate``,
+    ``label_means``: see :class:`RankingModel`.
 
     Raises:
       ModelConfigError: a spec the model cannot be built on, or a
@@ -290,7 +337,7 @@ def build_ranking_model(spec: FeatureSpec, config: ModelConfig,
     check_model_spec(spec, config)
     initial_logit(positive_rate)
     model = RankingModel(spec, config, positive_rate=positive_rate,
-                         name="ranking")
+                         label_means=label_means, name="ranking")
     model(example_batch(spec), training=False)
     return model
 

@@ -121,6 +121,8 @@ class Trainer:
       checkpoint_dir: where the chief writes checkpoints (None: none).
       positive_rate: the train split's share of positives, where the output
         bias starts (its logit); None starts at 0.5.
+      label_means: the train means of the ``loss: mse`` labels, where
+        their outputs start (``Manifest.label_means``; None: at 0).
       neg_sample_rate: the share of negatives the train data kept: evaluation
         adds ``log(neg_sample_rate)`` to the logits, so logloss and
         calibration are those of calibrated predictions (AUC is unchanged).
@@ -137,6 +139,7 @@ class Trainer:
                  checkpoint_dir: str | Path | None = None,
                  keep_checkpoints: int = 3, checkpoint_writers: str = "auto",
                  positive_rate: float | None = None,
+                 label_means: dict[str, float] | None = None,
                  neg_sample_rate: float = 1.0,
                  track_changes: bool = False) -> None:
         check(micro_batches >= 1, "micro_batches", micro_batches,
@@ -162,8 +165,8 @@ class Trainer:
             tf.distribute.coordinator.ClusterCoordinator(strategy)
             if self.is_ps else None)
         with _policy(precision), strategy.scope():
-            self.model: RankingModel = build_model(spec, model_config,
-                                                   positive_rate)
+            self.model: RankingModel = build_model(
+                spec, model_config, positive_rate, label_means)
             rows = input_config.batch_size * micro_batches
             _, self.dense_optimizer = build_optimizers(optimizer_config,
                                                        rows)
