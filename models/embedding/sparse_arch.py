@@ -190,7 +190,12 @@ class SparseArch(tf_keras.layers.Layer):
         all_ids = tf.concat(ids, 0)
         safe = tf.maximum(all_ids, 0)  # -1 padding; masked below
         dynamic = self.dynamic_tables.get(name)
-        if dynamic is not None:  # raw ids -> rows; unknown: the default row
+        embedded = None  # the table's rows, when the dynamic table read them
+        if dynamic is not None and dynamic.gathers_from(self.tables[name]):
+            # One round trip per shard: ids -> rows and the gather together.
+            embedded, safe = dynamic.embed(self.tables[name], all_ids,
+                                           training=bool(training))
+        elif dynamic is not None:  # raw ids -> rows; unknown: the default
             safe = dynamic.rows(all_ids, training=bool(training))
         wide = name in self.wide_tables
         tables = [self.tables[name]]
@@ -198,8 +203,11 @@ class SparseArch(tf_keras.layers.Layer):
             tables.append(self.tables[name + WIDE_SUFFIX])
         outputs = []
         for i, table in enumerate(tables):
-            found = _lookup(table, safe)
-            if dynamic is not None:
+            if i == 0 and embedded is not None:
+                found = embedded
+            else:
+                found = _lookup(table, safe)
+            if dynamic is not None and found is not embedded:
                 found = dynamic.drop_default_gradient(found, safe,
                                                       dynamic.default_row)
             rows = tf.split(found, sizes, axis=0)
