@@ -90,26 +90,31 @@ def _timed_maintenance() -> list[float]:
     return seconds
 
 
+def _cluster(args: argparse.Namespace):
+    """The in-process cluster's strategy and the optimizers of every run."""
+    from psrec.models.optim.config import OptimizerConfig
+    from psrec.ps_cluster.cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
+                                 PartitionConfig())
+    return strategy, OptimizerConfig(sparse="adagrad", dense="adagrad",
+                                     sparse_lr=0.05, dense_lr=0.05,
+                                     base_batch_size=args.batch_size,
+                                     warmup_steps=0)
+
+
 def _run(args: argparse.Namespace) -> dict:
     """One measured run: a warm-up, then ``--steps`` timed steps."""
     from psrec.runtime import configure_environment
     configure_environment()
     maintenance = _timed_maintenance()
     from psrec.data.input.config import InputConfig
-    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
-    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
     spec = _spec(args.mode, args.buckets, args.dim, args.maintenance_every)
-    strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
-                                 PartitionConfig())
-    optimizer = OptimizerConfig(sparse="adagrad", dense="adagrad",
-                                sparse_lr=0.05, dense_lr=0.05,
-                                base_batch_size=args.batch_size,
-                                warmup_steps=0)
+    strategy, optimizer = _cluster(args)
     trainer = Trainer(strategy, spec, model_config("dcn"), optimizer,
                       InputConfig(batch_size=args.batch_size))
     dataset_fn = _dataset_fn(spec, args.batch_size, args.buckets)
@@ -186,19 +191,10 @@ def _interleaved(args: argparse.Namespace) -> None:
     from psrec.runtime import configure_environment
     configure_environment()
     from psrec.data.input.config import InputConfig
-    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
-    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
-    strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
-                                 PartitionConfig())
-    optimizer = OptimizerConfig(sparse="adagrad", dense="adagrad",
-                                sparse_lr=0.05, dense_lr=0.05,
-                                base_batch_size=args.batch_size,
-                                warmup_steps=0)
+    strategy, optimizer = _cluster(args)
 
     def loop(steps: int) -> LoopConfig:
         return LoopConfig(steps=steps, steps_per_closure=args.steps_per_closure,
