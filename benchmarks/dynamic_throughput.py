@@ -22,11 +22,20 @@ both interleave)::
 
 Ratios dynamic / hashed are taken within a round (absolute figures swing
 on a shared machine), then their median.
+
+Interleaved in ONE process (one in-process cluster, three trainers on it:
+hashed, dynamic, and dynamic with the two-step lookup of before the fused
+one -- ``DynamicTable.gathers_from`` answering False while its functions
+are traced); each round trains every trainer ``--steps`` more steps, in an
+order that rotates, so a burst of load elsewhere falls on all three::
+
+    python benchmarks/dynamic_throughput.py interleaved --rounds 6 --steps 100
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -81,26 +90,31 @@ def _timed_maintenance() -> list[float]:
     return seconds
 
 
+def _cluster(args: argparse.Namespace):
+    """The in-process cluster's strategy and the optimizers of every run."""
+    from psrec.models.optim.config import OptimizerConfig
+    from psrec.ps_cluster.cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
+                                 PartitionConfig())
+    return strategy, OptimizerConfig(sparse="adagrad", dense="adagrad",
+                                     sparse_lr=0.05, dense_lr=0.05,
+                                     base_batch_size=args.batch_size,
+                                     warmup_steps=0)
+
+
 def _run(args: argparse.Namespace) -> dict:
     """One measured run: a warm-up, then ``--steps`` timed steps."""
     from psrec.runtime import configure_environment
     configure_environment()
     maintenance = _timed_maintenance()
     from psrec.data.input.config import InputConfig
-    from psrec.models.optim.config import OptimizerConfig
     from psrec.models.ranking.config import model_config
-    from psrec.ps_cluster.cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
-    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
     spec = _spec(args.mode, args.buckets, args.dim, args.maintenance_every)
-    strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
-                                 PartitionConfig())
-    optimizer = OptimizerConfig(sparse="adagrad", dense="adagrad",
-                                sparse_lr=0.05, dense_lr=0.05,
-                                base_batch_size=args.batch_size,
-                                warmup_steps=0)
+    strategy, optimizer = _cluster(args)
     trainer = Trainer(strategy, spec, model_config("dcn"), optimizer,
                       InputConfig(batch_size=args.batch_size))
     dataset_fn = _dataset_fn(spec, args.batch_size, args.buckets)
@@ -157,9 +171,72 @@ def _rounds(args: argparse.Namespace) -> None:
             "median": round(statistics.median(values), 3)}))
 
 
+@contextlib.contextmanager
+def _two_step():
+    """Inside, dynamic tables look rows up in two steps (the map lookup's
+    rows back on the worker, then the gather), as before the fused lookup:
+    what a train function traced inside runs."""
+    from psrec.models.dynamic.table import DynamicTable
+    saved = DynamicTable.gathers_from
+    DynamicTable.gathers_from = lambda self, variable: False
+    try:
+        yield
+    finally:
+        DynamicTable.gathers_from = saved
+
+
+def _interleaved(args: argparse.Namespace) -> None:
+    """hashed, dynamic (fused) and dynamic (two-step) trainers on one
+    cluster, ``--steps`` steps each per round, the order rotating."""
+    from psrec.runtime import configure_environment
+    configure_environment()
+    from psrec.data.input.config import InputConfig
+    from psrec.models.ranking.config import model_config
+    from psrec.ps_cluster.training.config import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
+    strategy, optimizer = _cluster(args)
+
+    def loop(steps: int) -> LoopConfig:
+        return LoopConfig(steps=steps, steps_per_closure=args.steps_per_closure,
+                          checkpoint_every=0)
+
+    runs = {}
+    for name, mode in (("hashed", "hashed"), ("dynamic", "dynamic"),
+                       ("two_step", "dynamic")):
+        spec = _spec(mode, args.buckets, args.dim, args.maintenance_every)
+        trainer = Trainer(strategy, spec, model_config("dcn"), optimizer,
+                          InputConfig(batch_size=args.batch_size))
+        dataset_fn = _dataset_fn(spec, args.batch_size, args.buckets)
+        with _two_step() if name == "two_step" else contextlib.nullcontext():
+            trainer.train(dataset_fn, loop(args.warmup))  # traced here
+        runs[name] = (trainer, dataset_fn)
+    seconds = {name: [] for name in runs}
+    names = list(runs)
+    for index in range(args.rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            trainer, dataset_fn = runs[name]
+            began = time.perf_counter()
+            trainer.train(dataset_fn, loop(args.warmup
+                                           + (index + 1) * args.steps))
+            seconds[name].append(time.perf_counter() - began)
+        print(json.dumps({"round": index + 1, "examples_per_sec": {
+            name: round(args.steps * args.batch_size / s[-1], 1)
+            for name, s in seconds.items()}}), flush=True)
+
+    def ratio(top: str, bottom: str) -> dict:
+        values = [b / t for t, b in zip(seconds[top], seconds[bottom])]
+        return {"per_round": [round(v, 3) for v in values],
+                "median": round(statistics.median(values), 3),
+                "min": round(min(values), 3), "max": round(max(values), 3)}
+    print(json.dumps({"dynamic/hashed": ratio("dynamic", "hashed"),
+                      "two_step/hashed": ratio("two_step", "hashed"),
+                      "dynamic/two_step": ratio("dynamic", "two_step")}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("run", "rounds"))
+    parser.add_argument("what", choices=("run", "rounds", "interleaved"))
     parser.add_argument("--mode", choices=("hashed", "dynamic"),
                         default="dynamic")
     parser.add_argument("--ps", type=int, default=2)
@@ -177,6 +254,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.what == "run":
         print(json.dumps(_run(args)), flush=True)
+    elif args.what == "interleaved":
+        _interleaved(args)
     else:
         _rounds(args)
 

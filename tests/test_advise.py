@@ -15,6 +15,7 @@ from psrec.models.optim.sizing import SizeEstimate
 from psrec.models.optim.sizing import estimate_replicated_bytes
 from psrec.models.ranking.config import model_config
 from psrec.ps_cluster.planner.advise import Measurements
+from psrec.ps_cluster.planner.advise import cpu_bf16_flags
 from psrec.ps_cluster.planner.advise import recommend
 from psrec.ps_cluster.planner.advise_measure import gradient_traffic
 from psrec.ps_cluster.planner.advise_measure import traffic_bytes
@@ -83,7 +84,8 @@ def test_advise_measurements_are_real_and_consistent(default_spec_advice):
     choice, reasons = recommend(size, DeviceMemory(**advice["memory"]),
                                 measured, advice["memory_fraction"],
                                 advice["threshold"],
-                                local_gpus=advice["local_gpus"])
+                                local_gpus=advice["local_gpus"],
+                                bf16_flags=tuple(advice["bf16_flags"]))
     assert (choice, list(reasons)) == (advice["recommendation"],
                                        advice["reasons"])
     expected = ("mirrored" if m["mirrored_ratio"] <= 0.3
@@ -192,3 +194,23 @@ def test_recommend_rejects_bad_arguments():
         recommend(SMALL, MEMORY, _measured(1, 1, 1), memory_fraction=0)
     with pytest.raises(ValueError, match=r"`threshold` = -1"):
         recommend(SMALL, MEMORY, _measured(1, 1, 1), threshold=-1)
+
+
+def test_a_cpu_with_bfloat16_instructions_is_told_of_mixed_precision(
+        tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f "
+                    "avx512_bf16 fma\n")
+    assert cpu_bf16_flags(str(info)) == ("avx512_bf16",)
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
+    assert cpu_bf16_flags(str(info)) == ()
+    assert cpu_bf16_flags(str(tmp_path / "missing")) == ()
+    measured = _measured(2.0, 0.2, 4.0)
+    plain = recommend(SMALL, MEMORY, measured, local_gpus=0)
+    told = recommend(SMALL, MEMORY, measured, local_gpus=0,
+                     bf16_flags=("avx512_bf16",))
+    assert told[0] == plain[0] and told[1][:-1] == plain[1]
+    assert "--mixed-precision" in told[1][-1] and "avx512_bf16" in told[1][-1]
+    with_gpu = recommend(SMALL, MEMORY, measured, local_gpus=1,
+                         bf16_flags=("avx512_bf16",))
+    assert not any("--mixed-precision" in r for r in with_gpu[1])

@@ -35,6 +35,7 @@ from psrec.models.build import build_model
 from psrec.models.dynamic.shards import ShardLayout
 from psrec.models.dynamic.table import DynamicTable
 from psrec.models.dynamic.table import parts
+from psrec.models.embedding.sparse_arch import _lookup
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import ModelConfigError
@@ -404,6 +405,48 @@ def test_an_empty_map_survives_a_sliced_save(tmp_path):
     assert _mapping(other) == _mapping(table)
     assert int(other.counts.size().numpy()) == 0
     assert differing_keys(root, path, None) == []
+
+
+def test_the_fused_lookup_reads_and_trains_as_map_then_gather():
+    """``embed`` (the map lookup and the gather together on each shard)
+    returns the rows, values and gradients, and records the counts and
+    statistics, of ``rows`` followed by a lookup (the two-step path):
+    ids in both shards, repeated, unknown and padding."""
+    config = TableConfig("t", dim=3, mode="dynamic", capacity=8)
+    layout = ShardLayout((5, 4), (None, None))  # as the strategy cuts 9
+    start = tf.random.stateless_uniform([9, 3], seed=(1, 2))
+    pieces = [tf.Variable(start[:5]), tf.Variable(start[5:])]
+    variable = tf.__internal__.distribute.ShardedVariable(pieces)
+    fused, two_step = (DynamicTable(config, layout) for _ in range(2))
+    for table in (fused, two_step):
+        table.rows(tf.constant([11, 12, 13, 14, 15], tf.int64),
+                   training=True)
+        assert table.maintain(1).admitted == 5
+    assert fused.gathers_from(variable)
+    assert all(s.map.size() > 0 for s in fused.shards())  # both shards
+    ids = tf.constant([[13, 99, 11, 12], [-1, 13, 15, 14]], tf.int64)
+    weights = tf.random.stateless_normal([2, 4, 3], seed=(3, 4))
+    with tf.GradientTape(persistent=True) as tape:
+        embedded, rows = fused.embed(variable, ids, training=True)
+        expected_rows = two_step.rows(ids, training=True)
+        expected = DynamicTable.drop_default_gradient(
+            _lookup(variable, expected_rows), expected_rows, 8)
+        losses = [tf.reduce_sum(e * weights) for e in (embedded, expected)]
+    assert np.array_equal(rows.numpy(), expected_rows.numpy())
+    assert (rows.numpy() == 8).sum() == 2  # 99 and the padding: default
+    assert np.array_equal(embedded.numpy(), expected.numpy())
+    grads = [[tf.convert_to_tensor(g).numpy()
+              for g in tape.gradient(loss, pieces)] for loss in losses]
+    for got, want in zip(*grads):
+        assert np.array_equal(got, want)
+    assert not grads[0][1][-1].any()  # the default row is not trained
+    assert np.count_nonzero(np.abs(np.concatenate(grads[0])).sum(1)) == 5
+    for got, want in zip(fused.shards(), two_step.shards()):
+        for a, b in zip(_statistics(got), _statistics(want)):
+            assert np.array_equal(a.numpy(), b.numpy())
+    assert _mapping(fused) == _mapping(two_step)
+    assert [sorted(zip(*(t.numpy().tolist() for t in m.export())))
+            for m in (fused.counts, two_step.counts)] == [[(99, 1)]] * 2
 
 
 def test_embeddings_stats_reads_the_checkpoint_files(trainer, trained,

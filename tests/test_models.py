@@ -131,3 +131,32 @@ def test_learning_rate_scales_with_batch_and_warms_up_linearly():
 def test_optimizer_config_rejects_unknown_optimizers():
     with pytest.raises(ValueError, match=r"`OptimizerConfig.sparse` = 'lamb'"):
         OptimizerConfig(sparse="lamb")
+
+
+def test_bf16_towers_gather_rows_without_reading_whole_tables():
+    """Under ``mixed_bfloat16`` the tables stay float32 variables and only
+    the gathered rows are cast: a step reads no table whole (Keras'
+    AutoCastVariable would read and cast every table every step), and the
+    embeddings reach the towers in bfloat16 with the values of the rows."""
+    import tf_keras
+    spec = criteo(buckets=50, dim=4)
+    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build_model(spec, model_config("deepfm"))
+        batch = example_batch(spec, rows=5)
+        model(batch)
+        graph = tf.function(lambda b: model.sparse_arch(b)).get_concrete_function(
+            batch).graph
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+    tables = {tuple(v.shape) for v in model.embedding_variables()}
+    reads = [tuple(op.outputs[0].shape) for op in graph.get_operations()
+             if op.type == "ReadVariableOp"]
+    assert tables and not tables & set(reads), reads
+    embeddings, _ = model.sparse_arch(batch)
+    assert {e.dtype for e in embeddings} == {tf.bfloat16}
+    feature = spec.categorical[0]
+    table = model.sparse_arch.tables[feature.table]
+    assert table.dtype == tf.float32
+    expected = tf.cast(tf.gather(table, batch[feature.name]), tf.bfloat16)
+    assert np.array_equal(embeddings[0].numpy(), expected.numpy())

@@ -195,12 +195,71 @@ class DynamicTable(tf.Module):
             found = tf.reduce_max(tf.stack(
                 [tf.reshape(t.lookup(unique), [-1])
                  for t in self.map.shards]), 0)
+        rows = self._seen(unique, seen, found, training)
+        return tf.reshape(tf.gather(rows, index), tf.shape(ids))
+
+    def gathers_from(self, variable) -> bool:
+        """Whether :meth:`embed` can read ``variable``: a table variable
+        cut as this table's layout, and no frozen serving map (a
+        SavedModel's, or a quantized table: :meth:`rows`, then a lookup)."""
+        return (self.serving_map is None
+                and isinstance(variable, (tf.Variable, _Sharded))
+                and tuple(int(p.shape[0]) for p in parts(variable))
+                == self.layout.sizes)
+
+    def embed(self, variable, ids: tf.Tensor, training: bool = False
+              ) -> tuple[tf.Tensor, tf.Tensor]:
+        """The rows of ``variable`` (this table's embedding, see
+        :meth:`gathers_from`) for int64 raw ``ids`` of any shape:
+        ``(embeddings, rows)``, ``ids.shape + [dim]`` and ``ids.shape``;
+        the same values, counts and statistics as :meth:`rows` followed by
+        a gather, and no gradient into the default row
+        (:meth:`drop_default_gradient`).
+
+        One round trip per shard: the distinct ids go to each shard's PS,
+        where the map lookup and the gather of the rows that shard holds
+        run together (a map shard holds only ids whose row is in its
+        embedding shard); the rows found and the gathered values come
+        back. The last shard also sends the default row (for the ids no
+        shard knows; it gets a zero gradient every step)."""
+        flat = tf.reshape(ids, [-1])
+        unique, index, seen = tf.unique_with_counts(flat, out_idx=tf.int32)
+        found, positions, values = [], [], []
+        shards = parts(variable)
+        last = len(shards) - 1
+        for k, (device, table, shard, first) in enumerate(zip(
+                self.layout.devices, self.map.shards, shards,
+                self.layout.first_rows)):
+            with placed(device):
+                rows = tf.reshape(table.lookup(unique), [-1])
+                mine = rows >= 0
+                positions.append(tf.cast(tf.where(mine)[:, 0], tf.int32))
+                values.append(tf.gather(shard,
+                                        tf.boolean_mask(rows, mine) - first))
+                if k == last:
+                    default = tf.gather(shard, [self.default_row - first])
+            found.append(rows)
+        found = tf.reduce_max(tf.stack(found), 0)
+        rows = self._seen(unique, seen, found, training)
+        unknown = tf.cast(tf.where(found < 0)[:, 0], tf.int32)
+        by_unique = tf.dynamic_stitch(
+            positions + [unknown],
+            values + [tf.tile(default, [tf.size(unknown), 1])])
+        shape = tf.shape(ids)
+        rows = tf.reshape(tf.gather(rows, index), shape)
+        embeddings = tf.reshape(tf.gather(by_unique, index), tf.concat(
+            [shape, tf.shape(by_unique)[1:]], 0))
+        return (self.drop_default_gradient(embeddings, rows,
+                                           self.default_row), rows)
+
+    def _seen(self, unique, seen, found, training: bool) -> tf.Tensor:
+        """The row of each distinct id (the default row for the ids no
+        shard knows); in training, first records them (:meth:`_record`)."""
         known = found >= 0
         if training:
             self._record(unique, tf.cast(seen, tf.int64), found, known)
-        rows = tf.where(known, found, tf.constant(self.default_row,
+        return tf.where(known, found, tf.constant(self.default_row,
                                                   tf.int64))
-        return tf.reshape(tf.gather(rows, index), tf.shape(ids))
 
     def _record(self, unique, seen, found, known) -> None:
         """Counts the unknown ids and updates the statistics of the rows

@@ -74,14 +74,17 @@ def table_variables(variable) -> list[tf.Variable]:
     return list(getattr(variable, "variables", [variable]))
 
 
-def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
+def _lookup(table, ids: tf.Tensor, dtype=None) -> tf.Tensor:
     """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``;
-    each distinct id is fetched once, one gather per shard. ``table``: a
+    each distinct id is fetched once, one gather per shard, and cast to
+    ``dtype`` (the layer's compute dtype) when given. ``table``: a
     (sharded) variable, or a :class:`QuantizedTable` (serving)."""
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
     if isinstance(table, QuantizedTable):  # float32 rows of the distinct ids
         rows = table.gather(unique)
+        if dtype is not None:
+            rows = tf.cast(rows, dtype)
         return tf.reshape(tf.gather(rows, index),
                           tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
     if tf.executing_eagerly() and hasattr(table, "variables"):
@@ -91,6 +94,8 @@ def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
         # strategy splits: "div", extra rows first) gathers per shard.
         table = list(table.variables)
     rows = tf.nn.embedding_lookup(table, unique)
+    if dtype is not None:  # the gathered rows only (see SparseArch)
+        rows = tf.cast(rows, dtype)
     gathered = tf.gather(rows, index)
     return tf.reshape(gathered,
                       tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
@@ -157,10 +162,14 @@ class SparseArch(tf_keras.layers.Layer):
                 # of a table exists twice while it is initialised.
                 initializer = _initializer(table, default_scale)
                 in_blocks = fills_in_blocks(initializer)
+                # autocast=False: under a mixed policy Keras would wrap the
+                # table in an AutoCastVariable, whose lookup reads and casts
+                # the WHOLE table every step (measured: docs/benchmarks.md,
+                # bf16 towers); the gathered rows are cast instead (_lookup).
                 self.tables[table.name] = self.add_weight(
                     name=table.name, shape=(table.rows, table.dim),
                     initializer="zeros" if in_blocks else initializer,
-                    trainable=True)
+                    trainable=True, autocast=False)
                 if in_blocks:
                     fill_table(self.tables[table.name], initializer,
                                label=f"init {table.name}")
@@ -168,7 +177,7 @@ class SparseArch(tf_keras.layers.Layer):
                     name = table.name + WIDE_SUFFIX
                     self.tables[name] = self.add_weight(
                         name=name, shape=(table.rows, 1),
-                        initializer="zeros", trainable=True)
+                        initializer="zeros", trainable=True, autocast=False)
         # Raw ids -> rows of the `mode: dynamic` tables (models.dynamic_table).
         self.dynamic_tables = {
             t.name: DynamicTable(t, ShardLayout.of(self.tables[t.name]),
@@ -196,7 +205,12 @@ class SparseArch(tf_keras.layers.Layer):
         all_ids = tf.concat(ids, 0)
         safe = tf.maximum(all_ids, 0)  # -1 padding; masked below
         dynamic = self.dynamic_tables.get(name)
-        if dynamic is not None:  # raw ids -> rows; unknown: the default row
+        embedded = None  # the table's rows, when the dynamic table read them
+        if dynamic is not None and dynamic.gathers_from(self.tables[name]):
+            # One round trip per shard: ids -> rows and the gather together.
+            embedded, safe = dynamic.embed(self.tables[name], all_ids,
+                                           training=bool(training))
+        elif dynamic is not None:  # raw ids -> rows; unknown: the default
             safe = dynamic.rows(all_ids, training=bool(training))
         wide = name in self.wide_tables
         tables = [self.tables[name]]
@@ -204,8 +218,11 @@ class SparseArch(tf_keras.layers.Layer):
             tables.append(self.tables[name + WIDE_SUFFIX])
         outputs = []
         for i, table in enumerate(tables):
-            found = _lookup(table, safe)
-            if dynamic is not None:
+            if i == 0 and embedded is not None:
+                found = tf.cast(embedded, self.compute_dtype)
+            else:
+                found = _lookup(table, safe, self.compute_dtype)
+            if dynamic is not None and not (i == 0 and embedded is not None):
                 found = dynamic.drop_default_gradient(found, safe,
                                                       dynamic.default_row)
             rows = tf.split(found, sizes, axis=0)
