@@ -12,8 +12,9 @@
   it) equals that file, and the README's quick start, which is the Criteo
   walkthrough's script (docs/tutorials/criteo.sh), runs end to end on the
   real sample as written, from an empty folder standing for the clone's
-  root; so does the retrieval walkthrough's (docs/tutorials/retrieval.sh),
-  on the first ratings of the real MovieLens sample.
+  root; so do the MovieLens walkthroughs' (docs/tutorials/movielens.sh,
+  then docs/tutorials/retrieval.sh), on the first ratings of the real
+  MovieLens sample.
 """
 
 from __future__ import annotations
@@ -486,8 +487,9 @@ def test_the_readme_quick_start_runs_end_to_end_as_written(tmp_path):
     assert ((probability > 0) & (probability < 1)).all()
 
 
-#: Ratings of the real ml-100k sample the retrieval walkthrough is tested
-#: on: the default length (20 epochs of ~3 steps) keeps the run short.
+#: Ratings of the real ml-100k sample the MovieLens walkthroughs are tested
+#: on: the default lengths (ranking: 40 steps; retrieval: 20 epochs of ~3
+#: steps) keep the runs short.
 _WALKTHROUGH_RATINGS = 1_500
 
 
@@ -505,25 +507,53 @@ def _movielens_head(shared: Path, ratings: int) -> None:
         (folder / name).write_bytes((sample / name).read_bytes())
 
 
+def _tutorial_script(name: str) -> Path:
+    """``docs/tutorials/<name>``, which its page includes (one block)."""
+    page = REPO / "docs" / "tutorials" / name.replace(".sh", ".md")
+    assert [b.include for b in fenced_blocks(page) if b.include] == [name]
+    return REPO / "docs" / "tutorials" / name
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_the_retrieval_walkthrough_runs_end_to_end_as_written(tmp_path):
-    """docs/tutorials/retrieval.sh, which docs/tutorials/retrieval.md
-    includes, as a reader runs it from the clone's root (as the quick
-    start's test does), on the first 1,500 ratings of the real sample:
-    ingest -> convert (catalogue and seen lists) -> train --task retrieval
-    (local cluster, the sized default length, the best by MRR exported) ->
-    plain TensorFlow loads the export and prints the top 10 -> psrec eval
-    -> psrec export. It prints the page's figures: every eval line with
-    the popularity baseline and the users' train candidates left out."""
+def test_the_movielens_walkthroughs_run_end_to_end_as_written(tmp_path):
+    """docs/tutorials/movielens.sh, then docs/tutorials/retrieval.sh (the
+    scripts docs/tutorials/movielens.md and retrieval.md include), as a
+    reader runs them one after the other from the clone's root (as the
+    quick start's test does), on the first 1,500 ratings of the real
+    sample.
+
+    Ranking: ingest -> spec infer (label rating >= 4) -> convert (time
+    split) -> train (local cluster, the sized default length) -> eval ->
+    export -> predict. Retrieval: ingest again into the same folder ->
+    convert (catalogue and seen lists) -> train --task retrieval (the best
+    by MRR exported) -> plain TensorFlow loads the export and prints the
+    top 10 -> psrec eval -> psrec export. Each prints the figures its page
+    says it prints: the retrieval eval lines with the popularity baseline
+    and the users' train candidates left out."""
     _movielens_head(tmp_path / "shared", _WALKTHROUGH_RATINGS)
     root = tmp_path / "clone"
     root.mkdir()
-    page = [block for block in fenced_blocks(
-        REPO / "docs" / "tutorials" / "retrieval.md") if block.include]
-    assert [b.include for b in page] == ["retrieval.sh"]
-    script = REPO / "docs" / "tutorials" / "retrieval.sh"
-    run, code, left = _run_walkthrough(script, root, 480)
+    ranking, code, left = _run_walkthrough(
+        _tutorial_script("movielens.sh"), root, 480)
+    assert code == 0, f"movielens.sh exited {code}:\n{ranking.output[-6000:]}"
+    assert not left, f"processes left behind: {sorted(left)}"
+    ranking.wait_for(r"^wrote runs/ml/spec\.yaml: ", 10)
+    ranking.wait_for(r"read 1500 rows in .*; wrote train 1200, eval 300", 10)
+    ranking.wait_for(r"eval split: 20% of the rows: the rows with the last "
+                     r"timestamp values", 10)
+    ranking.wait_for(r"steps sized from the data .*: \d+ steps of 1024 "
+                     r"rows over 1,200 train rows", 10)
+    best = ranking.wait_for(r"^exported checkpoint (best/best-\d+) ", 10)
+    ranking.wait_for(rf"^{best.group(1)} \(step \d+\) eval: 300 examples, "
+                     r"AUC 0\.\d{4}, logloss", 10)
+    ranking.wait_for(r"^scored 1,500 rows of 1 file", 10)
+    import pyarrow.parquet as pq
+    scores = pq.read_table(root / "runs" / "ml" / "scores.parquet")
+    assert {"user_id", "item_id", "timestamp", "probability"} <= set(
+        scores.column_names) and scores.num_rows == 1_500
+    run, code, left = _run_walkthrough(_tutorial_script("retrieval.sh"),
+                                       root, 480)
     assert code == 0, f"retrieval.sh exited {code}:\n{run.output[-6000:]}"
     assert not left, f"processes left behind: {sorted(left)}"
     converted = re.search(r"read 1500 rows in .*; wrote train (\d+), "
@@ -548,3 +578,4 @@ def test_the_retrieval_walkthrough_runs_end_to_end_as_written(tmp_path):
     out = root / "runs" / "ml"
     assert (out / "run" / "export" / "1" / "saved_model.pb").is_file()
     assert (out / "export" / "1" / "saved_model.pb").is_file()
+    assert (out / "model" / "1" / "saved_model.pb").is_file()
