@@ -9,7 +9,8 @@ Run as ``python -m tests._ps_helpers COMMAND ...`` from the repository root
   an in-process cluster of 1 worker + N PS, optionally trains a few steps and
   saves into DIR, then restores each CKPT in turn and dumps every restored
   full table, every slot of its optimizer and a dense kernel as ``.npy``
-  under DIR (``--per-table``: two tables on their own optimizers).
+  under DIR (the spec of :func:`reshard_spec`: tables on their own
+  optimizers).
 * ``serve --model DIR --spec JSON --parquet FILE --rows N --out DIR``: loads
   a SavedModel in a fresh process without any cluster, runs
   ``serving_default`` on the first N raw Parquet rows and writes the
@@ -256,25 +257,28 @@ def in_order_dataset_fn(data: dict[str, np.ndarray], global_batch: int):
 RESHARD_SPEC_ARGS = {"buckets": 50, "dim": 4}
 RESHARD_MODEL = ModelConfig(interaction="concat", top_mlp=(8,))
 KERNEL_KEY = "model/over_arch/out/kernel/.ATTRIBUTES/VARIABLE_VALUE"
-#: ``--per-table``: C14..C26 move to a table of their own on FTRL at its own
-#: rate, and the first table names row-wise Adagrad (the flag stays).
-PER_TABLE = {"categorical": {"optimizer": "rowwise_adagrad"},
-             "second": {"optimizer": "ftrl", "lr": 0.05}}
+#: The reshard spec's tables: which of the small Criteo spec's 26 features
+#: each takes, and what it names beside its dim. The first names nothing
+#: (the flag's Adagrad); the others their own optimizer (FTRL at its own
+#: rate; SGD has no slot).
+RESHARD_TABLES = {"categorical": (0, {}),
+                  "second": (7, {"optimizer": "rowwise_adagrad"}),
+                  "third": (13, {"optimizer": "ftrl", "lr": 0.05}),
+                  "fourth": (20, {"optimizer": "sgd"})}
 
 
-def reshard_spec(per_table: bool) -> FeatureSpec:
-    """The reshard commands' spec: the small Criteo one (one table), or
-    with ``per_table`` two tables on their own optimizers."""
-    spec = criteo(**RESHARD_SPEC_ARGS)
-    if not per_table:
-        return spec
-    data = spec.to_dict()
-    for feature in data["categorical"][13:]:
-        feature["table"] = "second"
+def reshard_spec() -> FeatureSpec:
+    """The reshard commands' spec: the small Criteo one with its features
+    spread over the tables of ``RESHARD_TABLES``."""
+    data = criteo(**RESHARD_SPEC_ARGS).to_dict()
+    for name, (first, _) in RESHARD_TABLES.items():
+        for feature in data["categorical"][first:]:
+            feature["table"] = name
     for feature in data["categorical"]:
         del feature["row_offset"]  # laid out again
     data["tables"] = [{"name": name, "dim": RESHARD_SPEC_ARGS["dim"],
-                       **PER_TABLE[name]} for name in PER_TABLE]
+                       **named} for name, (_, named) in
+                      RESHARD_TABLES.items()]
     return FeatureSpec.from_dict(data)
 
 
@@ -303,7 +307,7 @@ def _reshard(args: argparse.Namespace) -> dict:
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
-    spec = reshard_spec(args.per_table)
+    spec = reshard_spec()
     cluster = in_process_cluster(1, args.ps)
     trainer = Trainer(
         build_ps_strategy(cluster, PartitionConfig(kind="fixed")), spec,
@@ -365,7 +369,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--train-to", default=None)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--optimizer", default="adagrad")  # --sparse-optimizer
-    p.add_argument("--per-table", action="store_true")  # reshard_spec
     p.add_argument("--restore", nargs="*", default=[])
     p.add_argument("--out", required=True)
     p.set_defaults(run=_reshard)

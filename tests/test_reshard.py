@@ -1,9 +1,9 @@
 """Resharding restores: a checkpoint written with M PS tasks restores into N
 PS tasks with every table row, every optimizer slot row and the dense
-weights exactly as saved (2 -> 1, 1 -> 3, 2 -> 3), for one table on Adagrad
-(``[rows, dim]`` accumulator) and for two tables on their own optimizers
-(the spec's ``optimizer``: row-wise Adagrad's ``[rows, 1]`` accumulator,
-FTRL's accumulator and linear at its own rate).
+weights exactly as saved (2 -> 1, 1 -> 3, 2 -> 3), for tables on each
+sparse optimizer (``tests._ps_helpers.reshard_spec``: the flag's Adagrad
+with its ``[rows, dim]`` accumulator, row-wise Adagrad's ``[rows, 1]`` one,
+FTRL's accumulator and linear at its own rate, SGD without slots).
 
 Each cluster shape needs its own process (in-process servers cannot be
 stopped), so the work runs in ``tests._ps_helpers reshard`` subprocesses:
@@ -31,34 +31,29 @@ INITIAL_ACCUMULATOR = 0.1  # models.optim: initial_accumulator_value
 SLOT = "/.OPTIMIZER_SLOT/"
 # The run's checkpoint keys of the slots, by table: (optimizer's checkpoint
 # name, slot, its width: None = the table's dim).
-SLOTS = {
-    "adagrad": {"categorical": [("sparse_optimizer", "accumulator", None)]},
-    "per-table": {
-        "categorical": [("sparse_optimizer_rowwise_adagrad", "accumulator",
-                         1)],
-        "second": [("sparse_optimizer_ftrl_lr0p05", "accumulator", None),
-                   ("sparse_optimizer_ftrl_lr0p05", "linear", None)]},
-}
+SLOTS = {"categorical": [("sparse_optimizer", "accumulator", None)],
+         "second": [("sparse_optimizer_rowwise_adagrad", "accumulator", 1)],
+         "third": [("sparse_optimizer_ftrl_lr0p05", "accumulator", None),
+                   ("sparse_optimizer_ftrl_lr0p05", "linear", None)],
+         "fourth": []}
 
 
-@pytest.fixture(scope="module", params=["adagrad", "per-table"])
-def runs(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(f"reshard-{request.param}")
-    flags = ["--per-table"] if request.param == "per-table" else []
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reshard")
     two = helper_result(run_helper(
         ["reshard", "--ps", 2, "--train-to", root / "ckpt-2ps",
-         "--out", root / "run-2ps", *flags], TIMEOUT))
+         "--out", root / "run-2ps"], TIMEOUT))
     one = helper_result(run_helper(
         ["reshard", "--ps", 1, "--train-to", root / "ckpt-1ps",
-         "--restore", two["checkpoint"], "--out", root / "run-1ps",
-         *flags], TIMEOUT))
+         "--restore", two["checkpoint"], "--out", root / "run-1ps"],
+        TIMEOUT))
     three = helper_result(run_helper(
         ["reshard", "--ps", 3, "--restore", one["checkpoint"],
-         two["checkpoint"], "--out", root / "run-3ps", *flags], TIMEOUT))
-    spec = reshard_spec(request.param == "per-table")
-    return {"two": two, "one": one, "three": three, "slots": SLOTS[
-        request.param], "tables": {t.name: (t.rows, t.dim)
-                                   for t in spec.tables}}
+         two["checkpoint"], "--out", root / "run-3ps"], TIMEOUT))
+    return {"two": two, "one": one, "three": three, "slots": SLOTS,
+            "tables": {t.name: (t.rows, t.dim)
+                       for t in reshard_spec().tables}}
 
 
 def _key(table: str, group: str | None = None, slot: str = "") -> str:
