@@ -414,14 +414,17 @@ def test_a_split_export_of_a_multi_task_run_is_refused_in_one_line():
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_ps_cluster_eval_reports_each_task_once(data, ps_cluster):
-    """PLE (2 levels) trains under the in-process PS cluster, and its
-    evaluation (one closure per shard) counts every task's rows once."""
+@pytest.mark.parametrize("config", [MODEL, MMOE, PLE],
+                         ids=["shared-bottom", "mmoe", "ple"])
+def test_ps_cluster_eval_reports_each_task_once(data, ps_cluster, config):
+    """Each task arch (PLE with 2 levels) trains under the in-process PS
+    cluster, ESMM's given task among the others, and its evaluation (one
+    closure per shard) counts every task's rows once."""
     from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     spec, manifest, _ = data
     trainer = Trainer(build_ps_strategy(ps_cluster, PartitionConfig(
-        kind="fixed")), spec, PLE, OptimizerConfig(dense_lr=0.01),
+        kind="fixed")), spec, config, OptimizerConfig(dense_lr=0.01),
         InputConfig(batch_size=128))
     result = trainer.train(trainer.dataset_fn(manifest), LoopConfig(
         steps=10, steps_per_closure=10, checkpoint_every=0),
