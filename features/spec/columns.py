@@ -22,6 +22,10 @@ COMBINERS = ("sum", "mean", "din")
 CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 LOSSES = ("logloss", "bce", "mse")
+#: How a table's values are stored while it trains (``TableConfig.dtype``):
+#: float32, or 16 bits with the update computed in float32 and rounded
+#: back (``models.optim.rounding``); the bytes of one value.
+TABLE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 class SpecError(ConfigError):
     """A feature spec is malformed; the message names the key and the value.
@@ -169,6 +173,11 @@ class TableConfig:
             rows; ``features.spec.dynamic``), with ``capacity``,
             ``admit_threshold``, ``evict``, ``ttl_steps`` and
             ``maintenance_every`` (dynamic only).
+        dtype: how its values are stored while it trains (``float32``,
+            ``bfloat16`` or ``float16``: :data:`TABLE_DTYPES`); None (left
+            out of a spec file): the run's ``--table-dtype``
+            (:meth:`FeatureSpec.with_table_dtype`), float32 by default. Not
+            part of the spec's fingerprint: it does not change the data.
     """
 
     name: str
@@ -182,6 +191,7 @@ class TableConfig:
     evict: str = "lfu"
     ttl_steps: int | None = None
     maintenance_every: int = 100
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
@@ -194,17 +204,29 @@ class TableConfig:
                             INITIALIZERS)
             + _check_number(where, "scale", self.scale, positive=True,
                             optional=True)
-            + dynamic_problems(where, self))
+            + dynamic_problems(where, self)
+            + ([] if self.dtype is None else _check_choice(
+                where, "dtype", self.dtype, tuple(TABLE_DTYPES))))
 
     @property
     def dynamic(self) -> bool:
         return self.mode == "dynamic"
 
     @property
+    def storage(self) -> str:
+        """The dtype its values are stored in (``dtype``, float32 unset)."""
+        return self.dtype or "float32"
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one stored value (4 float32, 2 for 16 bits)."""
+        return TABLE_DTYPES[self.storage]
+
+    @property
     def bytes(self) -> int:
-        """Size of the float32 table in bytes (a table of a spec always has
+        """Size of the stored table in bytes (a table of a spec always has
         its ``rows``)."""
-        return (self.rows or 0) * self.dim * 4
+        return (self.rows or 0) * self.dim * self.value_bytes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,6 +65,26 @@ def _initializer(table: TableConfig, default_scale: float | None = None
     return tf_keras.initializers.Zeros()
 
 
+def _storage(table: TableConfig) -> dict:
+    """``add_weight`` arguments of ``table``'s variable: trainable, in its
+    storage dtype (a 16-bit one without autocast)."""
+    if table.storage == "float32":
+        return {"trainable": True}
+    return {"trainable": True, "dtype": table.storage, "autocast": False}
+
+
+def _cast_to(initializer, stored: dict):
+    """``initializer`` drawing float32 values cast to the stored dtype (the
+    same values a float32 table gets, rounded)."""
+    if "dtype" not in stored:
+        return initializer
+
+    def initial(shape, dtype=None, **kwargs):
+        return tf.cast(initializer(shape, dtype=tf.float32, **kwargs),
+                       dtype or stored["dtype"])
+    return initial
+
+
 def table_variables(variable) -> list[tf.Variable]:
     """The per-shard variables of a table (a plain variable is one shard).
 
@@ -74,10 +94,11 @@ def table_variables(variable) -> list[tf.Variable]:
     return list(getattr(variable, "variables", [variable]))
 
 
-def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
+def _lookup(table, ids: tf.Tensor, as_float32: bool = False) -> tf.Tensor:
     """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``;
     each distinct id is fetched once, one gather per shard. ``table``: a
-    (sharded) variable, or a :class:`QuantizedTable` (serving)."""
+    (sharded) variable, or a :class:`QuantizedTable` (serving);
+    ``as_float32``: the distinct rows (of a 16-bit table) cast to float32."""
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
     if isinstance(table, QuantizedTable):  # float32 rows of the distinct ids
@@ -91,6 +112,8 @@ def _lookup(table, ids: tf.Tensor) -> tf.Tensor:
         # strategy splits: "div", extra rows first) gathers per shard.
         table = list(table.variables)
     rows = tf.nn.embedding_lookup(table, unique)
+    if as_float32:
+        rows = tf.cast(rows, tf.float32)
     gathered = tf.gather(rows, index)
     return tf.reshape(gathered,
                       tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
@@ -147,12 +170,15 @@ class SparseArch(tf_keras.layers.Layer):
                 # Random tables are created from zeros and filled in blocks
                 # of rows on their PS (models.table_init): nothing the size
                 # of a table exists twice while it is initialised.
+                # A 16-bit table (and its wide twin) is stored as such, not
+                # cast by a mixed-precision policy (autocast off).
                 initializer = _initializer(table, default_scale)
                 in_blocks = fills_in_blocks(initializer)
+                stored = _storage(table)
                 self.tables[table.name] = self.add_weight(
                     name=table.name, shape=(table.rows, table.dim),
-                    initializer="zeros" if in_blocks else initializer,
-                    trainable=True)
+                    initializer="zeros" if in_blocks else _cast_to(
+                        initializer, stored), **stored)
                 if in_blocks:
                     fill_table(self.tables[table.name], initializer,
                                label=f"init {table.name}")
@@ -160,7 +186,7 @@ class SparseArch(tf_keras.layers.Layer):
                     name = table.name + WIDE_SUFFIX
                     self.tables[name] = self.add_weight(
                         name=name, shape=(table.rows, 1),
-                        initializer="zeros", trainable=True)
+                        initializer="zeros", **stored)
         # Raw ids -> rows of the `mode: dynamic` tables (models.dynamic_table).
         self.dynamic_tables = {
             t.name: DynamicTable(t, ShardLayout.of(self.tables[t.name]),
@@ -197,8 +223,9 @@ class SparseArch(tf_keras.layers.Layer):
         if wide:
             tables.append(self.tables[name + WIDE_SUFFIX])
         outputs = []
+        as_float32 = self.spec.table(name).storage != "float32"
         for i, table in enumerate(tables):
-            found = _lookup(table, safe)
+            found = _lookup(table, safe, as_float32)
             if dynamic is not None:
                 found = dynamic.drop_default_gradient(found, safe,
                                                       dynamic.default_row)

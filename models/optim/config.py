@@ -84,6 +84,20 @@ def slot_values(optimizer: str, rows: int, dim: int) -> int:
     return rows * (kind.slots * dim + kind.row_slots)
 
 
+#: Bytes of one slot value: slots are float32 whatever the table's dtype
+#: (a 16-bit table is updated in float32, ``models.optim.rounding``).
+SLOT_VALUE_BYTES = 4
+
+
+def state_bytes(optimizer: str, rows: int, dim: int,
+                value_bytes: int = 4) -> int:
+    """Bytes of a ``[rows, dim]`` table of ``value_bytes`` a value (4
+    float32, 2 bfloat16/float16) with ``optimizer``'s float32 slots: what
+    the PS planner and the size guard count."""
+    return (rows * dim * value_bytes
+            + SLOT_VALUE_BYTES * slot_values(optimizer, rows, dim))
+
+
 def slot_text(optimizer: str) -> str:
     """``adagrad 1``, ``rowwise_adagrad 1/row``: its slots per table value
     (or per row), for help texts."""

@@ -4,11 +4,12 @@ Under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` every device
 holds a full copy of every embedding table and of the optimizer slots. Before
 anything is built, :func:`estimate_replicated_bytes` adds up, per device:
 
-* tables: ``rows * dim * 4`` bytes per table (plus the ``[rows, 1]`` wide
-  tables of DeepFM / Wide & Deep);
+* tables: ``rows * dim * 4`` bytes per table, 2 for a 16-bit one (plus
+  the ``[rows, 1]`` wide tables of DeepFM / Wide & Deep);
 * table slots: the sparse optimizer's slots (``models.optim.config``'s
   ``slot_values``): table-sized ones (Adagrad 1, FTRL 2, SGD 0) and
-  one-value-per-row ones (row-wise Adagrad: ``rows * 4`` bytes per table);
+  one-value-per-row ones (row-wise Adagrad: ``rows * 4`` bytes per table),
+  float32 whatever the table's dtype;
 * dense weights and their slots (Adam 2, Adagrad 1, SGD 0).
 
 :func:`check_fits` compares the sum with ``memory_fraction`` of the memory
@@ -29,6 +30,7 @@ from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec.dynamic import DYNAMIC_DEFAULTS
 from psrec.features.spec.spec import FeatureSpec
+from psrec.models.optim.config import SLOT_VALUE_BYTES
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots
@@ -116,12 +118,13 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
     """Bytes of one replica: tables, their slots, dense weights and slots
     (``dense_parameters`` counted with :func:`dense_parameter_count` unless
     known)."""
-    shapes = [(t.rows, t.dim) for t in spec.tables]
+    shapes = [(t.rows, t.dim, t.value_bytes) for t in spec.tables]
     wide = model.wide_tables(spec)
-    shapes += [(t.rows, 1) for t in spec.tables if t.name in wide]
-    tables = 4 * sum(rows * dim for rows, dim in shapes)
-    table_slots = 4 * sum(slot_values(optimizer.sparse, rows, dim)
-                          for rows, dim in shapes)
+    shapes += [(t.rows, 1, t.value_bytes) for t in spec.tables
+               if t.name in wide]
+    tables = sum(rows * dim * size for rows, dim, size in shapes)
+    table_slots = SLOT_VALUE_BYTES * sum(
+        slot_values(optimizer.sparse, rows, dim) for rows, dim, _ in shapes)
     if dense_parameters is None:
         dense_parameters = dense_parameter_count(spec, model)
     dense = 4 * dense_parameters
