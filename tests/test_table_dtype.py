@@ -262,7 +262,8 @@ def test_a_bfloat16_checkpoint_restores_by_value_into_one_shard(trained,
 def test_a_bfloat16_model_exports_float32_scores_equal_to_its_own(tmp_path):
     """The all-in-one SavedModel of a deepfm with bfloat16 tables (wide
     twins too) keeps them bfloat16 and serves float32 probabilities equal
-    to the model's; ``--table-dtype int8`` quantizes the bfloat16 rows."""
+    to the model's; the tables' gradients are float32; ``--table-dtype
+    int8`` quantizes the bfloat16 rows."""
     import pyarrow as pa
 
     from psrec.models.build import build_model
@@ -286,7 +287,13 @@ def test_a_bfloat16_model_exports_float32_scores_equal_to_its_own(tmp_path):
                           for _ in range(rows)]),
         "codes": pa.array([list(rng.integers(0, 9, 3)) for _ in range(rows)])})
     raw = {k: tf.constant(v) for k, v in client_inputs(table, spec).items()}
-    expected = tf.sigmoid(model(ServingModule(model, spec).model_batch(raw)))
+    batch = ServingModule(model, spec).model_batch(raw)
+    with tf.GradientTape() as tape:
+        expected = tf.sigmoid(model(batch))
+        loss = tf.reduce_sum(expected)
+    # The lookup's gradient stays float32 (the update is float32 through).
+    assert [g.values.dtype for g in tape.gradient(
+        loss, model.embedding_variables())] == [tf.float32] * 2
     folder = export_saved_model(model, spec, tmp_path / "export")
     served = tf.saved_model.load(folder).signatures["serving_default"](
         **raw)["probability"]

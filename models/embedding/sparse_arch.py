@@ -94,11 +94,22 @@ def table_variables(variable) -> list[tf.Variable]:
     return list(getattr(variable, "variables", [variable]))
 
 
+@tf.custom_gradient
+def _float32_rows(rows: tf.Tensor):
+    """A 16-bit table's rows cast to float32, whose gradient stays float32
+    (a plain cast would round it back to 16 bits): the sparse update of a
+    16-bit table is computed in float32 (``models.optim.rounding``)."""
+    def gradient(upstream):
+        return upstream
+    return tf.cast(rows, tf.float32), gradient
+
+
 def _lookup(table, ids: tf.Tensor, as_float32: bool = False) -> tf.Tensor:
     """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``;
     each distinct id is fetched once, one gather per shard. ``table``: a
     (sharded) variable, or a :class:`QuantizedTable` (serving);
-    ``as_float32``: the distinct rows (of a 16-bit table) cast to float32."""
+    ``as_float32``: the distinct rows (of a 16-bit table) cast to float32
+    (:func:`_float32_rows`)."""
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
     if isinstance(table, QuantizedTable):  # float32 rows of the distinct ids
@@ -113,7 +124,7 @@ def _lookup(table, ids: tf.Tensor, as_float32: bool = False) -> tf.Tensor:
         table = list(table.variables)
     rows = tf.nn.embedding_lookup(table, unique)
     if as_float32:
-        rows = tf.cast(rows, tf.float32)
+        rows = _float32_rows(rows)
     gathered = tf.gather(rows, index)
     return tf.reshape(gathered,
                       tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
