@@ -251,8 +251,9 @@ def _check_memory(args: argparse.Namespace) -> None:
     process's TensorFlow (~0.6 GiB each) and, with ``--checkpoint-writers
     coordinator``, the coordinator's copy of the state while TensorFlow
     saves (~2x)."""
-    state = (args.rows // 26) * 26 * args.dim * 4 * 2  # float32 Adagrad:
-    # the most of any dtype and optimizer but FTRL
+    from psrec.models.optim.config import state_bytes
+    state = state_bytes(args.optimizer, (args.rows // 26) * 26, args.dim,
+                        2 if args.table_dtype != "float32" else 4)
     coordinator = args.checkpoint_writers == "coordinator"
     need = state * (3.1 if coordinator else 1.1) + (
         args.ps + args.workers + 1) * 0.6 * 2**30

@@ -11,7 +11,7 @@ Two parts:
   equal.
 * ``quality``: ``psrec train --strategy one-device`` on one converted data
   folder with ``--table-dtype`` float32, bfloat16 (and float16 with
-  ``--dtypes``) for each seed, the run length sized from the data, the
+  ``--dtypes``) for each seed (``quality_baseline.psrec_run``), the run length sized from the data, the
   exported best checkpoint's eval AUC and logloss (``summary.json``), one
   JSON line per run appended to ``--results`` (a run already there is not
   run again); at the end the table, with each 16-bit run's AUC difference
@@ -30,10 +30,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+# benchmarks/ is this script's folder: its runs are quality_baseline's
+from quality_baseline import _read  # noqa: E402
+from quality_baseline import psrec_run  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -67,35 +69,6 @@ def bytes_table(dim: int, rows: int) -> str:
         lines.append(f"| {name} | " + " | ".join(map(str, planned)) + " | "
                      + ", ".join(f"{b:g}" for b in built) + " |")
     return "\n".join(lines)
-
-
-def psrec_run(data: Path, workdir: Path, dtype: str, seed: int,
-              flags: list[str]) -> dict:
-    """One ``psrec train --strategy one-device`` in a subprocess."""
-    psrec = Path(sys.executable).with_name("psrec")
-    cmd = [str(psrec), "train", "--data", str(data), "--workdir",
-           str(workdir), "--seed", str(seed), "--strategy", "one-device",
-           "--table-dtype", dtype, *flags]
-    shutil.rmtree(workdir, ignore_errors=True)
-    started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n"
-                         f"{done.stderr[-2000:]}")
-    summary = json.loads((workdir / "summary.json").read_text())
-    best = summary["best"]
-    shutil.rmtree(workdir, ignore_errors=True)
-    return {"auc": best["auc"], "logloss": best["logloss"],
-            "best_step": best["step"], "steps": summary["step"],
-            "seconds": round(time.perf_counter() - started, 1),
-            "command": " ".join(cmd[1:])}
-
-
-def _read(results: Path) -> list[dict]:
-    if not results.exists():
-        return []
-    return [json.loads(line) for line in results.read_text().splitlines()
-            if line.strip()]
 
 
 def quality_table(records: list[dict], name: str) -> str:
@@ -144,9 +117,12 @@ def main() -> None:
                 if any(all(r.get(k) == v for k, v in key.items())
                        for r in _read(args.results)):
                     continue
+                run_dir = workdir / f"{dtype}-s{seed}"
                 entry = {**key, **psrec_run(
-                    args.data.resolve(), workdir / f"{dtype}-s{seed}", dtype,
-                    seed, args.flags.split())}
+                    args.data.resolve(), run_dir,
+                    ["--table-dtype", dtype, *args.flags.split()], seed,
+                    "one-device")}
+                shutil.rmtree(run_dir, ignore_errors=True)
                 with args.results.open("a") as out:
                     out.write(json.dumps(entry) + "\n")
                 print(json.dumps(entry), file=sys.stderr)
