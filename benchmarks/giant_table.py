@@ -251,9 +251,9 @@ def _check_memory(args: argparse.Namespace) -> None:
     process's TensorFlow (~0.6 GiB each) and, with ``--checkpoint-writers
     coordinator``, the coordinator's copy of the state while TensorFlow
     saves (~2x)."""
-    from psrec.models.optim.config import state_bytes
-    state = state_bytes(args.optimizer, (args.rows // 26) * 26, args.dim,
-                        2 if args.table_dtype != "float32" else 4)
+    from psrec.models.optim.config import row_bytes
+    state = (args.rows // 26) * 26 * row_bytes(
+        args.optimizer, args.dim, 2 if args.table_dtype != "float32" else 4)
     coordinator = args.checkpoint_writers == "coordinator"
     need = state * (3.1 if coordinator else 1.1) + (
         args.ps + args.workers + 1) * 0.6 * 2**30

@@ -5,7 +5,7 @@ Two parts:
 * ``bytes`` (no data, no training): the bytes of one table row of
   training state (the row and its optimizer slots) for each sparse
   optimizer and table dtype at a dim, as the planner counts them
-  (``models.optim.config.state_bytes``), beside the bytes of the variables
+  (``models.optim.config.row_bytes``), beside the bytes of the variables
   a real one-device model holds for one such table (its variable and its
   slots, read from ``tf.Variable`` shapes and dtypes): the two must be
   equal.
@@ -48,7 +48,7 @@ def bytes_table(dim: int, rows: int) -> str:
 
     from psrec.features.spec.columns import TABLE_DTYPES
     from psrec.models.optim.config import SPARSE_OPTIMIZERS
-    from psrec.models.optim.config import state_bytes
+    from psrec.models.optim.config import row_bytes
     from psrec.models.optim.optimizers import _make
     lines = [f"bytes per row of training state (table row + optimizer "
              f"slots), dim {dim}:", "",
@@ -57,7 +57,7 @@ def bytes_table(dim: int, rows: int) -> str:
     for name in SPARSE_OPTIMIZERS:
         planned, built = [], []
         for dtype in DTYPES:
-            planned.append(state_bytes(name, 1, dim, TABLE_DTYPES[dtype]))
+            planned.append(row_bytes(name, dim, TABLE_DTYPES[dtype]))
             table = tf.Variable(tf.zeros([rows, dim], dtype), name="t")
             optimizer = _make(name, 0.1)
             optimizer._create_all_weights([table])  # noqa: SLF001

@@ -7,8 +7,9 @@ Run as ``python -m tests._ps_helpers COMMAND ...`` from the repository root
 
 * ``reshard --ps N [--train-to DIR] [--restore CKPT ...] --out DIR``: starts
   an in-process cluster of 1 worker + N PS, optionally trains a few steps and
-  saves into DIR, then restores each CKPT in turn and dumps the restored full
-  table, Adagrad accumulator and a dense kernel as ``.npy`` under DIR.
+  saves into DIR, then restores each CKPT in turn and dumps every restored
+  full table, every slot of its optimizer and a dense kernel as ``.npy``
+  under DIR (``--per-table``: two tables on their own optimizers).
 * ``serve --model DIR --spec JSON --parquet FILE --rows N --out DIR``: loads
   a SavedModel in a fresh process without any cluster, runs
   ``serving_default`` on the first N raw Parquet rows and writes the
@@ -254,11 +255,44 @@ def in_order_dataset_fn(data: dict[str, np.ndarray], global_batch: int):
 
 RESHARD_SPEC_ARGS = {"buckets": 50, "dim": 4}
 RESHARD_MODEL = ModelConfig(interaction="concat", top_mlp=(8,))
-TABLE = "categorical"
-TABLE_KEY = f"model/sparse_arch/{TABLE}/.ATTRIBUTES/VARIABLE_VALUE"
-SLOT_KEY = (f"model/sparse_arch/{TABLE}/.OPTIMIZER_SLOT/sparse_optimizer/"
-            "accumulator/.ATTRIBUTES/VARIABLE_VALUE")
 KERNEL_KEY = "model/over_arch/out/kernel/.ATTRIBUTES/VARIABLE_VALUE"
+#: ``--per-table``: C14..C26 move to a table of their own on FTRL at its own
+#: rate, and the first table names row-wise Adagrad (the flag stays).
+PER_TABLE = {"categorical": {"optimizer": "rowwise_adagrad"},
+             "second": {"optimizer": "ftrl", "lr": 0.05}}
+
+
+def reshard_spec(per_table: bool) -> FeatureSpec:
+    """The reshard commands' spec: the small Criteo one (one table), or
+    with ``per_table`` two tables on their own optimizers."""
+    spec = criteo(**RESHARD_SPEC_ARGS)
+    if not per_table:
+        return spec
+    data = spec.to_dict()
+    for feature in data["categorical"][13:]:
+        feature["table"] = "second"
+    for feature in data["categorical"]:
+        del feature["row_offset"]  # laid out again
+    data["tables"] = [{"name": name, "dim": RESHARD_SPEC_ARGS["dim"],
+                       **PER_TABLE[name]} for name in PER_TABLE]
+    return FeatureSpec.from_dict(data)
+
+
+def table_state_keys(trainer) -> dict[str, list]:
+    """Checkpoint key -> the shard variables of every table and of every
+    slot of its optimizer."""
+    state = {}
+    for name, table in trainer.model.sparse_arch.tables.items():
+        shards = list(getattr(table, "variables", [table]))
+        state[f"model/sparse_arch/{name}/.ATTRIBUTES/VARIABLE_VALUE"] = shards
+        optimizer = trainer.table_optimizers[name.removesuffix("__wide")]
+        group = next(g for g, o in trainer.sparse_optimizers.items()
+                     if o is optimizer)
+        for slot in optimizer.get_slot_names():
+            state[f"model/sparse_arch/{name}/.OPTIMIZER_SLOT/{group}/{slot}/"
+                  ".ATTRIBUTES/VARIABLE_VALUE"] = [
+                optimizer.get_slot(s, slot) for s in shards]
+    return state
 
 
 def _reshard(args: argparse.Namespace) -> dict:
@@ -269,7 +303,7 @@ def _reshard(args: argparse.Namespace) -> dict:
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
-    spec = criteo(**RESHARD_SPEC_ARGS)
+    spec = reshard_spec(args.per_table)
     cluster = in_process_cluster(1, args.ps)
     trainer = Trainer(
         build_ps_strategy(cluster, PartitionConfig(kind="fixed")), spec,
@@ -278,9 +312,9 @@ def _reshard(args: argparse.Namespace) -> dict:
                         base_batch_size=64, warmup_steps=0),
         InputConfig(batch_size=64),
         checkpoint_dir=args.train_to or Path(args.out) / "unused")
-    table = trainer.model.sparse_arch.tables[TABLE]
-    shards = list(getattr(table, "variables", [table]))
-    report = {"shards": [[s.device, list(s.shape)] for s in shards],
+    state = table_state_keys(trainer)
+    report = {"shards": {key: [[s.device, list(s.shape)] for s in shards]
+                         for key, shards in state.items()},
               "dumps": []}
     if args.train_to:
         result = trainer.train(random_dataset_fn(spec, 64), LoopConfig(
@@ -290,18 +324,14 @@ def _reshard(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for i, path in enumerate(args.restore or ()):
         trainer.keeper.restore(path)
-        accumulators = [trainer.sparse_optimizer.get_slot(s, "accumulator")
-                        for s in shards]
-        dump = {
-            "table": tf.concat([s.read_value() for s in shards], 0).numpy(),
-            "accumulator": tf.concat([a.read_value() for a in accumulators],
-                                     0).numpy(),
-            "kernel": trainer.model.over_arch.out.kernel.numpy(),
-        }
-        for name, value in dump.items():
-            np.save(out / f"{i}-{name}.npy", value)
-        report["dumps"].append({"checkpoint": path, "prefix": str(out / str(i)),
-                                "slot_devices": [a.device for a in accumulators]})
+        dump = {key: tf.concat([s.read_value() for s in shards], 0).numpy()
+                for key, shards in state.items()}
+        dump[KERNEL_KEY] = trainer.model.over_arch.out.kernel.numpy()
+        files = {}
+        for j, (key, value) in enumerate(dump.items()):
+            files[key] = str(out / f"{i}-{j}.npy")
+            np.save(files[key], value)
+        report["dumps"].append({"checkpoint": path, "files": files})
     return report
 
 
@@ -334,8 +364,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--ps", type=int, required=True)
     p.add_argument("--train-to", default=None)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--optimizer", default="adagrad")  # sparse, with an
-    # "accumulator" slot: adagrad or rowwise_adagrad
+    p.add_argument("--optimizer", default="adagrad")  # --sparse-optimizer
+    p.add_argument("--per-table", action="store_true")  # reshard_spec
     p.add_argument("--restore", nargs="*", default=[])
     p.add_argument("--out", required=True)
     p.set_defaults(run=_reshard)

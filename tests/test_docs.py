@@ -12,7 +12,8 @@
   it) equals that file, and the README's quick start, which is the Criteo
   walkthrough's script (docs/tutorials/criteo.sh), runs end to end on the
   real sample as written, from an empty folder standing for the clone's
-  root.
+  root; so does the retrieval walkthrough's (docs/tutorials/retrieval.sh),
+  on the first ratings of the real MovieLens sample.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from psrec.launch.cli.main import build_parser
 from tests._proc import WatchedProcess
 from tests._proc import kill_pids
 from tests._proc import processes_matching
+from tests._shared import MOVIELENS_DIR
 from tests._shared import shared_data
 from tests._shared import write_shadowing_modules
 
@@ -410,6 +412,36 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _run_walkthrough(script: Path, root: Path, timeout: int
+                     ) -> tuple[WatchedProcess, int, set]:
+    """Runs ``script`` with ``bash -e`` (stop at the first failure) as a
+    reader does, from ``root`` standing for the clone's root, with the
+    ``psrec`` and ``python`` of the interpreter running the tests on
+    ``PATH``; returns the watched run, its exit code and the processes it
+    left (killed)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The `psrec` of the editable install this interpreter runs.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    run = WatchedProcess(subprocess.Popen(
+        ["bash", "-e", str(script)], cwd=root, env=env, text=True,
+        bufsize=1, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=_default_sigint), label=f"{script.name}: ")
+    try:
+        code = run.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.process.pid, signal.SIGKILL)
+        run.process.wait()
+        raise AssertionError(f"{script.name} did not finish within "
+                             f"{timeout} s:\n{run.output[-4000:]}") from None
+    finally:
+        left = processes_matching([str(root.parent)])
+        kill_pids(left)
+    # The whole output stays beside the run, for a look after the test.
+    (root.parent / "walkthrough.log").write_text(run.output + "\n")
+    return run, code, left
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_the_readme_quick_start_runs_end_to_end_as_written(tmp_path):
@@ -433,26 +465,7 @@ def test_the_readme_quick_start_runs_end_to_end_as_written(tmp_path):
     assert len(readme) == 1, "the README's quick start includes criteo.sh"
     script = REPO / "docs" / "tutorials" / "criteo.sh"
     assert readme[0].text == script.read_text(encoding="utf-8")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # The `psrec` of the editable install this interpreter runs.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    run = WatchedProcess(subprocess.Popen(
-        ["bash", "-e", str(script)], cwd=root, env=env, text=True,
-        bufsize=1, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=_default_sigint), label="criteo.sh: ")
-    try:
-        code = run.process.wait(timeout=420)
-    except subprocess.TimeoutExpired:
-        os.killpg(run.process.pid, signal.SIGKILL)
-        run.process.wait()
-        raise AssertionError(f"criteo.sh did not finish within 420 s:\n"
-                             f"{run.output[-4000:]}") from None
-    finally:
-        left = processes_matching([str(tmp_path)])
-        kill_pids(left)
-    # The whole output stays beside the run, for a look after the test.
-    (tmp_path / "walkthrough.log").write_text(run.output + "\n")
+    run, code, left = _run_walkthrough(script, root, 420)
     assert code == 0, f"criteo.sh exited {code}:\n{run.output[-6000:]}"
     assert not left, f"processes left behind: {sorted(left)}"
     run.wait_for(r"wrote runs/criteo/spec\.yaml: \d+ dense, \d+ categorical",
@@ -471,3 +484,67 @@ def test_the_readme_quick_start_runs_end_to_end_as_written(tmp_path):
     assert scores.num_rows == 10_390
     probability = scores.column("probability").to_numpy()
     assert ((probability > 0) & (probability < 1)).all()
+
+
+#: Ratings of the real ml-100k sample the retrieval walkthrough is tested
+#: on: the default length (20 epochs of ~3 steps) keeps the run short.
+_WALKTHROUGH_RATINGS = 1_500
+
+
+def _movielens_head(shared: Path, ratings: int) -> None:
+    """``shared/data/movielens-100k``: the first ``ratings`` lines of the
+    real ``u.data`` and the real movie, user and genre files (written at
+    test time: data is never committed)."""
+    sample = shared_data(MOVIELENS_DIR)
+    folder = shared / "data" / "movielens-100k"
+    folder.mkdir(parents=True)
+    with (sample / "u.data").open("rb") as source:
+        head = b"".join(next(source) for _ in range(ratings))
+    (folder / "u.data").write_bytes(head)
+    for name in ("u.item", "u.user", "u.genre"):
+        (folder / name).write_bytes((sample / name).read_bytes())
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_the_retrieval_walkthrough_runs_end_to_end_as_written(tmp_path):
+    """docs/tutorials/retrieval.sh, which docs/tutorials/retrieval.md
+    includes, as a reader runs it from the clone's root (as the quick
+    start's test does), on the first 1,500 ratings of the real sample:
+    ingest -> convert (catalogue and seen lists) -> train --task retrieval
+    (local cluster, the sized default length, the best by MRR exported) ->
+    plain TensorFlow loads the export and prints the top 10 -> psrec eval
+    -> psrec export. It prints the page's figures: every eval line with
+    the popularity baseline and the users' train candidates left out."""
+    _movielens_head(tmp_path / "shared", _WALKTHROUGH_RATINGS)
+    root = tmp_path / "clone"
+    root.mkdir()
+    page = [block for block in fenced_blocks(
+        REPO / "docs" / "tutorials" / "retrieval.md") if block.include]
+    assert [b.include for b in page] == ["retrieval.sh"]
+    script = REPO / "docs" / "tutorials" / "retrieval.sh"
+    run, code, left = _run_walkthrough(script, root, 480)
+    assert code == 0, f"retrieval.sh exited {code}:\n{run.output[-6000:]}"
+    assert not left, f"processes left behind: {sorted(left)}"
+    converted = re.search(r"read 1500 rows in .*; wrote train (\d+), "
+                          r"eval (\d+)", run.output)
+    assert converted, run.output[-4000:]
+    run.wait_for(r"steps sized from the data .*: \d+ steps of 512 rows", 10)
+    pairs = f"{converted.group(2)} pairs against \\d+ candidates"
+    left_out = r" \(each user's train candidates left out\)"
+    metrics = (r", recall@1 0\.\d{4} \(popularity 0\.\d{4}\), .*"
+               r"MRR 0\.\d{4} \(popularity 0\.\d{4}\)")
+    run.wait_for(rf"step \d+: eval: {pairs}{left_out}{metrics}", 10)
+    run.wait_for(r"exported checkpoint best/best-\d+ .* to "
+                 r"runs/ml/run/export/1", 10)
+    first = run.wait_for(r"^\[\[ *\d+( +\d+){9}\]$", 10)  # the top 10
+    assert re.search(r"^ \[ *\d+( +\d+){9}\]\]$", run.output.split(
+        first.group(0) + "\n", 1)[1].splitlines()[0])
+    run.wait_for(rf"best/best-\d+ \(step \d+\) eval: {pairs}{left_out}"
+                 rf"{metrics}", 10)
+    run.wait_for(r"runs/ml/export/1 \(version 1\): checkpoint best/best-",
+                 10)
+    assert [p.name for p in root.iterdir()] == ["runs"]
+    out = root / "runs" / "ml"
+    assert (out / "run" / "export" / "1" / "saved_model.pb").is_file()
+    assert (out / "export" / "1" / "saved_model.pb").is_file()

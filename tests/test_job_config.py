@@ -72,7 +72,8 @@ def _ps_job(tmp_path: Path) -> JobConfig:
         reset_optimizer=True,
         retrieval=RetrievalConfig(  # every field differs from its default
             tower_mlp=(8,), output_dim=8, temperature=0.1, normalize=False,
-            logq=False, uniform_negatives=4, remove_accidental_hits=False))
+            logq=False, uniform_negatives=4, remove_accidental_hits=False,
+            candidate_bias=False, exclude_seen=False))
 
 
 @pytest.mark.parametrize("build", [_mirrored_job, _ps_job],

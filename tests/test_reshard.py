@@ -1,7 +1,9 @@
 """Resharding restores: a checkpoint written with M PS tasks restores into N
-PS tasks with every table row, every Adagrad accumulator row and the dense
-weights exactly as saved (2 -> 1, 1 -> 3, 2 -> 3), for Adagrad (``[rows,
-dim]`` accumulator) and row-wise Adagrad (``[rows, 1]``).
+PS tasks with every table row, every optimizer slot row and the dense
+weights exactly as saved (2 -> 1, 1 -> 3, 2 -> 3), for one table on Adagrad
+(``[rows, dim]`` accumulator) and for two tables on their own optimizers
+(the spec's ``optimizer``: row-wise Adagrad's ``[rows, 1]`` accumulator,
+FTRL's accumulator and linear at its own rate).
 
 Each cluster shape needs its own process (in-process servers cannot be
 stopped), so the work runs in ``tests._ps_helpers reshard`` subprocesses:
@@ -17,76 +19,101 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from psrec.features.spec.presets import criteo
 from tests._ps_helpers import KERNEL_KEY
-from tests._ps_helpers import RESHARD_SPEC_ARGS
-from tests._ps_helpers import SLOT_KEY
-from tests._ps_helpers import TABLE_KEY
 from tests._ps_helpers import helper_result
+from tests._ps_helpers import reshard_spec
 from tests._ps_helpers import run_helper
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TIMEOUT = 180
-INITIAL_ACCUMULATOR = 0.1  # models.optim: Adagrad(initial_accumulator_value)
-ROWS = criteo(**RESHARD_SPEC_ARGS).table("categorical").rows
+INITIAL_ACCUMULATOR = 0.1  # models.optim: initial_accumulator_value
+SLOT = "/.OPTIMIZER_SLOT/"
+# The run's checkpoint keys of the slots, by table: (optimizer's checkpoint
+# name, slot, its width: None = the table's dim).
+SLOTS = {
+    "adagrad": {"categorical": [("sparse_optimizer", "accumulator", None)]},
+    "per-table": {
+        "categorical": [("sparse_optimizer_rowwise_adagrad", "accumulator",
+                         1)],
+        "second": [("sparse_optimizer_ftrl_lr0p05", "accumulator", None),
+                   ("sparse_optimizer_ftrl_lr0p05", "linear", None)]},
+}
 
 
-@pytest.fixture(scope="module", params=["adagrad", "rowwise_adagrad"])
+@pytest.fixture(scope="module", params=["adagrad", "per-table"])
 def runs(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"reshard-{request.param}")
-    optimizer = ["--optimizer", request.param]
+    flags = ["--per-table"] if request.param == "per-table" else []
     two = helper_result(run_helper(
         ["reshard", "--ps", 2, "--train-to", root / "ckpt-2ps",
-         "--out", root / "run-2ps", *optimizer], TIMEOUT))
+         "--out", root / "run-2ps", *flags], TIMEOUT))
     one = helper_result(run_helper(
         ["reshard", "--ps", 1, "--train-to", root / "ckpt-1ps",
          "--restore", two["checkpoint"], "--out", root / "run-1ps",
-         *optimizer], TIMEOUT))
+         *flags], TIMEOUT))
     three = helper_result(run_helper(
         ["reshard", "--ps", 3, "--restore", one["checkpoint"],
-         two["checkpoint"], "--out", root / "run-3ps", *optimizer], TIMEOUT))
-    return {"two": two, "one": one, "three": three,
-            "slot_dim": 1 if request.param == "rowwise_adagrad" else 4}
+         two["checkpoint"], "--out", root / "run-3ps", *flags], TIMEOUT))
+    spec = reshard_spec(request.param == "per-table")
+    return {"two": two, "one": one, "three": three, "slots": SLOTS[
+        request.param], "tables": {t.name: (t.rows, t.dim)
+                                   for t in spec.tables}}
 
 
-def _load(dump: dict) -> dict[str, np.ndarray]:
-    return {name: np.load(f"{dump['prefix']}-{name}.npy")
-            for name in ("table", "accumulator", "kernel")}
+def _key(table: str, group: str | None = None, slot: str = "") -> str:
+    return (f"model/sparse_arch/{table}" + (f"{SLOT}{group}/{slot}" if group
+                                            else "")
+            + "/.ATTRIBUTES/VARIABLE_VALUE")
 
 
-def _expected(path: str) -> dict[str, np.ndarray]:
+def _expected(runs, path: str) -> dict[str, np.ndarray]:
+    """The checkpoint's tables, slots and a kernel, by key (each expected
+    key present, of the expected shape)."""
     keys = dict(tf.train.list_variables(path))
-    for key in (TABLE_KEY, SLOT_KEY, KERNEL_KEY):
-        assert key in keys, (key, sorted(keys))
     reader = tf.train.load_checkpoint(path)
-    return {"table": reader.get_tensor(TABLE_KEY),
-            "accumulator": reader.get_tensor(SLOT_KEY),
-            "kernel": reader.get_tensor(KERNEL_KEY)}
+    out = {KERNEL_KEY: reader.get_tensor(KERNEL_KEY)}
+    for table, (rows, dim) in runs["tables"].items():
+        out[_key(table)] = reader.get_tensor(_key(table))
+        assert out[_key(table)].shape == (rows, dim)
+        for group, slot, width in runs["slots"][table]:
+            key = _key(table, group, slot)
+            assert key in keys, (key, sorted(keys))
+            out[key] = reader.get_tensor(key)
+            assert out[key].shape == (rows, width or dim), key
+    return out
 
 
-def test_each_run_shards_its_table_over_all_of_its_ps(runs):
+def test_each_run_shards_its_tables_and_slots_over_all_of_its_ps(runs):
     for name, ps in (("one", 1), ("two", 2), ("three", 3)):
         shards = runs[name]["shards"]
-        assert len(shards) == ps, (name, shards)
-        assert {device for device, _ in shards} == {
-            f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(ps)}
-        assert sum(shape[0] for _, shape in shards) == ROWS
+        assert len(shards) == sum(1 + len(s) for s in runs["slots"].values())
+        for table, (rows, _) in runs["tables"].items():
+            placed = shards[_key(table)]
+            assert len(placed) == ps, (name, table)
+            assert {device for device, _ in placed} == {
+                f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(ps)}
+            assert sum(shape[0] for _, shape in placed) == rows
+            for group, slot, _ in runs["slots"][table]:  # beside its shard
+                assert [(d, s[0]) for d, s in shards[_key(
+                    table, group, slot)]] == [(d, s[0]) for d, s in placed]
 
 
 def test_checkpoints_hold_trained_state(runs):
-    a = _expected(runs["two"]["checkpoint"])
-    b = _expected(runs["one"]["checkpoint"])
+    a = _expected(runs, runs["two"]["checkpoint"])
+    b = _expected(runs, runs["one"]["checkpoint"])
     for state in (a, b):
-        assert state["table"].shape == (ROWS, 4)
-        assert state["accumulator"].shape == (ROWS, runs["slot_dim"])
-        # Training changed the accumulator of the rows it touched, so a
-        # restore that left slots at their initial value cannot pass.
-        changed = np.mean(np.any(state["accumulator"] != INITIAL_ACCUMULATOR,
-                                 axis=1))
-        assert changed > 0.5, changed
-    assert not np.array_equal(a["table"], b["table"])
-    assert not np.array_equal(a["accumulator"], b["accumulator"])
+        for key, value in state.items():
+            if SLOT not in key:
+                continue
+            # Training changed the slots of the rows it touched, so a
+            # restore that left slots at their initial value cannot pass.
+            initial = 0.0 if key.split("/")[-3] == "linear" else (
+                INITIAL_ACCUMULATOR)
+            changed = np.mean(np.any(value != initial, axis=1))
+            assert changed > 0.5, (key, changed)
+    for key in a.keys() - {KERNEL_KEY}:
+        assert not np.array_equal(a[key], b[key]), key
 
 
 @pytest.mark.parametrize("case, run, index, source", [
@@ -98,9 +125,11 @@ def test_restore_into_another_ps_count_is_exact(runs, case, run, index,
                                                 source):
     dump = runs[run]["dumps"][index]
     assert dump["checkpoint"] == runs[source]["checkpoint"], case
-    restored = _load(dump)
-    expected = _expected(runs[source]["checkpoint"])
-    for name in ("table", "accumulator", "kernel"):
-        assert restored[name].shape == expected[name].shape, (case, name)
-        assert np.array_equal(restored[name], expected[name]), (case, name)
-    assert np.any(restored["accumulator"] != INITIAL_ACCUMULATOR), case
+    expected = _expected(runs, runs[source]["checkpoint"])
+    assert set(dump["files"]) == set(expected), case
+    for key, value in expected.items():
+        restored = np.load(dump["files"][key])
+        assert restored.shape == value.shape, (case, key)
+        assert np.array_equal(restored, value), (case, key)
+        if SLOT in key and "accumulator" in key:
+            assert np.any(restored != INITIAL_ACCUMULATOR), (case, key)

@@ -22,11 +22,11 @@ from psrec.models.optim.optimizers import _make
 from psrec.models.optim.rounding import stochastic_round
 from tests._ps_helpers import RESHARD_MODEL
 from tests._ps_helpers import RESHARD_SPEC_ARGS
-from tests._ps_helpers import TABLE
-from tests._ps_helpers import TABLE_KEY
 from tests._ps_helpers import random_dataset_fn
 
 SPARSE = ("adagrad", "rowwise_adagrad", "ftrl", "sgd")
+TABLE = "categorical"  # the criteo preset's one table
+TABLE_KEY = f"model/sparse_arch/{TABLE}/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 # -- the spec and the flag --------------------------------------------------------

@@ -31,6 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from psrec.data.convert.checks import serving_values
+from psrec.data.convert.checks import tower_column_dtype
+from psrec.data.convert.seen import SeenItems
 from psrec.data.format.files import atomic_output
 from psrec.data.format.files import open_arrow_input
 from psrec.data.format.files import parquet_sink
@@ -50,14 +52,10 @@ class CatalogueCollector:
 
     def __init__(self, spec: FeatureSpec) -> None:
         towers = spec.towers
-        raw = spec.raw_inputs
-        if towers.candidate_id not in raw:
-            raise DataError(
-                f"towers: `candidate_id` = {towers.candidate_id!r} must be a "
-                "raw input column (not a derived feature): the catalogue and "
-                "the exported top-K model return its raw values.")
+        self.dtype = tower_column_dtype(
+            spec, "candidate_id", "the catalogue and the exported top-K "
+            "model return its raw values.")
         self.spec = spec
-        self.dtype = raw[towers.candidate_id][0]
         self.features = [f for f in spec.categorical
                          if f.name in towers.candidate]
         self._first: dict = {}  # raw id -> {feature: encoded rows}
@@ -85,9 +83,13 @@ class CatalogueCollector:
                 self._first[key] = {f.name: columns[f.name][row]
                                     for f in self.features}
 
+    def keys(self) -> list:
+        """The raw ids in catalogue row order."""
+        return sorted(self._first)
+
     def write(self, out_dir: str | Path) -> str:
         """Writes ``candidates.parquet`` (atomically); returns its name."""
-        keys = sorted(self._first)
+        keys = self.keys()
         data = {RAW_ID: pa.array(keys, pa.string() if self.dtype == "string"
                                  else pa.int64()),
                 **{name: pa.array([counts.get(k, 0) for k in keys],
@@ -108,14 +110,16 @@ class CatalogueCollector:
 @dataclasses.dataclass(frozen=True)
 class Catalogue:
     """A loaded catalogue: ``raw_ids`` [N], ``train_counts`` [N],
-    ``features`` (candidate feature -> int64 rows, ``[N]`` or ``[N, L]``)
-    and ``eval_counts`` [N] (None in a catalogue written before psrec
-    counted them)."""
+    ``features`` (candidate feature -> int64 rows, ``[N]`` or ``[N, L]``),
+    ``eval_counts`` [N] (None in a catalogue written before psrec
+    counted them) and ``seen``, each eval pair's user's train candidates
+    (``seen.parquet``; None without ``towers.query_id``)."""
 
     raw_ids: np.ndarray
     train_counts: np.ndarray
     features: dict[str, np.ndarray]
     eval_counts: np.ndarray | None = None
+    seen: SeenItems | None = None
 
     @property
     def size(self) -> int:
@@ -161,4 +165,5 @@ class Catalogue:
                    features=features,
                    eval_counts=np.asarray(
                        table.column(EVAL_COUNT).to_numpy(), np.int64)
-                   if EVAL_COUNT in table.column_names else None)
+                   if EVAL_COUNT in table.column_names else None,
+                   seen=SeenItems.load(root))

@@ -99,6 +99,18 @@ def float_values(column: pa.Array, fill: float) -> np.ndarray:
                       .to_numpy(zero_copy_only=False))
 
 
+def tower_column_dtype(spec: FeatureSpec, key: str, why: str) -> str:
+    """The raw input dtype of the column the spec's ``towers.<key>``
+    (``candidate_id``, ``query_id``) names; a DataError, ending with
+    ``why``, when it names a derived feature."""
+    name = getattr(spec.towers, key)
+    raw = spec.raw_inputs
+    if name not in raw:
+        raise DataError(f"towers: `{key}` = {name!r} must be a raw input "
+                        f"column (not a derived feature): {why}")
+    return raw[name][0]
+
+
 def serving_values(column: pa.Array, dtype: str, name: str) -> np.ndarray:
     """A raw column as the serving function takes it (``dtype`` of
     ``FeatureSpec.raw_inputs``): strings with null -> ``""``; int64 with null

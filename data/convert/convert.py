@@ -43,6 +43,8 @@ from psrec.data.convert.inputs import parquet_files
 from psrec.data.convert.inputs import read_metadata
 from psrec.data.convert.sampling import kept_rows
 from psrec.data.convert.sampling import sampling_summary
+from psrec.data.convert.seen import SEEN_NAME
+from psrec.data.convert.seen import SeenCollector
 from psrec.data.convert.split import plan_split
 from psrec.data.convert.writer import QUARANTINE_NAME
 from psrec.data.convert.writer import SHARD_NAME_RE
@@ -242,6 +244,7 @@ def _clean_previous(out_dir: Path | UriPath) -> None:
     """Removes the old manifest first, so stale shards are never published."""
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     (out_dir / SPEC_FILE_NAME).unlink(missing_ok=True)
+    (out_dir / SEEN_NAME).unlink(missing_ok=True)  # rewritten if it applies
     for path in out_dir.glob(".*.tmp*"):
         path.unlink()
 
@@ -335,6 +338,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
     positives = dict.fromkeys(SPLITS, 0)
     next_id = 0
     catalogue = CatalogueCollector(spec) if spec.towers else None
+    seen = SeenCollector(spec) if spec.towers and (
+        spec.towers.query_id) else None
     history = HistoryBuilder(spec)  # user-history lists, in log order
     task = progress.task("convert", total_rows, "rows")
     try:
@@ -370,6 +375,9 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
                 positives["eval"] += np.count_nonzero(label[to_eval])
                 if catalogue is not None:  # retrieval: candidates, counts
                     catalogue.add(batch, columns, to_train, to_eval)
+                if seen is not None:  # each user's train candidates
+                    seen.add(batch, columns, ids, to_train,
+                             to_eval if "eval" in writers else None)
                 writers["train"].add({k: v[to_train]
                                       for k, v in columns.items()})
                 if "eval" in writers:
@@ -416,6 +424,8 @@ def convert(parquet_paths: Sequence[str | Path], spec: FeatureSpec,
             stale.unlink()
     if catalogue is not None:
         catalogue.write(out)
+    if seen is not None:
+        seen.write(out, catalogue.keys())
     manifest = Manifest(
         root=out, spec_name=spec.name, spec_hash=spec.fingerprint(),
         block_rows=options.block_rows, shards=shards,

@@ -14,6 +14,7 @@ from typing import Sequence
 from psrec.errors import ConfigError
 from psrec.errors import did_you_mean
 from psrec.features.spec.dynamic import dynamic_problems
+from psrec.features.spec.dynamic import table_dict
 from psrec.features.spec.history import History
 from psrec.uri_path import as_path
 
@@ -26,6 +27,12 @@ LOSSES = ("logloss", "bce", "mse")
 #: float32, or 16 bits with the update computed in float32 and rounded
 #: back (``models.optim.rounding``); the bytes of one value.
 TABLE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: The optimizers a table may name (``TableConfig.optimizer``); each is an
+#: entry of the optimizer registry, ``models.optim.config.OPTIMIZERS``.
+TABLE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "ftrl", "sgd")
+#: A table's keys that are left out of its saved form while unset (specs
+#: written before them keep their form and fingerprint).
+_TABLE_OPTIONAL = ("optimizer", "lr", "dtype")
 
 class SpecError(ConfigError):
     """A feature spec is malformed; the message names the key and the value.
@@ -173,6 +180,10 @@ class TableConfig:
             rows; ``features.spec.dynamic``), with ``capacity``,
             ``admit_threshold``, ``evict``, ``ttl_steps`` and
             ``maintenance_every`` (dynamic only).
+        optimizer: the table's sparse optimizer (one of
+            :data:`TABLE_OPTIMIZERS`); None: ``--sparse-optimizer``.
+        lr: its learning rate at ``--base-batch-size``; None:
+            ``--sparse-lr``.
         dtype: how its values are stored while it trains (``float32``,
             ``bfloat16`` or ``float16``: :data:`TABLE_DTYPES`); None (left
             out of a spec file): the run's ``--table-dtype``
@@ -191,6 +202,8 @@ class TableConfig:
     evict: str = "lfu"
     ttl_steps: int | None = None
     maintenance_every: int = 100
+    optimizer: str | None = None
+    lr: float | None = None
     dtype: str | None = None
 
     def __post_init__(self) -> None:
@@ -205,8 +218,20 @@ class TableConfig:
             + _check_number(where, "scale", self.scale, positive=True,
                             optional=True)
             + dynamic_problems(where, self)
+            + ([] if self.optimizer is None else _check_choice(
+                where, "optimizer", self.optimizer, TABLE_OPTIMIZERS))
+            + _check_number(where, "lr", self.lr, positive=True,
+                            optional=True)
             + ([] if self.dtype is None else _check_choice(
                 where, "dtype", self.dtype, tuple(TABLE_DTYPES))))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table's saved form: without the dynamic keys when it is
+        hashed (``features.spec.dynamic.table_dict``) and without an unset
+        ``optimizer``, ``lr`` or ``dtype``."""
+        return {key: value for key, value in table_dict(
+            dataclasses.asdict(self)).items()
+            if value is not None or key not in _TABLE_OPTIONAL}
 
     @property
     def dynamic(self) -> bool:

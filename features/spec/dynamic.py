@@ -89,10 +89,7 @@ def dynamic_problems(where: str, table: Any) -> list[str]:
 def table_dict(data: dict[str, Any]) -> dict[str, Any]:
     """A table's saved form: without the dynamic keys when it is hashed
     (specs saved before dynamic tables keep their form and fingerprint),
-    without an unset ``ttl_steps`` when it is dynamic, without an unset
-    ``dtype`` (specs saved before 16-bit tables keep their form)."""
-    if data.get("dtype", "") is None:
-        data = {k: v for k, v in data.items() if k != "dtype"}
+    without an unset ``ttl_steps`` when it is dynamic."""
     if data.get("mode") == "hashed":
         return {k: v for k, v in data.items()
                 if k != "mode" and k not in DYNAMIC_DEFAULTS}

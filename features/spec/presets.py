@@ -85,8 +85,10 @@ def movielens_retrieval(dim: int = 32) -> FeatureSpec:
     """MovieLens-100k for two-tower retrieval: every rating is a positive
     (user, movie) pair (label = rating >= 1).
 
-    Query tower: the user id and demographics (age standardised as in
-    :func:`movielens`); candidate tower: the movie id and its genres.
+    Query tower: the user id (the ``query_id``: a user's train movies are
+    left out of the ranking of the user's held-out pairs) and demographics
+    (age standardised as in :func:`movielens`); candidate tower: the movie
+    id and its genres.
     The id tables are hashed ~50x wider than the ids they hold, so few
     users or movies share a row (a shared row makes two movies one).
     """
@@ -105,7 +107,8 @@ def movielens_retrieval(dim: int = 32) -> FeatureSpec:
         categorical=categorical, tables=tables,
         towers=TowersConfig(
             query=("user_id", "age", "gender", "occupation", "zip"),
-            candidate=("item_id", "genres"), candidate_id="item_id"))
+            candidate=("item_id", "genres"), candidate_id="item_id",
+            query_id="user_id"))
 
 
 def movielens_rating(dim: int = 16) -> FeatureSpec:

@@ -46,7 +46,6 @@ from psrec.features.spec.derived import DerivedFeature
 from psrec.features.spec.derived import derived_problems
 from psrec.features.spec.derived import raw_inputs
 from psrec.features.spec.dynamic import mark_raw_ids
-from psrec.features.spec.dynamic import table_dict
 from psrec.features.spec.history import history_problems
 from psrec.features.spec.history import log_columns
 from psrec.features.spec.layout import layout_problems
@@ -225,7 +224,7 @@ class FeatureSpec:
         data = {"name": self.name,
                 **({"labels": labels} if self.multi_task
                    else {"label": labels[0]}),
-                "tables": [table_dict(asdict(t)) for t in self.tables],
+                "tables": [t.to_dict() for t in self.tables],
                 "dense": dense, "categorical": categorical}
         if self.derived:
             data["derived"] = [

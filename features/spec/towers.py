@@ -7,12 +7,17 @@ In a spec file::
       query: [user_id, age, gender]
       candidate: [movie_id, genres]
       candidate_id: movie_id
+      query_id: user_id        # optional: whose rows are one user's
 
 Every categorical and dense feature of the spec belongs to exactly one
 tower; the candidate tower is categorical only (a candidate is described by
 the ids stored in its catalogue, see ``data.convert.catalogue``) and its
-``candidate_id`` is a single-valued categorical feature. A spec without
-``towers`` trains ranking models only, and its fingerprint is unchanged.
+``candidate_id`` is a single-valued categorical feature. The optional
+``query_id`` (a single-valued categorical query feature read from a raw
+column) says which rows are one user's: evaluation leaves each user's train
+candidates out of the ranking of the user's held-out pairs
+(``data.convert.seen``). A spec without ``towers`` trains ranking models
+only, and its fingerprint is unchanged (nor is one without ``query_id``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import DenseFeature
 from psrec.features.spec.columns import SpecError
 
-TOWER_KEYS = ("query", "candidate", "candidate_id")
+TOWER_KEYS = ("query", "candidate", "candidate_id", "query_id")
+_REQUIRED_KEYS = TOWER_KEYS[:3]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,11 +44,15 @@ class TowersConfig:
       candidate: categorical features of the candidate (item) tower.
       candidate_id: the candidate tower's id feature: one candidate per
         distinct raw value (the catalogue's key).
+      query_id: the query tower's user id feature, or None: the rows of
+        one raw value are one user's, whose train candidates the
+        evaluation leaves out of the ranking (the user has seen them).
     """
 
     query: tuple[str, ...]
     candidate: tuple[str, ...]
     candidate_id: str
+    query_id: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -59,12 +69,19 @@ class TowersConfig:
         if not isinstance(self.candidate_id, str) or not self.candidate_id:
             problems.append(f"towers: `candidate_id` = {self.candidate_id!r}"
                             " must name a candidate feature.")
+        if self.query_id is not None and (
+                not isinstance(self.query_id, str) or not self.query_id):
+            problems.append(f"towers: `query_id` = {self.query_id!r} must "
+                            "name a query feature (or be left out).")
         if problems:
             raise SpecError.of(problems)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"query": list(self.query), "candidate": list(self.candidate),
+        data = {"query": list(self.query), "candidate": list(self.candidate),
                 "candidate_id": self.candidate_id}
+        if self.query_id is not None:  # left out: the fingerprint stays
+            data["query_id"] = self.query_id
+        return data
 
 
 def towers_problems(towers: TowersConfig | None,
@@ -116,6 +133,18 @@ def towers_problems(towers: TowersConfig | None,
         problems.append(
             f"towers: `candidate_id` = {towers.candidate_id!r} is a list "
             "feature (max_length > 1); name a single-valued feature.")
+    if towers.query_id is not None:
+        user = categorical_by_name.get(towers.query_id)
+        if towers.query_id not in towers.query or user is None:
+            problems.append(
+                f"towers: `query_id` = {towers.query_id!r} must be one of "
+                "the categorical `query` features "
+                f"{[n for n in towers.query if n in categorical_by_name]}"
+                f"{did_you_mean(towers.query_id, towers.query) or '.'}")
+        elif user.multi_hot:
+            problems.append(
+                f"towers: `query_id` = {towers.query_id!r} is a list "
+                "feature (max_length > 1); name a single-valued feature.")
     return problems
 
 
@@ -131,8 +160,8 @@ def towers_from_dict(data: Any, problems: list[str]) -> TowersConfig | None:
     found = [f"towers: unknown key {key!r}{did_you_mean(key, TOWER_KEYS)} "
              f"(allowed keys: {', '.join(TOWER_KEYS)})." for key in data
              if key not in TOWER_KEYS]
-    found += [f"towers: missing required key `{key}`." for key in TOWER_KEYS
-              if key not in data]
+    found += [f"towers: missing required key `{key}`." for key in
+              _REQUIRED_KEYS if key not in data]
     if found:
         problems += found
         return None

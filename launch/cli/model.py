@@ -23,6 +23,7 @@ from psrec.launch.job.config import JobConfig
 from psrec.launch.job.config import check_breakdown
 from psrec.launch.job.config import check_curves
 from psrec.launch.monitor.progress_bar import add_progress_flag
+from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.serving.config import ExportConfig
 from psrec.options import option_values
 from psrec.ps_cluster.checkpoint.names import check_checkpoint_name
@@ -127,6 +128,7 @@ def add_eval(sub: argparse._SubParsersAction, name: str
                    "to WORKDIR/eval/<checkpoint>-<split>/ and the PR curve "
                    "to WORKDIR/tensorboard/eval-<checkpoint>-<split>/ "
                    "(WORKDIR: the folder holding CHECKPOINT_DIR)")
+    add_option(p, RetrievalConfig, "exclude_seen")
     add_breakdown_flags(p)
     _add_checkpoint_flag(p)
     add_progress_flag(p)
@@ -168,12 +170,17 @@ def check_eval(args: argparse.Namespace) -> None:
     """What ``psrec eval`` refuses before its run imports TensorFlow: a
     missing manifest (``--data``), a checkpoint folder without ``job.json``
     (in the run's order), a ``--checkpoint`` that names no checkpoint,
-    ``--plots`` of a run without a binary label."""
+    ``--plots`` of a run without a binary label, ``--no-exclude-seen`` of a
+    ranking run."""
     Manifest.load(args.data)
     record = JobConfig.read(args.checkpoint_dir)
     check_checkpoint_name(args.checkpoint_dir, args.checkpoint)
     if args.plots:
         check_curves(record)
+    if args.no_exclude_seen and record.retrieval is None:
+        raise UsageError(
+            f"--no-exclude-seen: {args.checkpoint_dir} holds a ranking run; "
+            "the flag applies to a retrieval run's recall@k (drop it).")
     check_breakdown(dataclasses.replace(
         record.loop, group_by=args.group_by,
         gauc_weighting=args.gauc_weighting, slice_by=args.slice_by,

@@ -77,7 +77,8 @@ def run_eval(args: argparse.Namespace) -> int:
                                  checkpoint=args.checkpoint,
                                  progress=progress_for(args),
                                  curves=args.plots,
-                                 breakdown=breakdown_of(args))
+                                 breakdown=breakdown_of(args),
+                                 exclude_seen=not args.no_exclude_seen)
     plots = None
     if args.plots:
         result, curves = result

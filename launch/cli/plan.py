@@ -77,7 +77,8 @@ def add_plan(sub: argparse._SubParsersAction, name: str
     add_model_flag(model)
     model.add_argument("--optimizer", choices=SPARSE_OPTIMIZERS,
                        default=default_of(OptimizerConfig, "sparse"),
-                       help="the tables' optimizer: its slots (" + ", ".join(
+                       help="the optimizer of the tables whose spec names "
+                       "none (a table's `optimizer`): its slots (" + ", ".join(
                            slot_text(name)
                            for name in SPARSE_OPTIMIZERS) + " per table "
                        "value, or per row)")

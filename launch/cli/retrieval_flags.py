@@ -41,6 +41,7 @@ def add_retrieval_flags(parser: argparse.ArgumentParser) -> None:
                type=non_negative)
     add_option(group, RetrievalConfig, "remove_accidental_hits")
     add_option(group, RetrievalConfig, "candidate_bias")
+    add_option(group, RetrievalConfig, "exclude_seen")
 
 
 def retrieval_config(args: argparse.Namespace, spec
@@ -60,4 +61,5 @@ def retrieval_config(args: argparse.Namespace, spec
         temperature=args.temperature, normalize=not args.no_normalize,
         logq=not args.no_logq, uniform_negatives=args.uniform_negatives,
         remove_accidental_hits=not args.keep_accidental_hits,
-        candidate_bias=not args.no_candidate_bias)
+        candidate_bias=not args.no_candidate_bias,
+        exclude_seen=not args.no_exclude_seen)

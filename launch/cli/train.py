@@ -455,6 +455,8 @@ def add_checkpoint_flags(group) -> None:
     """Registers the checkpoint options on ``group``."""
     add_option(group, LoopConfig, "checkpoint_every", type=non_negative,
                default=_JOB.loop.checkpoint_every)
+    add_option(group, LoopConfig, "delta_every", type=non_negative)
+    add_option(group, LoopConfig, "full_every", type=non_negative)
     add_option(group, JobConfig, "keep_checkpoints", type=positive)
     add_option(group, LoopConfig, "keep_best")
     add_option(group, LoopConfig, "early_stop_patience", type=non_negative)

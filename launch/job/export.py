@@ -223,7 +223,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
                         neg_sample_rate: float | None = None, *,
                         progress: Progress = SILENT,
                         curves: bool = False,
-                        breakdown: Breakdown = Breakdown()
+                        breakdown: Breakdown = Breakdown(),
+                        exclude_seen: bool = True
                         ) -> EvalResult | tuple[EvalResult, Curves]:
     """AUC/logloss/calibration of a checkpoint on a split (every example
     once), on logits corrected by ``log(neg_sample_rate)``.
@@ -240,6 +241,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
         ranking run only).
       breakdown: GAUC and slices to add (``--group-by``, ``--slice-by``;
         checked by the caller: ``check_breakdown``).
+      exclude_seen: a retrieval run's eval pairs are ranked without their
+        users' train candidates (when the data has the seen lists).
 
     Raises:
       ConfigError: the manifest has no rows in ``split`` (exit 2); with
@@ -255,7 +258,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, manifest: Manifest,
         check_curves(JobConfig.read(checkpoint_dir))
     if JobConfig.read(checkpoint_dir).retrieval is not None:  # recall@k
         return evaluate_retrieval(checkpoint_dir, _chosen(
-            checkpoint_dir, checkpoint), manifest, split, batch_size)
+            checkpoint_dir, checkpoint), manifest, split, batch_size,
+            exclude_seen)
     model, record, _ = restore_plain_model(
         checkpoint_dir, _chosen(checkpoint_dir, checkpoint))
     manifest.verify(record.spec.fingerprint(), checksums=False)
@@ -329,15 +333,18 @@ def publish_retrieval(model, record, checkpoint: str,
 
 def evaluate_retrieval(checkpoint_dir: str, checkpoint: str,
                        manifest: Manifest, split: str = "eval",
-                       batch_size: int = 4096) -> RetrievalEvalResult:
+                       batch_size: int = 4096, exclude_seen: bool = True
+                       ) -> RetrievalEvalResult:
     """Exact recall@k and MRR of checkpoint ``checkpoint`` (a path) of the
     retrieval run in ``checkpoint_dir`` on ``split`` of ``manifest``,
-    against the catalogue of ``manifest``."""
+    against the catalogue of ``manifest`` (less each pair's user's train
+    candidates with ``exclude_seen``, whatever the run recorded)."""
     record = JobConfig.read(checkpoint_dir)
     manifest.verify(record.spec.fingerprint(), checksums=False)
     trainer = RetrievalTrainer(
         tf.distribute.OneDeviceStrategy("/cpu:0"), record.spec,
-        record.retrieval, record.optimizer, record.input,
+        dataclasses.replace(record.retrieval, exclude_seen=exclude_seen),
+        record.optimizer, record.input,
         catalogue=Catalogue.load(manifest.root, record.spec))
     CheckpointKeeper(checkpoint_dir, tf.train.Checkpoint(
         model=trainer.model)).restore(checkpoint, model_only=True)

@@ -372,7 +372,8 @@ def _make_trainer(config: JobConfig, strategy, manifest: Manifest):
     common = dict(micro_batches=config.strategy.grad_accum_steps,
                   precision=precision, checkpoint_dir=config.checkpoint_dir,
                   keep_checkpoints=config.keep_checkpoints,
-                  checkpoint_writers=config.checkpoint_writers)
+                  checkpoint_writers=config.checkpoint_writers,
+                  track_changes=config.loop.delta_every > 0)
     if config.retrieval is not None:
         trainer = RetrievalTrainer(
             strategy, config.spec, config.retrieval, config.optimizer,

@@ -27,6 +27,7 @@ from psrec.errors import did_you_mean
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.job.config import JOB_FILE
 from psrec.launch.job.config import JobConfig
+from psrec.models.optim.config import OptimizerConfig
 from psrec.ps_cluster.checkpoint.warm_plan import WarmStartError
 from psrec.ps_cluster.checkpoint.warm_plan import WarmStartPlan
 from psrec.ps_cluster.checkpoint.warm_plan import plan_warm_start
@@ -136,6 +137,7 @@ def check_source(config: JobConfig, source: str) -> WarmSource:
     try:
         job = json.loads(record.read_text())
         spec = FeatureSpec.from_dict(job["spec"])
+        optimizer = OptimizerConfig.from_dict(job.get("optimizer") or {})
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise _error(source, f"{record} cannot be read ({error})",
                      "give a checkpoint psrec train wrote") from None
@@ -143,7 +145,8 @@ def check_source(config: JobConfig, source: str) -> WarmSource:
     if theirs != mine:
         raise _error(source, f"is a {theirs} run ({record}), this one "
                      f"is a {mine} run", f"warm-start from a {mine} run")
-    return WarmSource(str(prefix), job, plan_warm_start(spec, config.spec))
+    return WarmSource(str(prefix), job, plan_warm_start(
+        spec, config.spec, optimizer, config.optimizer))
 
 
 def resolve_warm_start(config: JobConfig, log) -> JobConfig:

@@ -15,7 +15,14 @@ statistics (Malladi et al. 2022, "On the SDEs and Scaling Rules for
 Adaptive Gradient Algorithms").
 
 The choices of ``psrec train --sparse-optimizer/--dense-optimizer`` and
-``psrec plan --optimizer`` are this registry's names.
+``psrec plan --optimizer`` are this registry's names; the sparse ones are
+the names a table of the spec may give as its own ``optimizer``
+(``features.spec.columns.TABLE_OPTIMIZERS``).
+
+Per-table optimizers: :func:`table_groups` gives each table its
+:class:`TableGroup` -- the optimizer and learning rate the table names, or
+the flags' -- and tables of one ``(optimizer, lr)`` share one optimizer
+object, named by :attr:`TableGroup.name` in checkpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 
 from psrec.errors import check
 from psrec.errors import check_at_least
+from psrec.features.spec.columns import TABLE_OPTIMIZERS
 from psrec.options import Codec
 from psrec.options import check_choices
 from psrec.options import option
@@ -37,8 +45,9 @@ class OptimizerKind:
     or ``models.optim.rowwise``) and its arguments beside the learning rate,
     its slot variables per trained variable -- ``slots`` each of its size,
     ``row_slots`` each of one value per row (``[rows, 1]``) --, its
-    ``scaling`` (``linear`` or ``sqrt``) and the ``roles`` it takes:
-    ``sparse`` (the tables) and/or ``dense`` (the towers).
+    ``scaling`` (``linear`` or ``sqrt``) and whether it may train the
+    ``dense`` towers (the tables' choices are the spec's
+    ``TABLE_OPTIMIZERS``).
     """
 
     name: str
@@ -46,28 +55,24 @@ class OptimizerKind:
     arguments: tuple[tuple[str, Any], ...]
     slots: int
     scaling: str
-    roles: tuple[str, ...]
+    dense: bool = False
     row_slots: int = 0
 
 
 OPTIMIZERS: dict[str, OptimizerKind] = {kind.name: kind for kind in (
     OptimizerKind("adagrad", "Adagrad", (("initial_accumulator_value", 0.1),),
-                  slots=1, scaling="sqrt", roles=("sparse", "dense")),
+                  slots=1, scaling="sqrt", dense=True),
     OptimizerKind("rowwise_adagrad", "RowwiseAdagrad",
                   (("initial_accumulator_value", 0.1),), slots=0,
-                  scaling="sqrt", roles=("sparse",), row_slots=1),
-    OptimizerKind("ftrl", "Ftrl", (), slots=2, scaling="sqrt",
-                  roles=("sparse",)),
-    OptimizerKind("sgd", "SGD", (), slots=0, scaling="linear",
-                  roles=("sparse", "dense")),
-    OptimizerKind("adam", "Adam", (), slots=2, scaling="sqrt",
-                  roles=("dense",)),
+                  scaling="sqrt", row_slots=1),
+    OptimizerKind("ftrl", "Ftrl", (), slots=2, scaling="sqrt"),
+    OptimizerKind("sgd", "SGD", (), slots=0, scaling="linear", dense=True),
+    OptimizerKind("adam", "Adam", (), slots=2, scaling="sqrt", dense=True),
 )}
 
-SPARSE_OPTIMIZERS = tuple(name for name, kind in OPTIMIZERS.items()
-                          if "sparse" in kind.roles)
+SPARSE_OPTIMIZERS = TABLE_OPTIMIZERS
 DENSE_OPTIMIZERS = tuple(sorted(
-    (name for name, kind in OPTIMIZERS.items() if "dense" in kind.roles),
+    (name for name, kind in OPTIMIZERS.items() if kind.dense),
     key=lambda name: name != "adam"))
 
 
@@ -89,21 +94,21 @@ def slot_values(optimizer: str, rows: int, dim: int) -> int:
 SLOT_VALUE_BYTES = 4
 
 
-def state_bytes(optimizer: str, rows: int, dim: int,
-                value_bytes: int = 4) -> int:
-    """Bytes of a ``[rows, dim]`` table of ``value_bytes`` a value (4
-    float32, 2 bfloat16/float16) with ``optimizer``'s float32 slots: what
-    the PS planner and the size guard count."""
-    return (rows * dim * value_bytes
-            + SLOT_VALUE_BYTES * slot_values(optimizer, rows, dim))
-
-
 def slot_text(optimizer: str) -> str:
     """``adagrad 1``, ``rowwise_adagrad 1/row``: its slots per table value
     (or per row), for help texts."""
     kind = OPTIMIZERS[optimizer]
     return (f"{optimizer} {kind.row_slots}/row" if kind.row_slots
             else f"{optimizer} {kind.slots}")
+
+
+def row_bytes(optimizer: str, dim: int, value_bytes: int = 4) -> int:
+    """Bytes of one ``dim``-wide row of a table trained by ``optimizer``:
+    its values (``value_bytes`` each: 4 float32, 2 bfloat16/float16) and its
+    slots' (float32, :data:`SLOT_VALUE_BYTES`): what the PS planner and the
+    size guard count."""
+    return (value_bytes * dim
+            + SLOT_VALUE_BYTES * slot_values(optimizer, 1, dim))
 
 
 def batch_scale(optimizer: str, batch_size: int, base_batch_size: int
@@ -121,15 +126,16 @@ class OptimizerConfig(Codec, where="optimizer"):
 
     sparse: str = option(
         "adagrad", flag="--sparse-optimizer", choices=SPARSE_OPTIMIZERS,
-        help="optimizer of the embedding tables (its slots per table value, "
-        "or per row: " + ", ".join(slot_text(name)
+        help="optimizer of the embedding tables whose spec names none (a "
+        "table's `optimizer`; its slots per table value, or per row: " + ", ".join(slot_text(name)
                                    for name in SPARSE_OPTIMIZERS) + ")")
     dense: str = option(
         "adam", flag="--dense-optimizer", choices=DENSE_OPTIMIZERS,
         help="optimizer of the dense towers")
     sparse_lr: float = option(
         0.2, flag="--sparse-lr",
-        help="embedding-table learning rate at --base-batch-size")
+        help="embedding-table learning rate at --base-batch-size, of the "
+        "tables whose spec names none (a table's `lr`)")
     dense_lr: float = option(
         0.001, flag="--dense-lr",
         help="dense-tower learning rate at --base-batch-size")
@@ -152,3 +158,52 @@ class OptimizerConfig(Codec, where="optimizer"):
                   "must be a finite number > 0")
         check_at_least(self, 1, "base_batch_size")
         check_at_least(self, 0, "warmup_steps")
+
+
+#: The checkpoint name of the optimizer of the tables that name none (and
+#: of the only one before tables could name theirs).
+DEFAULT_GROUP = "sparse_optimizer"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableGroup:
+    """The optimizer of a group of tables: its registry ``optimizer`` and
+    learning rate ``lr`` (at ``base_batch_size``); ``name`` is its object's
+    name in checkpoints: ``sparse_optimizer`` for the flags'
+    (``--sparse-optimizer`` at ``--sparse-lr``), else
+    ``sparse_optimizer_<optimizer>`` at ``--sparse-lr`` and
+    ``sparse_optimizer_<optimizer>_lr<lr>`` (``.`` written ``p``) at a
+    table's own rate."""
+
+    optimizer: str
+    lr: float
+    name: str
+
+
+def _group(optimizer: str, lr: float, config: OptimizerConfig
+           ) -> TableGroup:
+    if (optimizer, lr) == (config.sparse, config.sparse_lr):
+        return TableGroup(optimizer, lr, DEFAULT_GROUP)
+    rate = "" if lr == config.sparse_lr else "_lr" + f"{lr:g}".replace(
+        ".", "p")
+    return TableGroup(optimizer, lr, f"{DEFAULT_GROUP}_{optimizer}{rate}")
+
+
+def table_groups(tables, config: OptimizerConfig) -> dict[str, TableGroup]:
+    """``table name -> TableGroup`` of ``tables`` (the spec's
+    ``TableConfig``): the ``optimizer`` and ``lr`` each names, the flags'
+    (``config.sparse``, ``config.sparse_lr``) for what it leaves out."""
+    return {t.name: _group(t.optimizer or config.sparse,
+                           t.lr or config.sparse_lr, config)
+            for t in tables}
+
+
+def table_row_bytes(tables, config: OptimizerConfig
+                    ) -> tuple[tuple[str, str, int], ...]:
+    """``(table, optimizer, bytes per row with its slots)`` of each of the
+    spec's ``tables`` (in each table's dtype), as ``psrec plan`` and
+    ``psrec advise`` show them."""
+    groups = table_groups(tables, config)
+    return tuple((t.name, groups[t.name].optimizer,
+                  row_bytes(groups[t.name].optimizer, t.dim, t.value_bytes))
+                 for t in tables)

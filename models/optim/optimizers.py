@@ -22,9 +22,11 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras
 
+from psrec.models.optim.config import DEFAULT_GROUP
 from psrec.models.optim.config import OPTIMIZERS
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import batch_scale
+from psrec.models.optim.config import table_groups
 from psrec.models.optim.rounding import SGD
 from psrec.models.optim.rounding import Adagrad
 from psrec.models.optim.rounding import Ftrl
@@ -77,14 +79,36 @@ def _make(name: str, lr) -> tf_keras.optimizers.legacy.Optimizer:
     return cls(lr, **dict(kind.arguments))
 
 
+def _scheduled(config: OptimizerConfig, batch_size: int, name: str,
+               lr: float) -> tf_keras.optimizers.legacy.Optimizer:
+    """Optimizer ``name`` at rate ``lr`` scaled to ``batch_size`` rows and
+    warmed up (:class:`ScaledWarmup`)."""
+    return _make(name, ScaledWarmup(lr, batch_size, config.base_batch_size,
+                                    config.warmup_steps, name))
+
+
 def build_optimizers(config: OptimizerConfig, batch_size: int
                      ) -> tuple[tf_keras.optimizers.legacy.Optimizer,
                                 tf_keras.optimizers.legacy.Optimizer]:
-    """Returns ``(sparse_optimizer, dense_optimizer)``; build them under the
-    same strategy scope as the model."""
-    def make(name: str, lr: float) -> tf_keras.optimizers.legacy.Optimizer:
-        return _make(name, ScaledWarmup(lr, batch_size,
-                                        config.base_batch_size,
-                                        config.warmup_steps, name))
-    return (make(config.sparse, config.sparse_lr),
-            make(config.dense, config.dense_lr))
+    """Returns ``(sparse_optimizer, dense_optimizer)`` -- the flags' --;
+    build them under the same strategy scope as the model."""
+    return (_scheduled(config, batch_size, config.sparse, config.sparse_lr),
+            _scheduled(config, batch_size, config.dense, config.dense_lr))
+
+
+def build_table_optimizers(config: OptimizerConfig, batch_size: int, tables
+                           ) -> tuple[dict, dict]:
+    """The tables' optimizers: ``(by group, by table)`` -- group name
+    (``models.optim.config.TableGroup.name``; ``sparse_optimizer``, the
+    flags', always first) -> its optimizer, and table name -> its group's
+    optimizer -- for the spec's ``tables``. One optimizer per distinct
+    ``(optimizer, lr)``; build them under the model's strategy scope."""
+    groups = table_groups(tables, config)
+    by_group = {DEFAULT_GROUP: _scheduled(config, batch_size, config.sparse,
+                                          config.sparse_lr)}
+    for group in groups.values():
+        if group.name not in by_group:
+            by_group[group.name] = _scheduled(config, batch_size,
+                                              group.optimizer, group.lr)
+    return by_group, {table: by_group[group.name]
+                      for table, group in groups.items()}

@@ -6,7 +6,8 @@ anything is built, :func:`estimate_replicated_bytes` adds up, per device:
 
 * tables: ``rows * dim * 4`` bytes per table, 2 for a 16-bit one (plus
   the ``[rows, 1]`` wide tables of DeepFM / Wide & Deep);
-* table slots: the sparse optimizer's slots (``models.optim.config``'s
+* table slots: the slots of each table's optimizer -- the one its spec
+  names, else ``--sparse-optimizer`` -- (``models.optim.config``'s
   ``slot_values``): table-sized ones (Adagrad 1, FTRL 2, SGD 0) and
   one-value-per-row ones (row-wise Adagrad: ``rows * 4`` bytes per table),
   float32 whatever the table's dtype;
@@ -34,6 +35,7 @@ from psrec.models.optim.config import SLOT_VALUE_BYTES
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots
+from psrec.models.optim.config import table_groups
 from psrec.models.ranking.config import ModelConfig
 
 GIB = float(1 << 30)
@@ -118,13 +120,15 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
     """Bytes of one replica: tables, their slots, dense weights and slots
     (``dense_parameters`` counted with :func:`dense_parameter_count` unless
     known)."""
-    shapes = [(t.rows, t.dim, t.value_bytes) for t in spec.tables]
+    groups = table_groups(spec.tables, optimizer)
+    shapes = [(groups[t.name].optimizer, t.rows, t.dim, t.value_bytes)
+              for t in spec.tables]
     wide = model.wide_tables(spec)
-    shapes += [(t.rows, 1, t.value_bytes) for t in spec.tables
-               if t.name in wide]
-    tables = sum(rows * dim * size for rows, dim, size in shapes)
-    table_slots = SLOT_VALUE_BYTES * sum(
-        slot_values(optimizer.sparse, rows, dim) for rows, dim, _ in shapes)
+    shapes += [(groups[t.name].optimizer, t.rows, 1, t.value_bytes)
+               for t in spec.tables if t.name in wide]
+    tables = sum(rows * dim * size for _, rows, dim, size in shapes)
+    table_slots = SLOT_VALUE_BYTES * sum(slot_values(name, rows, dim)
+                                         for name, rows, dim, _ in shapes)
     if dense_parameters is None:
         dense_parameters = dense_parameter_count(spec, model)
     dense = 4 * dense_parameters

@@ -63,6 +63,12 @@ class RetrievalConfig(Codec, where="retrieval"):
         help="no learned bias per candidate (default: a score is the two "
         "towers' dot product plus the candidate's bias, the sum of one "
         "learned weight per candidate feature value)")
+    exclude_seen: bool = option(
+        True, flag="--no-exclude-seen",
+        help="evaluate each held-out pair against the whole catalogue "
+        "(default: without the candidates its user has in the train split, "
+        "for the model and the popularity baseline alike; the spec's "
+        "towers.query_id names the user)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tower_mlp", tuple(self.tower_mlp))

@@ -1,6 +1,7 @@
 """Checkpoints: who writes them, streamed saves and restores verified by value,
-lookup tables in checkpoints, the best checkpoint of a run and the dynamic
-tables' state read from files.
+lookup tables in checkpoints, delta checkpoints (the rows changed since the
+last save, flagged on each PS) and their chains, the best checkpoint of a
+run and the dynamic tables' state read from files.
 """
 
 # The choices of ``JobConfig.checkpoint_writers`` (read without TensorFlow);

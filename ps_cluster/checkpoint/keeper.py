@@ -38,6 +38,14 @@ from psrec.errors import DataError
 from psrec.errors import RetryableError
 from psrec.errors import one_line
 from psrec.errors import os_error_cause
+from psrec.ps_cluster.checkpoint.delta import DELTAS
+from psrec.ps_cluster.checkpoint.delta import DeltaState
+from psrec.ps_cluster.checkpoint.delta import apply_delta
+from psrec.ps_cluster.checkpoint.delta import delta_chain
+from psrec.ps_cluster.checkpoint.delta import rebuild_maps
+from psrec.ps_cluster.checkpoint.delta import remove_deltas
+from psrec.ps_cluster.checkpoint.delta import write_delta
+from psrec.ps_cluster.checkpoint.delta import write_manifest
 from psrec.ps_cluster.checkpoint.save import absolute
 from psrec.ps_cluster.checkpoint.save import save_options
 from psrec.ps_cluster.checkpoint.save import save_progress
@@ -313,12 +321,19 @@ class CheckpointKeeper:
       writers: ``--checkpoint-writers`` (``tasks``, ``coordinator`` or
         ``auto``; :mod:`~psrec.ps_cluster.checkpoint.writers`). When the
         tasks write, each PS is first proven to see the folder.
+      dynamic: checkpoint key prefix of a dynamic table -> its
+        ``DynamicTable`` (for delta checkpoints).
+
+    Delta checkpoints (:meth:`save_delta`) live in ``<directory>/deltas/``;
+    :meth:`restore` of the latest restores the latest full checkpoint and
+    then its chain of deltas; a full save removes the deltas of older full
+    checkpoints (compacted into it).
     """
 
     def __init__(self, directory: str | Path, checkpoint: tf.train.Checkpoint,
                  optimizers: dict | None = None, tables: dict | None = None,
                  max_to_keep: int = 3, strategy=None,
-                 writers: str = "auto") -> None:
+                 writers: str = "auto", dynamic: dict | None = None) -> None:
         self.checkpoint = checkpoint
         self.writers = writers
         self.tasks_write = tasks_write(writers, strategy, directory)
@@ -329,8 +344,44 @@ class CheckpointKeeper:
             else str(directory), max_to_keep=max_to_keep)
         self._optimizers = optimizers or {}
         self._tables = tables or {}
+        self._dynamic = dynamic or {}
         self.directory = as_path(directory)
         remove_partial_saves(self.directory)  # of a save that was cut off
+        # The last checkpoint this keeper saved or restored (full or
+        # delta): the base of the next delta. None: a delta needs a full
+        # save or a restore first.
+        self.last_link: str | None = None
+
+    @property
+    def deltas(self):
+        """The folder of the delta checkpoints."""
+        return as_path(self.manager.directory) / DELTAS
+
+    @staticmethod
+    def _full_name(path: str | None) -> str | None:
+        return None if path is None else as_path(path).name
+
+    def chain(self) -> list[tuple[str, dict]]:
+        """``(folder, manifest)`` of each delta after the latest full
+        checkpoint, in order (:func:`delta_chain`: refuses a broken
+        chain)."""
+        full = self._full_name(self.latest)
+        return [] if full is None else delta_chain(self.deltas, full)
+
+    def remove_stale_deltas(self) -> list[str]:
+        """Removes the deltas cut off mid-write and those of a full
+        checkpoint no longer the latest (a crash between a full save and
+        its compaction); returns their names. A resume does this first; a
+        reader of the folder (export, eval) never does: a training run may
+        be writing a delta there."""
+        return remove_deltas(self.deltas, self._full_name(self.latest))
+
+    @property
+    def latest_link(self) -> str | None:
+        """The newest checkpoint a restore reaches: the last delta of the
+        latest full checkpoint's chain, else that checkpoint."""
+        chain = self.chain()
+        return chain[-1][0] if chain else self.latest
 
     @property
     def latest(self) -> str | None:
@@ -346,7 +397,7 @@ class CheckpointKeeper:
         prefix = f"{self.manager.directory}/ckpt-{step}"
         try:
             with save_progress(prefix, state), _no_save_retrace_warning():
-                return self.manager.save(
+                path = self.manager.save(
                     checkpoint_number=step,
                     options=save_options(self.tasks_write))
         except (tf.errors.OpError, OSError) as error:
@@ -358,6 +409,65 @@ class CheckpointKeeper:
                 f"{_save_cause(error)}; its partial files were "
                 f"removed ({', '.join(removed) or 'none'}), the previous "
                 f"checkpoint ({self.latest}) is intact.") from error
+        remove_deltas(self.deltas, self._full_name(path))  # compacted
+        self.last_link = path
+        return path
+
+    def save_delta(self, step: int, tracker) -> str:
+        """Saves delta checkpoint ``step``: the rows ``tracker`` flags (and
+        their slots), written by their own PS when the tasks write, and
+        every dense key, against :attr:`last_link`; the manifest is written
+        last, then the flags of the rows written are cleared. A failed save removes its folder and raises
+        :class:`SaveError` (or :class:`SaveInterruptedError`); the chain
+        before it is intact."""
+        if self.last_link is None or self.latest is None:
+            raise ValueError("a delta needs a full checkpoint saved or "
+                             "restored by this keeper first")
+        folder = self.deltas / f"delta-{step}"
+        text = absolute(folder) if self.tasks_write else str(folder)
+        remove_deltas_folder(folder)
+        changed = {name: [tracker.changed(name, k) for k in range(len(flags))]
+                   for name, flags in tracker.flags.items()}
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            written = write_delta(
+                DeltaState(self.checkpoint, self._tables, self._dynamic),
+                changed, text, None if self.tasks_write else _io_device(),
+                _io_device())
+            write_manifest(text, step=step,
+                           full=self._full_name(self.latest),
+                           base=self._full_name(self.last_link),
+                           written=written)
+        except (tf.errors.OpError, OSError) as error:
+            remove_deltas_folder(folder)
+            kind = (SaveInterruptedError
+                    if isinstance(error, _NETWORK_ERRORS) else SaveError)
+            raise kind(
+                f"saving delta checkpoint {step} in {self.deltas} failed: "
+                f"{_save_cause(error)}; its partial files were removed, "
+                f"the chain up to {self.last_link} is intact.") from error
+        tracker.clear(changed)  # the rows written, on each PS
+        self.last_link = text
+        return text
+
+    def _apply_chain(self, chain: list[tuple[str, dict]]) -> str | None:
+        """Applies each delta of ``chain`` after its full checkpoint was
+        restored, checking each by value; rebuilds the dynamic tables'
+        maps. Returns the last delta's folder (None: no delta)."""
+        if not chain:
+            return None
+        state = DeltaState(self.checkpoint, self._tables, self._dynamic)
+        for folder, manifest in chain:
+            bad = apply_delta(state, folder, manifest,
+                              None if self.tasks_write else _io_device(),
+                              _io_device())
+            if bad:
+                raise RestoreError(
+                    f"delta checkpoint {folder} restored incompletely: "
+                    f"{len(bad)} key(s) differ after restore: {bad[:8]}. "
+                    "Nothing was trained on the partial state.")
+        rebuild_maps(state)
+        return chain[-1][0]
 
     def restore(self, path: str | None = None, *, model_only: bool = False,
                 progress: reporting.Progress | None = None
@@ -367,11 +477,20 @@ class CheckpointKeeper:
         that kept their initial values and flags the optimizer's ShardedVariable
         slot containers, which own no tensor.
 
-        Returns the restored path, or None when there is no checkpoint.
-        ``model_only`` restores and checks only ``model/`` keys (export,
-        eval); ``progress`` (default: the process's) is told the bytes
-        restored and checked when the state is 1 GiB or more.
+        Without ``path`` (and not ``model_only``), the latest full
+        checkpoint's chain of deltas is applied after it, each checked by
+        value (a broken chain is refused before anything is restored).
+
+        Returns the restored path (a delta's folder when the chain has
+        one), or None when there is no checkpoint. ``model_only``
+        restores and checks only ``model/`` keys (export, eval);
+        ``progress`` (default: the process's) is told the bytes restored
+        and checked when the state is 1 GiB or more.
         """
+        chain = []
+        if path is None and not model_only:  # a resume: the whole chain
+            self.remove_stale_deltas()
+            chain = self.chain()
         path = path or self.latest
         if path is None:
             return None
@@ -413,6 +532,19 @@ class CheckpointKeeper:
             raise RestoreError(
                 f"checkpoint {path} restored incompletely: {len(bad)} key(s) "
                 f"are missing on one side or differ after restore: {bad[:8]}. "
-                "Was it written with another spec or model configuration? "
+                "Was it written with another spec, model configuration or "
+                "table optimizer (a table's `optimizer`, --sparse-optimizer; "
+                "to change one, start a new workdir with --warm-start)? "
                 "Nothing was trained on the partial state.")
+        path = self._apply_chain(chain) or path
+        self.last_link = path
         return path
+
+
+def remove_deltas_folder(folder) -> None:
+    """Removes one delta folder (of a failed or repeated save)."""
+    if isinstance(folder, UriPath):
+        if folder.is_dir():
+            folder.rmtree()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -262,15 +262,18 @@ def streamable(live: dict[str, LiveTensor]) -> bool:
 
 def restore_streamed(root: tf.train.Checkpoint, path: str,
                      io_device: str | None, *,
-                     progress: Progress = SILENT) -> None:
+                     progress: Progress = SILENT,
+                     keys_wanted=None) -> None:
     """Restores every live variable of ``root`` that checkpoint ``path``
     holds with the same shape and dtype, block by block of rows
     (:func:`copy_rows`): at most one block is in flight, where TensorFlow's
     restore sends whole variables (and the PS then briefly holds a variable
     twice). Any sharding on either side restores, optimizer slots included;
     keys that do not fit are left to the caller's check. ``progress`` is told
-    the bytes restored when they are :data:`PROGRESS_BYTES` or more."""
-    live = live_tensors(root)
+    the bytes restored when they are :data:`PROGRESS_BYTES` or more;
+    ``keys_wanted``, a predicate on keys, restores only those (None: all)."""
+    wanted = keys_wanted or (lambda key: True)
+    live = {k: v for k, v in live_tensors(root).items() if wanted(k)}
     shapes, dtypes = saved_tensors(path)
     keys = [k for k in sorted(live.keys() & shapes.keys())
             if list(live[k].shape) == list(shapes[k])
@@ -279,8 +282,9 @@ def restore_streamed(root: tf.train.Checkpoint, path: str,
         for key in keys:
             copy_rows(path, key, live[key], io_device)
             task.advance(tensor_bytes(live[key]))
-    restore_tables(in_checkpoint(live_tables(_walk(root)), shapes.keys()),
-                   path, io_device)
+    tables = {k: t for k, t in live_tables(_walk(root)).items()
+              if all(map(wanted, table_keys({k: t})))}
+    restore_tables(in_checkpoint(tables, shapes.keys()), path, io_device)
 
 
 def copy_rows(path: str, key: str, live: LiveTensor,

@@ -22,6 +22,13 @@ name):
 A dynamic table that exists in both runs but with other settings is refused
 (:class:`WarmStartError`): its id -> row map cannot follow a new capacity
 or row layout here.
+
+Optimizer slots follow their rows while the optimizer of the rows' table
+(its spec's ``optimizer``, else the run's ``--sparse-optimizer``) is the
+same in both runs -- under whatever name that optimizer has in each run's
+checkpoint (``models.optim.config.TableGroup``); rows whose table's
+optimizer changed start with fresh slots, one line per table
+(:meth:`WarmStartPlan.slot_rest`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from psrec.errors import ConfigError
 from psrec.features.spec.columns import CategoricalFeature
 from psrec.features.spec.columns import TableConfig
 from psrec.features.spec.spec import FeatureSpec
+from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import TableGroup
+from psrec.models.optim.config import table_groups
 
 FATES = ("carried", "moved", "remapped", "re-initialised", "added",
          "dropped")
@@ -81,6 +91,10 @@ class WarmStartPlan:
     whole: tuple[str, ...]
     copies: tuple[RowCopy, ...]
     features: tuple[FeatureFate, ...]
+    # Table name -> its optimizer group, in the source run and in this one.
+    source_groups: dict[str, TableGroup] = dataclasses.field(
+        default_factory=dict)
+    groups: dict[str, TableGroup] = dataclasses.field(default_factory=dict)
 
     @property
     def copied_tables(self) -> tuple[str, ...]:
@@ -95,8 +109,41 @@ class WarmStartPlan:
         return sum(f.rows for f in self.features if f.fate in fates)
 
     def lines(self) -> list[str]:
-        """One line per feature not carried as-is."""
-        return [f.line() for f in self.features if f.fate != "carried"]
+        """One line per feature not carried as-is, and one per table whose
+        optimizer changed."""
+        return [f.line() for f in self.features if f.fate != "carried"] + [
+            f"warm start: table {table!r} optimizer {before} -> {after}: "
+            "its optimizer slots are re-initialised"
+            for table, before, after in self.optimizer_changes()]
+
+    def optimizer_changes(self) -> list[tuple[str, str, str]]:
+        """``(table, source optimizer, optimizer)`` of this run's tables
+        whose rows come from a source table with another optimizer."""
+        pairs = {(t, t) for t in self.whole} | {
+            (c.source, c.target) for c in self.copies}
+        changes = {}
+        for source, table in sorted(pairs):
+            before, after = self.source_groups.get(source), self.groups.get(
+                table)
+            if before and after and before.optimizer != after.optimizer:
+                changes.setdefault(table, (table, before.optimizer,
+                                           after.optimizer))
+        return list(changes.values())
+
+    def slot_rest(self, source: str, table: str, rest: str) -> str | None:
+        """The source key's rest (after the table's name) of this run's
+        key ``rest`` of ``table``, filled from the source's table
+        ``source``: ``rest`` itself but for an optimizer slot, whose
+        optimizer is named as in the source; None for a slot of a table
+        whose optimizer is another than the source table's (fresh)."""
+        before, after = self.source_groups.get(source), self.groups.get(
+            table)
+        mark = f"/.OPTIMIZER_SLOT/{after.name}/" if after else None
+        if mark is None or mark not in rest or before is None:
+            return rest
+        if before.optimizer != after.optimizer:
+            return None
+        return rest.replace(mark, f"/.OPTIMIZER_SLOT/{before.name}/", 1)
 
     def summary(self, source: str, dense: str, slots: str) -> str:
         moved = self.count("moved") + self.count("remapped")
@@ -223,10 +270,13 @@ def _same_range(old: CategoricalFeature, new: CategoricalFeature) -> bool:
         _vocabulary(old, "source") == _vocabulary(new, "new"))
 
 
-def plan_warm_start(source: FeatureSpec, target: FeatureSpec
+def plan_warm_start(source: FeatureSpec, target: FeatureSpec,
+                    source_optimizer: OptimizerConfig = OptimizerConfig(),
+                    optimizer: OptimizerConfig = OptimizerConfig()
                     ) -> WarmStartPlan:
     """The plan of warm-starting a run of ``target`` from a checkpoint of
-    ``source`` (both specs resolved, offsets laid out).
+    ``source`` (both specs resolved, offsets laid out), whose optimizer
+    flags were ``source_optimizer`` (this run's: ``optimizer``).
 
     Raises:
       WarmStartError: a dynamic table changed, or a vocabulary to remap
@@ -298,4 +348,6 @@ def plan_warm_start(source: FeatureSpec, target: FeatureSpec
                 name, "dropped", why="the new spec does not have it (or "
                 "shares another feature's rows): its rows are not carried"))
     return WarmStartPlan(tuple(t.name for t in target.tables),
-                         tuple(sorted(whole)), tuple(copies), tuple(fates))
+                         tuple(sorted(whole)), tuple(copies), tuple(fates),
+                         table_groups(source.tables, source_optimizer),
+                         table_groups(target.tables, optimizer))

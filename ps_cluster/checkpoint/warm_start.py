@@ -11,6 +11,9 @@ Every key of the live state is one of:
 * a table the plan fills by range copies (its embedding variable, its wide
   ``[rows, 1]`` companion and their slots): each copy's rows, block by
   block, from the source key of the source table into this run's rows;
+* a table's optimizer slot where the table's optimizer is the source's but
+  named otherwise in the checkpoint (``WarmStartPlan.slot_rest``): copied
+  whole from the source's key; where its optimizer changed: left fresh;
 * anything else (dense weights, whole tables, a dynamic table's state and
   its id -> row maps): restored by key where the checkpoint holds it with
   the same shape and dtype, else left freshly initialised (a dense weight
@@ -61,7 +64,9 @@ from psrec.ps_cluster.checkpoint.warm_plan import WarmStartPlan
 
 _TABLES = "model/sparse_arch/"
 _SLOT = "/.OPTIMIZER_SLOT/"
-_OPTIMIZER_ROOTS = ("sparse_optimizer/", "dense_optimizer/", "loss_scale/")
+# The tables' optimizers are `sparse_optimizer` and `sparse_optimizer_*`
+# (``models.optim.config.TableGroup``).
+_OPTIMIZER_ROOTS = ("sparse_optimizer", "dense_optimizer/", "loss_scale/")
 
 
 class WarmStartRestoreError(DataError):
@@ -168,6 +173,14 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
     shapes, dtypes = saved_tensors(path)
     ranged = plan.copied_tables
     whole, copies, fresh_dense, cast = [], [], [], {}
+
+    def fits(source_key: str, key: str, rows_only: bool = True) -> bool:
+        first = 1 if rows_only else 0
+        return source_key in shapes and list(shapes[source_key][first:]) == (
+            list(live[key].shape[first:])) and (
+            dtypes[source_key] == live[key].dtype or _castable(
+                key, dtypes[source_key], live[key].dtype))
+
     for key in sorted(live):
         if key.startswith("progress/") or (
                 reset_optimizer and _is_optimizer(key)):
@@ -176,14 +189,27 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
         if owner is not None:
             table, rest = owner
             for copy in plan.copies:
-                if copy.target != table:
+                rest_there = plan.slot_rest(copy.source, table, rest)
+                if copy.target != table or rest_there is None:
                     continue
-                source_key = _TABLES + copy.source + rest
-                if source_key in shapes and list(shapes[source_key][1:]) == (
-                        list(live[key].shape[1:])) and (
-                        dtypes[source_key] == live[key].dtype or _castable(
-                            key, dtypes[source_key], live[key].dtype)):
+                source_key = _TABLES + copy.source + rest_there
+                if fits(source_key, key):
                     copies.append((key, source_key, copy))
+            continue
+        owner = _table_of(key, plan.whole)
+        if owner is not None and _SLOT in owner[1]:
+            table, rest = owner
+            rest_there = plan.slot_rest(table, table, rest)
+            source_key = None if rest_there is None else (
+                _TABLES + table + rest_there)
+            if source_key is None or source_key == key:
+                if source_key is not None and fits(key, key, False):
+                    whole.append(key)
+                continue  # another optimizer: fresh slots
+            if fits(source_key, key, False):
+                rows = int(live[key].shape[0])
+                copies.append((key, source_key,
+                               RowCopy(table, table, 0, 0, rows)))
             continue
         if key in shapes and list(shapes[key]) == list(live[key].shape) and (
                 dtypes[key] == live[key].dtype):
@@ -224,7 +250,10 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
              f"{len(dense_keys)} variables: "
              + ", ".join(_short(k) for k in fresh_dense[:6])
              + (" ..." if len(fresh_dense) > 6 else ""))
-    slots = "reset" if reset_optimizer else "carried"
+    changed = [table for table, _, _ in plan.optimizer_changes()]
+    slots = "reset" if reset_optimizer else "carried" + (
+        f" (re-initialised for {len(changed)} table(s) whose optimizer "
+        f"changed: {', '.join(changed)})" if changed else "")
     return WarmStartResult(
         lines=tuple(plan.lines()) + tuple(
             f"table {name}: {saved.name} in the source, carried cast to "

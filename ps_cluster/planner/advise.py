@@ -22,6 +22,7 @@ from typing import Callable
 from psrec.errors import check
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import table_row_bytes
 from psrec.models.optim.sizing import DEFAULT_MEMORY_FRACTION
 from psrec.models.optim.sizing import GIB
 from psrec.models.optim.sizing import DeviceMemory
@@ -85,6 +86,8 @@ class Advice:
     reasons: tuple[str, ...]
     seconds: float
     local_gpus: int = 0
+    # (table, optimizer, bytes per row with its slots), per table.
+    tables: tuple[tuple[str, str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -108,6 +111,10 @@ class Advice:
             f"  T_ps        PS loopback,        {m.ps_bytes / 2**20:6.2f} MiB "
             f"{1000 * m.ps_s:8.2f} ms  T_comm/T_compute = {m.ps_ratio:.3f}",
             f"  replicated tables + slots: {self.size.text()}",
+            *(["  tables (optimizer, bytes/row with slots): " + ", ".join(
+                f"{name} {optimizer} {size:,}"
+                for name, optimizer, size in self.tables)]
+              if self.tables else []),
             f"  budget: {self.memory_fraction:g} x "
             f"{self.memory.bytes / GIB:.1f} GiB {self.memory.kind} = "
             f"{budget / GIB:.2f} GiB",
@@ -220,4 +227,5 @@ def advise(spec: FeatureSpec, model_name: str = DEFAULT_MODEL, *,
                   memory_fraction=memory_fraction, threshold=threshold,
                   measurements=measurements, recommendation=choice,
                   reasons=reasons, seconds=time.perf_counter() - began,
-                  local_gpus=gpus)
+                  local_gpus=gpus,
+                  tables=table_row_bytes(spec.tables, optimizer))

@@ -76,20 +76,25 @@ def measure_compute(spec: FeatureSpec, model: ModelConfig, batch_size: int,
     import tensorflow as tf
 
     from psrec.models.build import build_model
+    from psrec.models.optim.config import DEFAULT_GROUP
     from psrec.models.optim.optimizers import build_optimizers
+    from psrec.models.optim.optimizers import build_table_optimizers
     from psrec.ps_cluster.training.step import TrainStep
     from psrec.ps_cluster.training.step import make_train_function
     if any((f.hash_buckets or 0) > MAX_MEASURED_IDS
            for f in spec.categorical):
         spec = proxy_spec(spec, MAX_MEASURED_IDS)
     net = build_model(spec, model)
-    sparse, dense = build_optimizers(optimizer, batch_size)
+    _, dense = build_optimizers(optimizer, batch_size)
+    groups, tables = build_table_optimizers(optimizer, batch_size,
+                                            spec.tables)
     batches = tf.data.Dataset.from_tensors(
         synthetic_batch(spec, batch_size)).repeat()
     iterator = iter(batches)
     train = make_train_function(
         tf.distribute.get_strategy(),
-        TrainStep(net, sparse, dense, spec.label.name), steps)
+        TrainStep(net, groups[DEFAULT_GROUP], dense, spec.label.name,
+                  table_optimizers=tables), steps)
     for _ in range(2):  # trace + warm up
         train(iterator)[0].numpy()
     return _median_seconds(lambda: train(iterator)[0].numpy(), repeats,

@@ -11,11 +11,11 @@ wide table: shard ``i`` of a table whose first shard is variable number
 ``rows // shards`` each, the first ``rows % shards`` shards one row more.
 A table's values take the bytes of its dtype (``TableConfig.dtype``: 4
 float32, 2 bfloat16/float16; its wide twin the same), and the partitioner
-cuts it by those bytes. The sparse optimizer's slots
-(``models.optim.config.slot_values``: Adagrad 1, FTRL 2, SGD 0 of the
-shard's size; row-wise Adagrad one ``[shard_rows, 1]``), float32 whatever
-the table's dtype, sit beside their shard, on its PS
-(``models.optim.config.state_bytes``). Dense weights
+cuts it by those bytes. The slots of each table's optimizer (the one its
+spec names, else ``--sparse-optimizer``; ``models.optim.config.slot_values``:
+Adagrad 1, FTRL 2, SGD 0 of the shard's size; row-wise Adagrad one
+``[shard_rows, 1]``), float32 whatever the table's dtype, sit beside their
+shard, on its PS (``models.optim.config.row_bytes``). Dense weights
 and their slots are counted whole on every PS (an upper bound, small beside
 the tables). ``plan(...).max_ps_bytes`` is the memory one PS task needs.
 """
@@ -33,8 +33,9 @@ from psrec.features.spec.spec import FeatureSpec
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.embedding.sparse_arch import table_creation_scope
 from psrec.models.optim.config import OptimizerConfig
+from psrec.models.optim.config import row_bytes
 from psrec.models.optim.config import slots as slots_of
-from psrec.models.optim.config import state_bytes
+from psrec.models.optim.config import table_groups
 from psrec.models.optim.sizing import dense_parameter_count
 from psrec.models.ranking.config import ModelConfig
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
@@ -95,12 +96,20 @@ class TableShard:
 
 @dataclasses.dataclass(frozen=True)
 class TablePlan:
-    """A table variable (``rows`` x ``dim``) and its shards, in order."""
+    """A table variable (``rows`` x ``dim``), its optimizer and its shards,
+    in order."""
 
     name: str
     rows: int
     dim: int
     shards: tuple[TableShard, ...]
+    optimizer: str = OptimizerConfig.sparse
+    value_bytes: int = VALUE_BYTES  # of its dtype (TableConfig.dtype)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row with its optimizer slots."""
+        return row_bytes(self.optimizer, self.dim, self.value_bytes)
 
     @property
     def bytes(self) -> int:
@@ -112,6 +121,7 @@ class TablePlan:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "rows": self.rows, "dim": self.dim,
+                "optimizer": self.optimizer, "row_bytes": self.row_bytes,
                 "bytes": self.bytes, "slot_bytes": self.slot_bytes,
                 "shards": [s.to_dict() for s in self.shards]}
 
@@ -121,6 +131,8 @@ class ShardingPlan:
     """Where every table shard goes and what each PS task holds.
 
     Attributes:
+      optimizer: ``--sparse-optimizer``, of the tables that name none
+        (each :class:`TablePlan` has its own).
       tables: every table variable, in creation order.
       dense_bytes: dense weights and their slots, counted on every PS.
       ps_bytes: per PS task: its shards, their slots, ``dense_bytes`` and
@@ -184,7 +196,7 @@ class ShardingPlan:
                    "every PS): raise --ps-memory or --table-shards")
         return (f"PS {worst} of {self.ps} would hold "
                 f"{format_bytes(self.max_ps_bytes)} of table shards, "
-                f"{self.optimizer} slots and dense weights, over `--ps-memory`"
+                f"optimizer slots and dense weights, over `--ps-memory`"
                 f" = {format_bytes(self.ps_memory)}; {fix}.")
 
 
@@ -212,6 +224,15 @@ def value_bytes(spec: FeatureSpec, variable: str) -> int:
     return spec.table(variable.removesuffix(WIDE_SUFFIX)).value_bytes
 
 
+def variable_optimizers(spec: FeatureSpec, optimizer: OptimizerConfig
+                        ) -> dict[str, str]:
+    """Table variable name (wide twins too) -> the optimizer that trains it:
+    its table's own, else ``optimizer.sparse``."""
+    groups = table_groups(spec.tables, optimizer)
+    return {name: groups[name].optimizer for name in groups} | {
+        name + WIDE_SUFFIX: group.optimizer for name, group in groups.items()}
+
+
 def shard_rows(rows: int, num_ps: int, partition: PartitionConfig,
                dim: int, dtype: str = "float32") -> list[int]:
     """Rows of each shard of a ``[rows, dim]`` table of ``dtype``, as
@@ -225,10 +246,11 @@ def shard_rows(rows: int, num_ps: int, partition: PartitionConfig,
 
 
 def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
-            partition: PartitionConfig, optimizer: str
+            partition: PartitionConfig, optimizers: dict[str, str]
             ) -> tuple[TablePlan, ...]:
     counter, tables = FIRST_TABLE_VARIABLE, []
     for name, rows, dim in table_variables(spec, model):
+        optimizer = optimizers[name]
         shards, offset = [], 0
         stored = value_bytes(spec, name)
         for index, count in enumerate(shard_rows(
@@ -237,11 +259,11 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             shards.append(TableShard(
                 table=name, index=index, row_offset=offset, rows=count,
                 dim=dim, ps=counter % num_ps, bytes=size,
-                slot_bytes=state_bytes(optimizer, count, dim, stored)
-                - size))
+                slot_bytes=count * row_bytes(optimizer, dim, stored) - size))
             offset += count
             counter += 1
-        tables.append(TablePlan(name, rows, dim, tuple(shards)))
+        tables.append(TablePlan(name, rows, dim, tuple(shards), optimizer,
+                                stored))
     return tuple(tables)
 
 
@@ -251,8 +273,8 @@ def _dtype(spec: FeatureSpec, variable: str) -> str:
 
 def _max_ps_bytes(spec: FeatureSpec,
                   variables: list[tuple[str, int, int]], num_ps: int,
-                  partition: PartitionConfig, optimizer: str, dense: int,
-                  dynamic: frozenset[str]) -> int:
+                  partition: PartitionConfig, optimizers: dict[str, str],
+                  dense: int, dynamic: frozenset[str]) -> int:
     """``max_ps_bytes`` of a plan on ``num_ps`` PS tasks, without building
     it (``min_ps`` tries up to ``MAX_PLANNED_PS`` counts)."""
     counter = FIRST_TABLE_VARIABLE
@@ -261,8 +283,8 @@ def _max_ps_bytes(spec: FeatureSpec,
         rows_each = np.asarray(shard_rows(rows, num_ps, partition, dim,
                                           _dtype(spec, name)),
                                dtype=np.float64)
-        sizes = rows_each * state_bytes(optimizer, 1, dim,
-                                        value_bytes(spec, name))
+        sizes = rows_each * row_bytes(optimizers[name], dim,
+                                      value_bytes(spec, name))
         if name in dynamic:  # its maps and statistics, shard by shard
             sizes += dynamic_table_bytes(rows_each)
         places = (counter + np.arange(len(sizes))) % num_ps
@@ -280,8 +302,8 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
     variables = table_variables(spec, model)
     for num_ps in range(1, MAX_PLANNED_PS + 1):
         if _max_ps_bytes(spec, variables, num_ps, partition,
-                         optimizer.sparse,
-                         dense, dynamic_names(spec)) <= ps_memory:
+                         variable_optimizers(spec, optimizer), dense,
+                         dynamic_names(spec)) <= ps_memory:
             return num_ps
     return None
 
@@ -289,7 +311,8 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
 def _layout(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             optimizer: OptimizerConfig, partition: PartitionConfig,
             dense_parameters: int) -> ShardingPlan:
-    tables = _tables(spec, model, num_ps, partition, optimizer.sparse)
+    tables = _tables(spec, model, num_ps, partition,
+                     variable_optimizers(spec, optimizer))
     dense = VALUE_BYTES * dense_parameters * (1 + slots_of(optimizer.dense))
     ps_bytes = [dense] * num_ps
     dynamic = dynamic_names(spec)
@@ -336,8 +359,8 @@ def plan(spec: FeatureSpec, model_config: ModelConfig, ps: int,
     Args:
       model_config: the architecture (wide tables, dense towers): a
         ranking ``ModelConfig`` or a two-tower ``RetrievalConfig``.
-      optimizer: the tables' optimizer (its slots); the dense part's is
-        the default (``OptimizerConfig.dense``).
+      optimizer: the optimizer (its slots) of the tables whose spec names
+        none; the dense part's is the default (``OptimizerConfig.dense``).
       shards: shards per table (``--table-shards``; default one per PS).
       partitioner: ``min-size`` (the train default), ``fixed``, ``max-size``.
       ps_memory: bytes one PS task may hold; sets ``fits`` and ``min_ps``.
@@ -389,6 +412,20 @@ def _ps_lines(result: ShardingPlan) -> list[str]:
     return lines
 
 
+def _table_lines(result: ShardingPlan) -> list[str]:
+    """One line per table variable: its optimizer and bytes per row."""
+    width = max([len(t.name) for t in result.tables] + [5])
+    lines = ["tables (bytes per row: values + optimizer slots, float32):",
+             f"  {'table':<{width}}  {'rows':>12}  {'dim':>4}  "
+             f"{'optimizer':<15}  {'bytes/row':>9}  {'with slots':>10}"]
+    for table in result.tables:
+        lines.append(
+            f"  {table.name:<{width}}  {table.rows:>12,}  {table.dim:>4}  "
+            f"{table.optimizer:<15}  {table.row_bytes:>9,}  "
+            f"{format_bytes(table.bytes + table.slot_bytes):>10}")
+    return lines
+
+
 def _shard_lines(result: ShardingPlan) -> list[str]:
     width = max([len(t.name) for t in result.tables] + [5])
     lines = ["table shards:",
@@ -408,8 +445,10 @@ def plan_text(result: ShardingPlan) -> str:
     largest = result.largest_shard
     lines = [f"sharding plan: {result.ps} PS, partitioner "
              f"{_partitioning(result)}, {'/'.join(result.table_dtypes)} "
-             f"tables, {result.optimizer} slots (float32)"]
+             f"tables, {result.optimizer} slots (float32) for the tables "
+             "that name no optimizer"]
     lines += _ps_lines(result)
+    lines += _table_lines(result)
     lines += _shard_lines(result)
     lines.append(
         f"largest shard: {_shard_name(largest)} "

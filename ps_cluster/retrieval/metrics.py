@@ -23,8 +23,12 @@ class RetrievalEvalResult:
       catalogue: the candidates every pair was ranked against.
       recall: k -> share of pairs whose candidate ranked in the top k.
       popularity: the same metrics of the popularity baseline on the same
-        pairs (:func:`popularity_baseline`): ``recall`` (k -> share) and
-        ``mrr``; None when the catalogue does not count the split's pairs.
+        pairs under the same rule (:func:`popularity_baseline`, or ranked
+        in the closures when ``seen_excluded``): ``recall`` (k -> share)
+        and ``mrr``; None when the catalogue does not count the split's
+        pairs.
+      seen_excluded: each pair was ranked without its user's train
+        candidates (but its own); False: against the whole catalogue.
     """
 
     count: int
@@ -32,6 +36,7 @@ class RetrievalEvalResult:
     recall: dict[int, float]
     mrr: float
     popularity: dict[str, Any] | None = None
+    seen_excluded: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recall", {
@@ -53,8 +58,10 @@ class RetrievalEvalResult:
         recalls = ", ".join(
             beside(f"recall@{k}", v, baseline.get("recall", {}).get(k))
             for k, v in sorted(self.recall.items()))
+        seen = (" (each user's train candidates left out)"
+                if self.seen_excluded else "")
         return (f"eval: {self.count} pairs against {self.catalogue} "
-                f"candidates, {recalls}, "
+                f"candidates{seen}, {recalls}, "
                 f"{beside('MRR', self.mrr, baseline.get('mrr'))}")
 
     def not_above_popularity(self) -> list[str]:
@@ -132,8 +139,9 @@ def popularity_baseline(train_counts: np.ndarray, pairs: np.ndarray,
                         ks=RECALL_KS) -> dict[str, Any] | None:
     """Recall@k and MRR of ranking every query's candidates by
     :func:`popularity_ranks`, for the pairs ``pairs`` (``[N]``: the pairs
-    of each candidate). The model's evaluation ranks each pair against the
-    whole catalogue with nothing excluded, and so does this: a pair is in
+    of each candidate), each against the whole catalogue with nothing
+    excluded (the evaluation's rule without seen lists; with them the
+    closures rank the baseline, ``ps_cluster.retrieval.eval``): a pair is in
     the top k exactly when its candidate's rank is below k. None when there
     is no pair."""
     pairs = np.asarray(pairs, np.int64)
@@ -146,19 +154,34 @@ def popularity_baseline(train_counts: np.ndarray, pairs: np.ndarray,
             "mrr": float((pairs / (ranks + 1.0)).sum()) / total}
 
 
-def merge_retrieval(catalogue: int) -> Callable[[list], RetrievalEvalResult]:
-    """The ``combine`` of ``evaluate_files``: shard sums -> result."""
+def _merged(parts: list[dict[str, np.ndarray]], prefix: str = ""
+            ) -> tuple[int, dict[int, float], float]:
+    """The pairs, recall@k and MRR of the sums ``{prefix}count`` ... of
+    ``parts``."""
+    count = int(sum(int(p[f"{prefix}count"]) for p in parts))
+    hits = sum((np.asarray(p[f"{prefix}hits"], np.int64) for p in parts),
+               np.zeros(len(RECALL_KS), np.int64))
+    rr = float(sum(float(p[f"{prefix}reciprocal_rank_sum"]) for p in parts))
+    denominator = max(1, count)
+    return (count, {k: float(h) / denominator
+                    for k, h in zip(RECALL_KS, hits)}, rr / denominator)
+
+
+def merge_retrieval(catalogue: int, seen_excluded: bool = False
+                    ) -> Callable[[list], RetrievalEvalResult]:
+    """The ``combine`` of ``evaluate_files``: shard sums -> result; with
+    ``seen_excluded`` the sums carry the popularity baseline's
+    (``popularity_*``), attached when it ranked every pair."""
 
     def combine(parts: list[dict[str, np.ndarray]]) -> RetrievalEvalResult:
-        count = int(sum(int(p["count"]) for p in parts))
-        hits = sum((np.asarray(p["hits"], np.int64) for p in parts),
-                   np.zeros(len(RECALL_KS), np.int64))
-        rr = float(sum(float(p["reciprocal_rank_sum"]) for p in parts))
-        denominator = max(1, count)
+        count, recall, mrr = _merged(parts)
+        popularity = None
+        if seen_excluded:
+            pairs, base_recall, base_mrr = _merged(parts, "popularity_")
+            if pairs == count and count:  # else: other pairs than counted
+                popularity = {"recall": base_recall, "mrr": base_mrr}
         return RetrievalEvalResult(
-            count=count, catalogue=catalogue,
-            recall={k: float(h) / denominator
-                    for k, h in zip(RECALL_KS, hits)},
-            mrr=rr / denominator)
+            count=count, catalogue=catalogue, recall=recall, mrr=mrr,
+            popularity=popularity, seen_excluded=seen_excluded)
 
     return combine

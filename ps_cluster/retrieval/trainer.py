@@ -22,6 +22,7 @@ from psrec.models.retrieval.config import RetrievalConfig
 from psrec.models.retrieval.loss import CandidateTables
 from psrec.models.retrieval.loss import RetrievalLoss
 from psrec.models.retrieval.loss import refresh_embeddings
+from psrec.ps_cluster.retrieval.eval import SeenTables
 from psrec.ps_cluster.retrieval.eval import make_retrieval_eval_function
 from psrec.ps_cluster.retrieval.metrics import RetrievalEvalResult
 from psrec.ps_cluster.retrieval.metrics import merge_retrieval
@@ -37,7 +38,10 @@ class RetrievalTrainer(Trainer):
     probabilities).
 
     Args:
-      catalogue: the candidates of the data (``Catalogue.load``).
+      catalogue: the candidates of the data (``Catalogue.load``); with its
+        ``seen`` lists and ``model_config.exclude_seen``, the eval split's
+        pairs are ranked without their users' train candidates (the
+        model's and the popularity baseline's ranks).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, spec,
@@ -53,6 +57,9 @@ class RetrievalTrainer(Trainer):
         with strategy.scope():
             self.tables = CandidateTables(catalogue, spec,
                                           model_config.embedding_dim)
+            self.seen = SeenTables(catalogue.seen, catalogue.train_counts) if (
+                model_config.exclude_seen and catalogue.seen is not None
+                and catalogue.seen.pairs) else None
         self.step.example_losses = RetrievalLoss(self.model, self.tables,
                                                  model_config, spec)
         self._refresh = tf.function(
@@ -80,8 +87,12 @@ class RetrievalTrainer(Trainer):
                  split: str = "eval") -> RetrievalEvalResult:
         """Exact recall@k and MRR of ``split``, with the popularity
         baseline of the same pairs beside them (when the catalogue counts
-        the split's pairs and its count is the evaluation's)."""
+        the split's pairs and its count is the evaluation's); the eval
+        split's pairs without their users' train candidates when the
+        trainer has the seen lists."""
         result = super().evaluate(manifest, batch_size, split)
+        if result.seen_excluded:
+            return result  # the baseline was ranked in the same closures
         if split not in self._baselines:
             pairs = self.catalogue.positives(split)
             self._baselines[split] = None if pairs is None else (
@@ -92,10 +103,13 @@ class RetrievalTrainer(Trainer):
             return result  # other pairs than the catalogue counted
         return dataclasses.replace(result, popularity=baseline[0])
 
-    def _eval_function(self, batch_size: int, block_rows: int):
-        """Exact recall@k and MRR of each pair against the whole catalogue,
+    def _eval_function(self, batch_size: int, block_rows: int,
+                       splits: tuple[str, ...] = ("eval",)):
+        """Exact recall@k and MRR of each pair against the catalogue (less
+        its user's train candidates, for the eval split with seen lists),
         after a refresh of the catalogue embeddings."""
         self.refresh_catalogue()
+        seen = self.seen if splits == ("eval",) else None
         return (make_retrieval_eval_function(
-            self.model, self.tables, self.spec, batch_size, block_rows),
-            merge_retrieval(self.tables.size))
+            self.model, self.tables, self.spec, batch_size, block_rows,
+            seen), merge_retrieval(self.tables.size, seen is not None))

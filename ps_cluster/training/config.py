@@ -68,6 +68,17 @@ class LoopConfig(Codec, where="loop"):
     checkpoint_every: int = option(
         500, flag="--checkpoint-every",
         help="steps between checkpoints; 0: only at the end")
+    delta_every: int = option(
+        0, flag="--delta-every", strategies=("ps", "one-device"),
+        help="steps between delta checkpoints: each PS writes only the "
+        "rows changed since the previous save (with their optimizer "
+        "slots), plus the dense weights; a resume (a lost PS) restores the "
+        "latest full checkpoint and its deltas; 0: no deltas")
+    full_every: int = option(
+        0, flag="--full-every", strategies=("ps", "one-device"),
+        help="with --delta-every: steps between full checkpoints (a "
+        "multiple of --delta-every), which compact the deltas before them; "
+        "0: --checkpoint-every's")
     keep_best: str = option(
         "auc", flag="--keep-best",
         help="keep the checkpoint with the best eval metric in "
@@ -107,7 +118,20 @@ class LoopConfig(Codec, where="loop"):
                        "log_every")
         if self.steps is not None:
             check_at_least(self, 1, "steps")
-        check_at_least(self, 0, "checkpoint_every", "early_stop_patience")
+        check_at_least(self, 0, "checkpoint_every", "early_stop_patience",
+                       "delta_every", "full_every")
+        check(not self.full_every or self.delta_every,
+              qualified(self, "full_every"), self.full_every,
+              f"needs `{qualified(self, 'delta_every')}` (the full saves "
+              "between deltas); without deltas use "
+              f"`{qualified(self, 'checkpoint_every')}`")
+        if self.delta_every:
+            check(self.full_interval > 0 and (
+                self.full_interval % self.delta_every == 0),
+                qualified(self, "full_every"), self.full_interval,
+                "must be a positive multiple of "
+                f"`{qualified(self, 'delta_every')}` = {self.delta_every} "
+                f"(0 takes `{qualified(self, 'checkpoint_every')}`)")
         check_at_least(self, 1, "slice_top")
         if self.eval_every is not None:
             check_at_least(self, 0, "eval_every")
@@ -183,10 +207,27 @@ class LoopConfig(Codec, where="loop"):
         every = self.resolved().eval_every
         return bool(every) and step % every == 0
 
+    @property
+    def full_interval(self) -> int:
+        """Steps between full checkpoints (0: only at evaluations and the
+        end)."""
+        return (self.full_every or self.checkpoint_every
+                if self.delta_every else self.checkpoint_every)
+
+    def save_due(self, step: int) -> str | None:
+        """The checkpoint a boundary at ``step`` writes between evaluations
+        and the end: ``full``, ``delta`` or None."""
+        if self.full_interval and step % self.full_interval == 0:
+            return "full"
+        if self.delta_every and step % self.delta_every == 0:
+            return "delta"
+        return None
+
     def next_boundary(self, step: int) -> int:
         """The next step at which to join: eval, checkpoint or the end."""
         candidates = [self.steps]
-        for every in (self.resolved().eval_every, self.checkpoint_every):
+        for every in (self.resolved().eval_every, self.full_interval,
+                      self.delta_every):
             if every:
                 candidates.append((step // every + 1) * every)
         return min(c for c in candidates if c > step)

@@ -20,11 +20,17 @@ from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 
 class Maintainer:
     """Maintains the dynamic tables of a model's ``sparse_arch``; the slots
-    of reset rows of ``optimizer`` (the sparse one) are reset too."""
+    of reset rows are reset too, in the table's own optimizer:
+    ``optimizers`` (table name -> optimizer) or, a table it does not name,
+    ``optimizer``; ``on_reset(table name, rows)`` is told them (the delta
+    checkpoints' changed rows)."""
 
-    def __init__(self, sparse_arch, optimizer) -> None:
+    def __init__(self, sparse_arch, optimizer,
+                 optimizers: dict | None = None, on_reset=None) -> None:
         self.sparse_arch = sparse_arch
         self.optimizer = optimizer
+        self.optimizers = dict(optimizers or {})
+        self.on_reset = on_reset or (lambda name, rows: None)
         self.tables = dict(sparse_arch.dynamic_tables)
         self.admitted = self.evicted = 0  # by this process, for reports
 
@@ -51,12 +57,14 @@ class Maintainer:
     def reset(self, name: str, rows: np.ndarray) -> None:
         """Fresh values and slots for ``rows`` of table ``name`` (and of
         its wide twin)."""
+        optimizer = self.optimizers.get(name, self.optimizer)
         reset_rows(self.sparse_arch.tables[name], rows,
-                   self.tables[name].fresh_rows(int(rows.size)),
-                   self.optimizer)
+                   self.tables[name].fresh_rows(int(rows.size)), optimizer)
+        self.on_reset(name, rows)
         wide = self.sparse_arch.tables.get(name + WIDE_SUFFIX)
         if wide is not None:
-            reset_rows(wide, rows, tf.zeros([rows.size, 1]), self.optimizer)
+            reset_rows(wide, rows, tf.zeros([rows.size, 1]), optimizer)
+            self.on_reset(name + WIDE_SUFFIX, rows)
 
 
 def dynamic_maintainer(trainer) -> Maintainer | None:
@@ -64,4 +72,6 @@ def dynamic_maintainer(trainer) -> Maintainer | None:
     arch = getattr(trainer.model, "sparse_arch", None)
     if not getattr(arch, "dynamic_tables", None):
         return None
-    return Maintainer(arch, trainer.sparse_optimizer)
+    return Maintainer(arch, trainer.sparse_optimizer,
+                      trainer.table_optimizers,
+                      trainer.changes and trainer.mark_reset_rows)

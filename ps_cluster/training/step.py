@@ -153,7 +153,8 @@ class TrainStep:
     """One optimizer update on one replica (call inside ``strategy.run``).
 
     Args:
-      sparse_optimizer: trains ``model.embedding_variables()``.
+      sparse_optimizer: trains ``model.embedding_variables()`` of the
+        tables ``table_optimizers`` does not name.
       dense_optimizer: trains ``model.dense_variables()``.
       label: the label column, or the spec's ``LabelConfig`` (its ``loss``
         ``mse`` trains on the squared error of the model's output), or the
@@ -165,16 +166,25 @@ class TrainStep:
       example_losses: ``batch -> [B]`` per-example losses of the task
         (retrieval: a sampled softmax); None: the logloss of the model's
         logits against ``label``.
+      table_optimizers: table name -> the optimizer that trains it (and
+        its wide twin), one ``apply_gradients`` per distinct optimizer
+        (``models.optim.optimizers.build_table_optimizers``).
+      on_table_update: ``table grads -> None``, called in the apply right
+        after the sparse update (``ChangeTracker.mark``: flags the rows
+        written, on each shard's PS).
     """
 
     def __init__(self, model: RankingModel, sparse_optimizer,
                  dense_optimizer, label: str, *,
                  loss_scale: DynamicLossScale | None = None,
                  prepare_table_grads: Callable[[list], list] | None = None,
-                 example_losses: Callable[[Batch], tf.Tensor] | None = None
+                 example_losses: Callable[[Batch], tf.Tensor] | None = None,
+                 table_optimizers: dict | None = None,
+                 on_table_update: Callable[[list], None] | None = None
                  ) -> None:
         self.model = model
         self.sparse_optimizer = sparse_optimizer
+        self.table_optimizers = dict(table_optimizers or {})
         self.dense_optimizer = dense_optimizer
         labels = (tuple(label) if isinstance(label, (tuple, list))
                   else (label,))
@@ -183,6 +193,7 @@ class TrainStep:
         self.regression = getattr(labels[0], "loss", "logloss") == "mse"
         self.loss_scale = loss_scale
         self._prepare = prepare_table_grads
+        self._on_table_update = on_table_update
         self.example_losses = example_losses or self._label_loss
 
     def _label_loss(self, batch: Batch) -> tf.Tensor:
@@ -294,10 +305,15 @@ class TrainStep:
             tf.logical_not(finite), tf.float32)), 0.0)
         split = len(table_grads)
 
+        groups = self._table_groups(grads[:split], tables)
+
         def apply_in_replica(grads):
-            self.sparse_optimizer.apply_gradients(
-                zip(grads[:split], tables),
-                experimental_aggregate_gradients=ps)
+            for optimizer, indices in groups:
+                optimizer.apply_gradients(
+                    [(grads[i], tables[i]) for i in indices],
+                    experimental_aggregate_gradients=ps)
+            if self._on_table_update is not None:
+                self._on_table_update(grads[:split])
             self.dense_optimizer.apply_gradients(
                 zip(grads[split:], dense),
                 experimental_aggregate_gradients=ps)
@@ -312,7 +328,8 @@ class TrainStep:
                 if self.loss_scale is not None:
                     # apply_gradients counts iterations; a skipped update too.
                     self.dense_optimizer.iterations.assign_add(1)
-                    self.sparse_optimizer.iterations.assign_add(1)
+                    for optimizer, _ in groups:
+                        optimizer.iterations.assign_add(1)
                 return tf.constant(False)
 
             finite = strategy.experimental_local_results(finite)[0]
@@ -325,6 +342,27 @@ class TrainStep:
         done = context.merge_call(cross_replica, args=(grads, finite))
         with tf.control_dependencies([done]):
             return tf.identity(finite)
+
+    def _table_groups(self, table_grads: list, tables: list
+                      ) -> list[tuple[object, list[int]]]:
+        """``(optimizer, indices of its table variables)`` per optimizer
+        (``table_optimizers``, else ``sparse_optimizer``), in order, for the
+        variables with a gradient (a group without any is left out:
+        ``apply_gradients`` refuses an update of nothing)."""
+        owner = {}
+        for name, variable in self.model.sparse_arch.tables.items():
+            optimizer = self.table_optimizers.get(
+                name.removesuffix(WIDE_SUFFIX), self.sparse_optimizer)
+            for shard in getattr(variable, "variables", [variable]):
+                owner[id(shard)] = optimizer
+        groups: dict[int, tuple[object, list[int]]] = {}
+        for index, (grad, variable) in enumerate(zip(table_grads, tables)):
+            if grad is None:
+                continue
+            optimizer = owner.get(id(variable), self.sparse_optimizer)
+            groups.setdefault(id(optimizer), (optimizer, []))[1].append(
+                index)
+        return list(groups.values())
 
 
 def make_train_function(strategy: tf.distribute.Strategy, step: TrainStep,

@@ -27,13 +27,18 @@ from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.build import build_model
+from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
+from psrec.models.embedding.sparse_arch import table_variables
+from psrec.models.optim.config import DEFAULT_GROUP
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.optimizers import build_optimizers
+from psrec.models.optim.optimizers import build_table_optimizers
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.model import RankingModel
 from psrec.models.ranking.model import shifted_outputs
 from psrec.ps_cluster.checkpoint.best import BestRecord
 from psrec.ps_cluster.checkpoint.best import BestTracker
+from psrec.ps_cluster.checkpoint.changes import ChangeTracker
 from psrec.ps_cluster.checkpoint.keeper import CheckpointKeeper
 from psrec.ps_cluster.checkpoint.keeper import Progress
 from psrec.ps_cluster.checkpoint.keeper import io_options
@@ -119,6 +124,9 @@ class Trainer:
       neg_sample_rate: the share of negatives the train data kept: evaluation
         adds ``log(neg_sample_rate)`` to the logits, so logloss and
         calibration are those of calibrated predictions (AUC is unchanged).
+      track_changes: flag the rows each update writes, on each table
+        shard's PS (:class:`ChangeTracker`), for delta checkpoints
+        (``LoopConfig.delta_every``).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, spec: FeatureSpec,
@@ -129,7 +137,8 @@ class Trainer:
                  checkpoint_dir: str | Path | None = None,
                  keep_checkpoints: int = 3, checkpoint_writers: str = "auto",
                  positive_rate: float | None = None,
-                 neg_sample_rate: float = 1.0) -> None:
+                 neg_sample_rate: float = 1.0,
+                 track_changes: bool = False) -> None:
         check(micro_batches >= 1, "micro_batches", micro_batches,
               "must be >= 1", StrategyError)
         check_choice("precision", precision, PRECISIONS, StrategyError)
@@ -155,19 +164,28 @@ class Trainer:
         with _policy(precision), strategy.scope():
             self.model: RankingModel = build_model(spec, model_config,
                                                    positive_rate)
-            self.sparse_optimizer, self.dense_optimizer = build_optimizers(
-                optimizer_config, input_config.batch_size * micro_batches)
+            rows = input_config.batch_size * micro_batches
+            _, self.dense_optimizer = build_optimizers(optimizer_config,
+                                                       rows)
+            # One optimizer per (optimizer, lr) of the tables; the flags'
+            # is `sparse_optimizer` (checkpoints before per-table ones).
+            self.sparse_optimizers, self.table_optimizers = (
+                build_table_optimizers(optimizer_config, rows, spec.tables))
+            self.sparse_optimizer = self.sparse_optimizers[DEFAULT_GROUP]
             self.loss_scale = (DynamicLossScale()
                                if precision == "mixed_float16" else None)
             # Slots now, under the scope, so a restore fills them before
             # training instead of deferring silently.
-            self.sparse_optimizer._create_all_weights(  # noqa: SLF001
-                self.model.embedding_variables())
+            for optimizer in self.sparse_optimizers.values():
+                optimizer._create_all_weights(  # noqa: SLF001
+                    self._variables_of(optimizer))
             self.dense_optimizer._create_all_weights(  # noqa: SLF001
                 self.model.dense_variables())
+            # Not in the checkpoint: a restored state has no changed row.
+            self.changes = (ChangeTracker(table_checkpoint_keys(self.model))
+                            if track_changes else None)
         self.progress = Progress()  # on the coordinator, outside the scope
-        state = {"model": self.model,
-                 "sparse_optimizer": self.sparse_optimizer,
+        state = {"model": self.model, **self.sparse_optimizers,
                  "dense_optimizer": self.dense_optimizer,
                  "progress": self.progress}
         if self.loss_scale is not None:
@@ -177,21 +195,32 @@ class Trainer:
         self.keeper = None if self.checkpoint_dir is None else (
             CheckpointKeeper(
                 self.checkpoint_dir, self.checkpoint,
-                optimizers={"sparse_optimizer": self.sparse_optimizer,
+                optimizers={**self.sparse_optimizers,
                             "dense_optimizer": self.dense_optimizer},
                 tables=table_checkpoint_keys(self.model), strategy=strategy,
-                max_to_keep=keep_checkpoints, writers=checkpoint_writers))
+                max_to_keep=keep_checkpoints, writers=checkpoint_writers,
+                dynamic=dynamic_checkpoint_keys(self.model)))
         self.step = TrainStep(
             self.model, self.sparse_optimizer, self.dense_optimizer,
             spec.labels if spec.multi_task else spec.label,
             loss_scale=self.loss_scale,
-            prepare_table_grads=self._padding())
+            prepare_table_grads=self._padding(),
+            table_optimizers=self.table_optimizers,
+            on_table_update=self.changes and self.changes.mark)
         self.executor = self.eval_beat = None  # set by train()
         self._train_functions: dict[tuple[int, bool], Callable] = {}
         self.coverage_rows: int | None = None  # set by dataset_fn
         # Seconds the last checkpoint save took (None: none yet); an
         # interrupted run's estimate of whether a save fits its grace period.
         self.last_save_seconds: float | None = None
+
+    def _variables_of(self, optimizer) -> list[tf.Variable]:
+        """The table shard variables ``optimizer`` trains (with the wide
+        twins of its tables)."""
+        return [shard for name, variable in
+                self.model.sparse_arch.tables.items()
+                if self.table_optimizers.get(name.removesuffix(WIDE_SUFFIX))
+                is optimizer for shard in table_variables(variable)]
 
     def _padding(self) -> Callable[[list], list] | None:
         """Replicated strategies all-gather table gradients inside a
@@ -254,7 +283,10 @@ class Trainer:
             return None
         step = int(self.progress.step.numpy())
         if self.chief:
-            return self.keeper.save(step)
+            path = self.keeper.save(step)
+            if self.changes is not None:
+                self.changes.clear()
+            return path
         resolver = self.strategy.cluster_resolver
         scratch = self.checkpoint_dir.parent / (
             f".{self.checkpoint_dir.name}-{resolver.task_type}-"
@@ -264,6 +296,22 @@ class Trainer:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
+
+    def mark_reset_rows(self, table: str, rows) -> None:
+        """Flags the ``rows`` of ``table`` that dynamic-table maintenance
+        reset (fresh values and slots) as changed."""
+        self.changes.mark_rows(table_key(table), rows)
+
+    def save_delta(self) -> str | None:
+        """Saves a delta checkpoint (the rows changed since the last save);
+        a full one when there is no base yet (nothing saved or restored by
+        this process). Returns its path."""
+        if self.keeper is None:
+            return None
+        if self.changes is None or self.keeper.last_link is None:
+            return self.save()
+        return self.keeper.save_delta(int(self.progress.step.numpy()),
+                                      self.changes)  # clears what it wrote
 
     # -- data and evaluation -------------------------------------------------------
 
@@ -286,19 +334,21 @@ class Trainer:
         partition's test before train reads all of its rows) once, one
         call or closure per shard, with the task's metrics
         (:meth:`_eval_function`)."""
-        function, combine = self._eval_function(
-            batch_size or self.input_config.batch_size, manifest.block_rows)
         splits = (split,) if isinstance(split, str) else split
+        function, combine = self._eval_function(
+            batch_size or self.input_config.batch_size, manifest.block_rows,
+            splits)
         return evaluate_files(function,
                               [f for s in splits for f in manifest.files(s)],
                               self.coordinator, combine=combine,
                               on_part=self.eval_beat)
 
-    def _eval_function(self, batch_size: int, block_rows: int
+    def _eval_function(self, batch_size: int, block_rows: int,
+                       splits: tuple[str, ...] = ("eval",)
                        ) -> tuple[Callable, Callable]:
-        """The per-shard eval function and the merge of its statistics:
-        ranking metrics on logits corrected for the negative sampling of
-        the train data."""
+        """The per-shard eval function of ``splits`` and the merge of its
+        statistics: ranking metrics on logits corrected for the negative
+        sampling of the train data."""
         model, shift = self.model, self.logit_shift
         breakdown = self.breakdown
         return make_eval_function(
@@ -428,10 +478,10 @@ class Trainer:
                 beat("eval")
                 eval_result = self.evaluate(eval_manifest)
             saved = None
-            if step >= loop.steps or eval_due or (
-                    loop.checkpoint_every and
-                    step % loop.checkpoint_every == 0):
-                saved = self._timed_save(beat)
+            due = ("full" if step >= loop.steps or eval_due
+                   else loop.save_due(step))
+            if due is not None:
+                saved = self._timed_save(beat, delta=due == "delta")
                 path = saved or path
             if on_boundary is not None:
                 on_boundary(step, eval_result, saved)
@@ -460,12 +510,14 @@ class Trainer:
     # -- around the loop: timed saves, the checkpoint of an interrupted
     # run (SIGTERM), the pending work the stall watchdog prints ---------------
 
-    def _timed_save(self, beat: Callable[[str], None]) -> str | None:
-        """:meth:`save` in the ``checkpoint`` heartbeat phase; records its
-        duration in :attr:`last_save_seconds`."""
+    def _timed_save(self, beat: Callable[[str], None], *,
+                    delta: bool = False) -> str | None:
+        """:meth:`save` (``delta``: :meth:`save_delta`) in the
+        ``checkpoint`` heartbeat phase; records its duration in
+        :attr:`last_save_seconds`."""
         beat("checkpoint")
         began = time.perf_counter()
-        saved = self.save()
+        saved = self.save_delta() if delta else self.save()
         self.last_save_seconds = time.perf_counter() - began
         beat("training")
         return saved
@@ -507,7 +559,19 @@ class Trainer:
                 "is oldest holds the stalled closure.")
 
 
+def table_key(name: str) -> str:
+    """The checkpoint key prefix of table ``name``."""
+    return f"model/sparse_arch/{name}"
+
+
 def table_checkpoint_keys(model: RankingModel) -> dict[str, object]:
     """Checkpoint key prefix of every table variable -> the variable."""
-    return {f"model/sparse_arch/{name}": variable
+    return {table_key(name): variable
             for name, variable in model.sparse_arch.tables.items()}
+
+
+def dynamic_checkpoint_keys(model: RankingModel) -> dict[str, object]:
+    """Checkpoint key prefix of every dynamic table's embedding -> its
+    ``DynamicTable``."""
+    dynamic = getattr(model.sparse_arch, "dynamic_tables", {})
+    return {table_key(name): table for name, table in dynamic.items()}
