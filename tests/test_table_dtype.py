@@ -139,6 +139,39 @@ def test_a_dynamic_table_s_reset_rows_are_cast_to_its_dtype():
     assert optimizer.get_slot(shards[1], "accumulator").dtype == tf.float32
 
 
+def test_a_table_s_own_optimizer_trains_its_16_bit_table(tmp_path):
+    """A spec table naming its own optimizer (FTRL, per-table optimizers)
+    and ``dtype: float16`` trains one-device: a float16 variable, its
+    FTRL slots float32 and moved, its rows moved."""
+    import dataclasses
+
+    from psrec.data.input.config import InputConfig
+    from psrec.models.optim.config import OptimizerConfig
+    from psrec.ps_cluster.training.config import LoopConfig
+    from psrec.ps_cluster.training.trainer import Trainer
+    spec = criteo(**RESHARD_SPEC_ARGS)
+    spec = dataclasses.replace(spec, tables=(dataclasses.replace(
+        spec.tables[0], optimizer="ftrl", dtype="float16"),))
+    trainer = Trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), spec,
+                      RESHARD_MODEL, OptimizerConfig(
+                          sparse_lr=0.1, base_batch_size=64, warmup_steps=0),
+                      InputConfig(batch_size=64))
+    table = trainer.model.sparse_arch.tables[TABLE]
+    optimizer = trainer.table_optimizers[TABLE]
+    start = table.numpy().astype(np.float32)
+    trainer.train(random_dataset_fn(spec, 64), LoopConfig(
+        steps=5, steps_per_closure=5, checkpoint_every=0))
+    assert table.dtype == tf.float16 and optimizer is not (
+        trainer.sparse_optimizer)
+    slots = {name: optimizer.get_slot(table, name)
+             for name in optimizer.get_slot_names()}
+    assert sorted(slots) == ["accumulator", "linear"]
+    assert {slot.dtype for slot in slots.values()} == {tf.float32}
+    assert np.any(slots["linear"].numpy() != 0)
+    assert np.mean(np.any(table.numpy().astype(np.float32) != start,
+                          axis=1)) > 0.5
+
+
 # -- under PS ----------------------------------------------------------------------
 
 
