@@ -99,6 +99,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         action="store_const", const="coordinator",
                         help="= --checkpoint-writers coordinator (the "
                              "README's earlier commands)")
+    parser.add_argument("--table-dtype", default="float32",
+                        choices=("float32", "bfloat16", "float16"),
+                        help="the table's dtype (psrec train --table-dtype)")
+    parser.add_argument("--optimizer", default="adagrad",
+                        choices=("adagrad", "rowwise_adagrad", "ftrl", "sgd"),
+                        help="the table's optimizer (--sparse-optimizer)")
     parser.add_argument("--old-init", action="store_true",
                         help="initialise tables as before (full random "
                              "value materialised on the PS)")
@@ -119,14 +125,16 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
     from psrec.ps_cluster.checkpoint.keeper import compare_with_checkpoint
     from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
+    from psrec.ps_cluster.planner.plan import plan_partition
     from psrec.ps_cluster.training.config import LoopConfig
     from psrec.ps_cluster.training.trainer import Trainer
     from psrec.ps_cluster.training.trainer import table_checkpoint_keys
 
     if args.old_init:
         embedding.fills_in_blocks = lambda initializer: False
-    spec = criteo(buckets=args.rows // 26, dim=args.dim)
-    optimizer = OptimizerConfig(sparse="adagrad", dense="adagrad",
+    spec = criteo(buckets=args.rows // 26, dim=args.dim).with_table_dtype(
+        args.table_dtype)
+    optimizer = OptimizerConfig(sparse=args.optimizer, dense="adagrad",
                                 sparse_lr=0.05, dense_lr=0.05,
                                 base_batch_size=args.batch_size,
                                 warmup_steps=0)
@@ -134,6 +142,7 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
                                  PartitionConfig(kind="fixed"))
     out = {"rows": spec.tables[0].rows, "dim": args.dim, "ps": args.ps,
            "workers": args.workers, "old_init": args.old_init,
+           "table_dtype": args.table_dtype, "optimizer": args.optimizer,
            "checkpoint_writers": args.checkpoint_writers,
            "memory": {"idle": _snapshot(roles)}}
     began = time.perf_counter()
@@ -142,6 +151,12 @@ def _phases(args: argparse.Namespace, workdir: Path, roles: dict,
     out["init_s"] = round(time.perf_counter() - began, 2)
     out["memory"]["init"] = _snapshot(roles)
     out["state_bytes"] = _state_bytes(trainer.checkpoint)
+    planned = plan_partition(spec, model_config("dcn"), args.ps, optimizer,
+                             PartitionConfig(kind="fixed"),
+                             dense_parameters=0)
+    out["planned_table_bytes"] = {  # tables and slots, per PS
+        f"ps{ps}": sum(s.total_bytes for s in planned.shards_on(ps))
+        for ps in range(args.ps)}
 
     dataset_fn = bench.synthetic_dataset_fn(
         spec, args.batch_size, True)
@@ -203,7 +218,8 @@ def _ratios(out: dict) -> dict:
 def _table(out: dict) -> str:
     gib = 2 ** 30
     lines = [f"rows {out['rows']:,} x {out['dim']}, {out['ps']} PS, "
-             f"{out['workers']} worker(s), old_init={out['old_init']}, "
+             f"{out['workers']} worker(s), {out['table_dtype']} table, "
+             f"{out['optimizer']}, old_init={out['old_init']}, "
              f"checkpoint writers {out['checkpoint_writers']}",
              "peak RSS (VmHWM, GiB) after each phase:",
              "role          idle  init  train  save  restore  verify"]
@@ -213,7 +229,10 @@ def _table(out: dict) -> str:
                            "verify") if p in out["memory"]]
         lines.append(f"{role:<12}" + "".join(f"{c:6.2f}" for c in cells))
     state = {k: round(v / gib, 3) for k, v in out["state_bytes"].items()}
-    lines.append(f"training state (GiB): {state}; ratios {out['ratios']}")
+    planned = {k: round(v / gib, 3)
+               for k, v in out["planned_table_bytes"].items()}
+    lines.append(f"training state (GiB): {state}; planned tables + slots "
+                 f"(GiB): {planned}; ratios {out['ratios']}")
     lines.append(f"init {out['init_s']} s; train {out['train_s']} s "
                  f"({out['examples_per_sec']:,} ex/s)")
     if "save_s" not in out:
@@ -232,7 +251,9 @@ def _check_memory(args: argparse.Namespace) -> None:
     process's TensorFlow (~0.6 GiB each) and, with ``--checkpoint-writers
     coordinator``, the coordinator's copy of the state while TensorFlow
     saves (~2x)."""
-    state = (args.rows // 26) * 26 * args.dim * 4 * 2
+    from psrec.models.optim.config import row_bytes
+    state = (args.rows // 26) * 26 * row_bytes(
+        args.optimizer, args.dim, 2 if args.table_dtype != "float32" else 4)
     coordinator = args.checkpoint_writers == "coordinator"
     need = state * (3.1 if coordinator else 1.1) + (
         args.ps + args.workers + 1) * 0.6 * 2**30

@@ -67,7 +67,7 @@ def _ps_job(tmp_path: Path) -> JobConfig:
         partition=PartitionConfig(kind="max-size", max_shard_bytes=1 << 20,
                                   shards=3),
         workers=3, ps=2, stall_timeout=None, checkpoint_writers="tasks",
-        data_service="grpc://127.0.0.1:5050",
+        data_service="grpc://127.0.0.1:5050", table_dtype="bfloat16",
         warm_start=str(tmp_path / "yesterday/checkpoints/ckpt-100"),
         reset_optimizer=True,
         retrieval=RetrievalConfig(  # every field differs from its default
@@ -98,8 +98,8 @@ def test_job_config_round_trips_through_dict_and_job_json(tmp_path, build):
 def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
     """The codec test above would miss a field the codec drops if that field
     kept its default: the mirrored job sets every field but partition, ps,
-    workers, checkpoint_writers, warm_start and reset_optimizer (refused
-    under mirrored), data_service (a PS job's dispatcher) and retrieval (a
+    workers, checkpoint_writers, warm_start, reset_optimizer and
+    table_dtype (refused under mirrored), data_service (a PS job's dispatcher) and retrieval (a
     ranking job), which the PS job sets, and follow (it excludes --data:
     the next test's job)."""
     config, default = _mirrored_job(tmp_path), JobConfig()
@@ -107,7 +107,7 @@ def test_every_field_of_the_mirrored_job_differs_from_its_default(tmp_path):
             if getattr(config, f.name) == getattr(default, f.name)}
     assert same == {"partition", "ps", "workers", "checkpoint_writers",
                     "data_service", "retrieval", "warm_start",
-                    "reset_optimizer", "follow"}
+                    "reset_optimizer", "follow", "table_dtype"}
     ps = _ps_job(tmp_path)
     assert all(getattr(ps, name) != getattr(default, name)
                for name in same - {"follow"})

@@ -24,12 +24,16 @@ COMBINERS = ("sum", "mean", *ATTENTION_COMBINERS)
 CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 LOSSES = ("logloss", "bce", "mse")
+#: How a table's values are stored while it trains (``TableConfig.dtype``):
+#: float32, or 16 bits with the update computed in float32 and rounded
+#: back (``models.optim.rounding``); the bytes of one value.
+TABLE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: The optimizers a table may name (``TableConfig.optimizer``); each is an
 #: entry of the optimizer registry, ``models.optim.config.OPTIMIZERS``.
 TABLE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "ftrl", "sgd")
 #: A table's keys that are left out of its saved form while unset (specs
 #: written before them keep their form and fingerprint).
-_TABLE_OPTIONAL = ("optimizer", "lr")
+_TABLE_OPTIONAL = ("optimizer", "lr", "dtype")
 
 class SpecError(ConfigError):
     """A feature spec is malformed; the message names the key and the value.
@@ -181,6 +185,11 @@ class TableConfig:
             :data:`TABLE_OPTIMIZERS`); None: ``--sparse-optimizer``.
         lr: its learning rate at ``--base-batch-size``; None:
             ``--sparse-lr``.
+        dtype: how its values are stored while it trains (``float32``,
+            ``bfloat16`` or ``float16``: :data:`TABLE_DTYPES`); None (left
+            out of a spec file): the run's ``--table-dtype``
+            (:meth:`FeatureSpec.with_table_dtype`), float32 by default. Not
+            part of the spec's fingerprint: it does not change the data.
     """
 
     name: str
@@ -196,6 +205,7 @@ class TableConfig:
     maintenance_every: int = 100
     optimizer: str | None = None
     lr: float | None = None
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
@@ -212,12 +222,14 @@ class TableConfig:
             + ([] if self.optimizer is None else _check_choice(
                 where, "optimizer", self.optimizer, TABLE_OPTIMIZERS))
             + _check_number(where, "lr", self.lr, positive=True,
-                            optional=True))
+                            optional=True)
+            + ([] if self.dtype is None else _check_choice(
+                where, "dtype", self.dtype, tuple(TABLE_DTYPES))))
 
     def to_dict(self) -> dict[str, Any]:
         """The table's saved form: without the dynamic keys when it is
         hashed (``features.spec.dynamic.table_dict``) and without an unset
-        ``optimizer`` or ``lr``."""
+        ``optimizer``, ``lr`` or ``dtype``."""
         return {key: value for key, value in table_dict(
             dataclasses.asdict(self)).items()
             if value is not None or key not in _TABLE_OPTIONAL}
@@ -227,10 +239,20 @@ class TableConfig:
         return self.mode == "dynamic"
 
     @property
+    def storage(self) -> str:
+        """The dtype its values are stored in (``dtype``, float32 unset)."""
+        return self.dtype or "float32"
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one stored value (4 float32, 2 for 16 bits)."""
+        return TABLE_DTYPES[self.storage]
+
+    @property
     def bytes(self) -> int:
-        """Size of the float32 table in bytes (a table of a spec always has
+        """Size of the stored table in bytes (a table of a spec always has
         its ``rows``)."""
-        return (self.rows or 0) * self.dim * 4
+        return (self.rows or 0) * self.dim * self.value_bytes
 
 
 @dataclasses.dataclass(frozen=True)

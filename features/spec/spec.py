@@ -169,6 +169,18 @@ class FeatureSpec:
     def table_bytes(self) -> int:
         return sum(t.bytes for t in self.tables)
 
+    def with_table_dtype(self, dtype: str) -> FeatureSpec:
+        """This spec with ``dtype`` on every table that leaves its
+        ``dtype`` unset (``psrec train --table-dtype``: the flag is the
+        default, a table's own ``dtype`` wins); float32 leaves them unset
+        (unset is float32), so a float32 run's spec keeps its form."""
+        if dtype == "float32":
+            return self
+        tables = tuple(t if t.dtype is not None
+                       else dataclasses.replace(t, dtype=dtype)
+                       for t in self.tables)
+        return dataclasses.replace(self, tables=tables)
+
     def check_vocabularies(self) -> None:
         """Checks vocabulary-backed features fit their tables (reads the
         files)."""
@@ -232,6 +244,8 @@ class FeatureSpec:
         for feature in data["dense"]:
             for key, neutral in _STATISTICS.items():
                 feature.setdefault(key, neutral)
+        for table in data["tables"]:  # the storage dtype is not the data's
+            table.pop("dtype", None)
         digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
         for feature in self.categorical:
             if feature.vocabulary_file is not None:

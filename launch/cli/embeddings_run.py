@@ -27,7 +27,7 @@ def _run_shard_rows(checkpoint: str) -> dict[str, list[int]] | None:
             continue
         ps = config.strategy.kind == "ps"
         return {t.name: (shard_rows(t.rows, config.ps, config.partition,
-                                    t.dim) if ps else [t.rows])
+                                    t.dim, t.storage) if ps else [t.rows])
                 for t in config.spec.tables if t.dynamic}
     return None
 

@@ -82,6 +82,7 @@ def add_plan(sub: argparse._SubParsersAction, name: str
                            slot_text(name)
                            for name in SPARSE_OPTIMIZERS) + " per table "
                        "value, or per row)")
+    add_option(model, JobConfig, "table_dtype")
     cluster = p.add_argument_group("cluster")
     cluster.add_argument("--ps", type=positive, required=True,
                          help="number of parameter-server tasks")

@@ -17,7 +17,7 @@ from psrec.ps_cluster.planner.plan import plan_text
 
 def run_plan(args: argparse.Namespace) -> int:
     spec = spec_for(Manifest.load(args.data) if args.data else None,
-                    args.spec)
+                    args.spec).with_table_dtype(args.table_dtype)
     result = plan(spec, model_config(args.model), args.ps,
                   optimizer=args.optimizer, shards=args.table_shards,
                   partitioner=args.partitioner, ps_memory=args.ps_memory)

@@ -355,6 +355,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "all-reduced across the replicas in sync (under ps: "
                        "a worker's local replicas)")
     add_option(model, StrategyConfig, "mixed_precision")
+    add_option(model, JobConfig, "table_dtype")
 
     optimizer = p.add_argument_group(
         "optimizer", "learning rates and the step schedule")

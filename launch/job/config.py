@@ -25,6 +25,7 @@ from psrec.data.input.config import InputConfig
 from psrec.errors import ConfigError
 from psrec.errors import check
 from psrec.errors import did_you_mean
+from psrec.features.spec.columns import TABLE_DTYPES
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import FeatureSpec
 from psrec.launch.monitor.heartbeat import run_state_dir
@@ -59,6 +60,8 @@ STRATEGIES = ("ps", "mirrored", "multi-worker-mirrored", "one-device")
 COLLECTIVES = ("auto", "ring", "nccl")
 MIRRORED = ("mirrored", "multi-worker-mirrored")
 REPLICATED = ("mirrored", "multi-worker-mirrored", "one-device")
+#: Where 16-bit tables train (tested): the mirrored strategies refuse them.
+TABLE_DTYPE_STRATEGIES = ("ps", "one-device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +338,18 @@ def check_breakdown(loop: LoopConfig, spec: FeatureSpec,
     breakdown.check(spec)
 
 
+def _check_table_dtypes(spec: FeatureSpec, strategy: str) -> None:
+    """16-bit tables train under the strategies of
+    :data:`TABLE_DTYPE_STRATEGIES` only (a spec's own ``dtype`` too)."""
+    sixteen = [t.name for t in spec.tables if t.storage != "float32"]
+    if sixteen and strategy not in TABLE_DTYPE_STRATEGIES:
+        raise ConfigError(
+            f"table {sixteen[0]!r} is stored as "
+            f"{spec.table(sixteen[0]).storage}: 16-bit tables train under "
+            f"--strategy {' or '.join(TABLE_DTYPE_STRATEGIES)}, not "
+            f"{strategy}; use one of those, or float32 tables.")
+
+
 def _check_follow(config: JobConfig) -> None:
     """What ``--follow`` excludes: ``--data`` (the partitions are the
     data), ``--steps`` (one pass, or ``--epochs``, per partition), early
@@ -395,6 +410,14 @@ class JobConfig:
         help="the architecture (default: the named configuration)")
     optimizer: OptimizerConfig = option(
         OptimizerConfig(), help="optimizers and learning rates")
+    table_dtype: str = option(
+        "float32", flag="--table-dtype", choices=tuple(TABLE_DTYPES),
+        strategies=TABLE_DTYPE_STRATEGIES,
+        help="how the embedding tables are stored while they train, for "
+        "every spec table that leaves its `dtype` unset: float32, or "
+        "bfloat16/float16 (half the bytes a value; each update is computed "
+        "in float32 and rounded back stochastically; optimizer slots stay "
+        "float32)")
     input: InputConfig = option(InputConfig(),
                                 help="batch size and shuffling")
     loop: LoopConfig = option(
@@ -505,6 +528,9 @@ class JobConfig:
               qualified(self, "reset_optimizer"), self.reset_optimizer,
               f"applies with `{qualified(self, 'warm_start')}` only")
         check_model_spec(self.spec, self.model, self.model_name)
+        object.__setattr__(self, "spec", self.spec.with_table_dtype(
+            self.table_dtype))
+        _check_table_dtypes(self.spec, self.strategy.kind)
         if self.retrieval is not None:
             check_no_dynamic_tables(self.spec)
         check_keep_best(self.loop, self.spec, self.retrieval)

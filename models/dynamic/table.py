@@ -369,8 +369,9 @@ def reset_rows(variable, rows: np.ndarray, values: tf.Tensor,
         inside = (rows >= start) & (rows < start + size)
         if inside.any():
             local = tf.constant(rows[inside] - start)
-            shard.scatter_update(tf.IndexedSlices(
-                tf.gather(values, np.flatnonzero(inside)), local))
+            shard.scatter_update(tf.IndexedSlices(tf.cast(  # 16-bit tables
+                tf.gather(values, np.flatnonzero(inside)), shard.dtype),
+                local))
             for slot in (optimizer.get_slot_names() if optimizer else ()):
                 holder = optimizer.get_slot(shard, slot)
                 fill = tf.fill([local.shape[0]] + holder.shape[1:].as_list(),

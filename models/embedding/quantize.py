@@ -124,13 +124,15 @@ def quantize_tables(arch, table_dtype: str
     :func:`storage_dtype` says: ``name -> QuantizedTable`` (or the variable
     itself for ``float32``)."""
     storage = table_storage(arch, table_dtype)
-    return {name: (table if storage[name] == "float32"
+    return {name: (table if table_dtype == "float32"
                    else QuantizedTable(table, storage[name], name=name))
             for name, table in arch.tables.items()}
 
 
 def table_storage(arch, table_dtype: str) -> dict[str, str]:
     """``table name -> storage dtype`` of ``arch``'s tables under
-    ``table_dtype`` (what an export records)."""
-    return {name: storage_dtype(table_dtype, int(table.shape[1]))
+    ``table_dtype`` (what an export records): ``float32`` keeps each table
+    as it trained (a 16-bit table stays 16-bit)."""
+    return {name: (tf.as_dtype(table.dtype).name if table_dtype == "float32"
+                   else storage_dtype(table_dtype, int(table.shape[1])))
             for name, table in arch.tables.items()}

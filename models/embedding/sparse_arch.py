@@ -65,6 +65,26 @@ def _initializer(table: TableConfig, default_scale: float | None = None
     return tf_keras.initializers.Zeros()
 
 
+def _storage(table: TableConfig) -> dict:
+    """``add_weight`` arguments of ``table``'s variable: trainable, in its
+    storage dtype, never an AutoCastVariable."""
+    if table.storage == "float32":
+        return {"trainable": True, "autocast": False}
+    return {"trainable": True, "dtype": table.storage, "autocast": False}
+
+
+def _cast_to(initializer, stored: dict):
+    """``initializer`` drawing float32 values cast to the stored dtype (the
+    same values a float32 table gets, rounded)."""
+    if "dtype" not in stored:
+        return initializer
+
+    def initial(shape, dtype=None, **kwargs):
+        return tf.cast(initializer(shape, dtype=tf.float32, **kwargs),
+                       dtype or stored["dtype"])
+    return initial
+
+
 def table_variables(variable) -> list[tf.Variable]:
     """The per-shard variables of a table (a plain variable is one shard).
 
@@ -74,11 +94,31 @@ def table_variables(variable) -> list[tf.Variable]:
     return list(getattr(variable, "variables", [variable]))
 
 
-def _lookup(table, ids: tf.Tensor, dtype=None) -> tf.Tensor:
+@tf.custom_gradient
+def _float32_rows(rows: tf.Tensor):
+    """A 16-bit table's rows cast to float32, whose gradient stays float32
+    (a plain cast would round it back to 16 bits): the sparse update of a
+    16-bit table is computed in float32 (``models.optim.rounding``)."""
+    def gradient(upstream):
+        return upstream
+    return tf.cast(rows, tf.float32), gradient
+
+
+def _rows_for(rows: tf.Tensor, as_float32: bool, dtype=None) -> tf.Tensor:
+    """Gathered ``rows`` as the towers take them: a 16-bit table's in
+    float32 (``as_float32``, :func:`_float32_rows`), then cast to ``dtype``
+    (the layer's compute dtype) when given."""
+    if as_float32:
+        rows = _float32_rows(rows)
+    return rows if dtype is None else tf.cast(rows, dtype)
+
+
+def _lookup(table, ids: tf.Tensor, as_float32: bool = False,
+            dtype=None) -> tf.Tensor:
     """Rows of ``table`` for int64 ``ids`` of any shape: ``ids.shape + [d]``;
-    each distinct id is fetched once, one gather per shard, and cast to
-    ``dtype`` (the layer's compute dtype) when given. ``table``: a
-    (sharded) variable, or a :class:`QuantizedTable` (serving)."""
+    each distinct id is fetched once, one gather per shard, and only those
+    rows are cast (:func:`_rows_for`). ``table``: a (sharded) variable, or
+    a :class:`QuantizedTable` (serving)."""
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
     if isinstance(table, QuantizedTable):  # float32 rows of the distinct ids
@@ -94,8 +134,7 @@ def _lookup(table, ids: tf.Tensor, dtype=None) -> tf.Tensor:
         # strategy splits: "div", extra rows first) gathers per shard.
         table = list(table.variables)
     rows = tf.nn.embedding_lookup(table, unique)
-    if dtype is not None:  # the gathered rows only (see SparseArch)
-        rows = tf.cast(rows, dtype)
+    rows = _rows_for(rows, as_float32, dtype)  # the gathered rows only
     gathered = tf.gather(rows, index)
     return tf.reshape(gathered,
                       tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
@@ -162,14 +201,16 @@ class SparseArch(tf_keras.layers.Layer):
                 # of a table exists twice while it is initialised.
                 initializer = _initializer(table, default_scale)
                 in_blocks = fills_in_blocks(initializer)
-                # autocast=False: under a mixed policy Keras would wrap the
-                # table in an AutoCastVariable, whose lookup reads and casts
-                # the WHOLE table every step (measured: docs/benchmarks.md,
-                # bf16 towers); the gathered rows are cast instead (_lookup).
+                # A 16-bit table (and its wide twin) is stored as such; no
+                # table is wrapped in an AutoCastVariable by a mixed policy,
+                # whose lookup would read and cast the WHOLE table every
+                # step (measured: docs/benchmarks.md, bf16 towers): the
+                # gathered rows are cast instead (_lookup).
+                stored = _storage(table)
                 self.tables[table.name] = self.add_weight(
                     name=table.name, shape=(table.rows, table.dim),
-                    initializer="zeros" if in_blocks else initializer,
-                    trainable=True, autocast=False)
+                    initializer="zeros" if in_blocks else _cast_to(
+                        initializer, stored), **stored)
                 if in_blocks:
                     fill_table(self.tables[table.name], initializer,
                                label=f"init {table.name}")
@@ -177,7 +218,7 @@ class SparseArch(tf_keras.layers.Layer):
                     name = table.name + WIDE_SUFFIX
                     self.tables[name] = self.add_weight(
                         name=name, shape=(table.rows, 1),
-                        initializer="zeros", trainable=True, autocast=False)
+                        initializer="zeros", **stored)
         # Raw ids -> rows of the `mode: dynamic` tables (models.dynamic_table).
         self.dynamic_tables = {
             t.name: DynamicTable(t, ShardLayout.of(self.tables[t.name]),
@@ -217,11 +258,12 @@ class SparseArch(tf_keras.layers.Layer):
         if wide:
             tables.append(self.tables[name + WIDE_SUFFIX])
         outputs = []
+        as_float32 = self.spec.table(name).storage != "float32"
         for i, table in enumerate(tables):
             if i == 0 and embedded is not None:
-                found = tf.cast(embedded, self.compute_dtype)
+                found = _rows_for(embedded, as_float32, self.compute_dtype)
             else:
-                found = _lookup(table, safe, self.compute_dtype)
+                found = _lookup(table, safe, as_float32, self.compute_dtype)
             if dynamic is not None and not (i == 0 and embedded is not None):
                 found = dynamic.drop_default_gradient(found, safe,
                                                       dynamic.default_row)

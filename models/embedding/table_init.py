@@ -70,7 +70,7 @@ def fill_table(table, initializer: tf_keras.initializers.Initializer, *,
     bars on stderr in the CLI)."""
     shards = list(getattr(table, "variables", [table]))
     total = sum(int(s.shape[0]) for s in shards)
-    row_bytes = table.dtype.size * int(np.prod(table.shape[1:]))
+    row_bytes = 4 * int(np.prod(table.shape[1:]))  # drawn as float32
     step = max(1, BLOCK_BYTES // max(row_bytes, 1))
     reporter = SILENT
     if total >= PROGRESS_ROWS:
@@ -82,11 +82,12 @@ def fill_table(table, initializer: tf_keras.initializers.Initializer, *,
             rest = tuple(int(d) for d in shard.shape[1:])
             for start in range(0, rows, step):
                 n = min(step, rows - start)
-                with tf.device(shard.device):
-                    value = initializer(
-                        (n, *rest), dtype=shard.dtype,
+                with tf.device(shard.device):  # float32, cast: 16 bits
+                    value = tf.cast(initializer(
+                        (n, *rest), dtype=tf.float32,
                         partition_shape=(n, *rest),
-                        partition_offset=(offset + start,) + (0,) * len(rest))
+                        partition_offset=(offset + start,) + (0,) * len(rest)),
+                        shard.dtype)
                 assign_rows(shard, start, value)
                 del value
                 task.advance(n)

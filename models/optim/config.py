@@ -89,6 +89,11 @@ def slot_values(optimizer: str, rows: int, dim: int) -> int:
     return rows * (kind.slots * dim + kind.row_slots)
 
 
+#: Bytes of one slot value: slots are float32 whatever the table's dtype
+#: (a 16-bit table is updated in float32, ``models.optim.rounding``).
+SLOT_VALUE_BYTES = 4
+
+
 def slot_text(optimizer: str) -> str:
     """``adagrad 1``, ``rowwise_adagrad 1/row``: its slots per table value
     (or per row), for help texts."""
@@ -99,8 +104,11 @@ def slot_text(optimizer: str) -> str:
 
 def row_bytes(optimizer: str, dim: int, value_bytes: int = 4) -> int:
     """Bytes of one ``dim``-wide row of a table trained by ``optimizer``:
-    its values and its slots' (``value_bytes`` each)."""
-    return value_bytes * (dim + slot_values(optimizer, 1, dim))
+    its values (``value_bytes`` each: 4 float32, 2 bfloat16/float16) and its
+    slots' (float32, :data:`SLOT_VALUE_BYTES`): what the PS planner and the
+    size guard count."""
+    return (value_bytes * dim
+            + SLOT_VALUE_BYTES * slot_values(optimizer, 1, dim))
 
 
 def batch_scale(optimizer: str, batch_size: int, base_batch_size: int
@@ -193,9 +201,9 @@ def table_groups(tables, config: OptimizerConfig) -> dict[str, TableGroup]:
 def table_row_bytes(tables, config: OptimizerConfig
                     ) -> tuple[tuple[str, str, int], ...]:
     """``(table, optimizer, bytes per row with its slots)`` of each of the
-    spec's ``tables`` (float32), as ``psrec plan`` and ``psrec advise``
-    show them."""
+    spec's ``tables`` (in each table's dtype), as ``psrec plan`` and
+    ``psrec advise`` show them."""
     groups = table_groups(tables, config)
     return tuple((t.name, groups[t.name].optimizer,
-                  row_bytes(groups[t.name].optimizer, t.dim))
+                  row_bytes(groups[t.name].optimizer, t.dim, t.value_bytes))
                  for t in tables)

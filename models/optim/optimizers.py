@@ -27,6 +27,9 @@ from psrec.models.optim.config import OPTIMIZERS
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import batch_scale
 from psrec.models.optim.config import table_groups
+from psrec.models.optim.rounding import SGD
+from psrec.models.optim.rounding import Adagrad
+from psrec.models.optim.rounding import Ftrl
 from psrec.models.optim.rowwise import RowwiseAdagrad
 
 
@@ -60,9 +63,12 @@ class ScaledWarmup(tf_keras.optimizers.schedules.LearningRateSchedule):
                 "optimizer": self.optimizer}
 
 
-#: The registry's classes that are psrec's own (the others are
-#: ``tf_keras.optimizers.legacy``'s).
-_OWN_CLASSES = {"RowwiseAdagrad": RowwiseAdagrad}
+#: The registry's classes that are psrec's own: the legacy ``tf_keras``
+#: ones with :class:`~psrec.models.optim.rounding.Float32Rows` (16-bit
+#: tables updated in float32), and row-wise Adagrad (the others, Adam, are
+#: ``tf_keras.optimizers.legacy``'s: dense weights are float32).
+_OWN_CLASSES = {"RowwiseAdagrad": RowwiseAdagrad, "Adagrad": Adagrad,
+                "Ftrl": Ftrl, "SGD": SGD}
 
 
 def _make(name: str, lr) -> tf_keras.optimizers.legacy.Optimizer:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras
 
+from psrec.models.optim.rounding import Float32Rows
+
 
 def rowwise_slot_shape(shape: tf.TensorShape) -> tf.TensorShape:
     """The accumulator's shape for a variable of ``shape``: ``[rows, 1]``
@@ -29,8 +31,9 @@ def rowwise_slot_shape(shape: tf.TensorShape) -> tf.TensorShape:
     return shape if shape.rank < 2 else tf.TensorShape([shape[0], 1])
 
 
-class RowwiseAdagrad(tf_keras.optimizers.legacy.Optimizer):
-    """Adagrad with one accumulator per row (module docstring).
+class RowwiseAdagrad(Float32Rows, tf_keras.optimizers.legacy.Optimizer):
+    """Adagrad with one accumulator per row (module docstring); a 16-bit
+    table is updated in float32 and rounded back (:class:`Float32Rows`).
 
     Args:
       learning_rate: a float or a ``LearningRateSchedule``.
@@ -88,6 +91,15 @@ class RowwiseAdagrad(tf_keras.optimizers.legacy.Optimizer):
         return tf.group(acc.assign(new_acc, use_locking=self._use_locking),
                         var.assign_sub(scale * grad,
                                        use_locking=self._use_locking))
+
+    def _update_rows(self, rows, grad, slots, coefficients):
+        acc = slots["accumulator"] + self._row_mean_square(grad,
+                                                           rows.shape.rank)
+        scale = coefficients["lr_t"] / (tf.sqrt(acc)
+                                        + coefficients["epsilon"])
+        if rows.shape.rank > 2:
+            scale = tf.reshape(scale, [-1] + [1] * (rows.shape.rank - 1))
+        return rows - scale * grad, {"accumulator": acc}
 
     def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
         # Indices are unique here (OptimizerV2 sums duplicates first).

@@ -4,12 +4,13 @@ Under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` every device
 holds a full copy of every embedding table and of the optimizer slots. Before
 anything is built, :func:`estimate_replicated_bytes` adds up, per device:
 
-* tables: ``rows * dim * 4`` bytes per table (plus the ``[rows, 1]`` wide
-  tables of DeepFM / Wide & Deep);
+* tables: ``rows * dim * 4`` bytes per table, 2 for a 16-bit one (plus
+  the ``[rows, 1]`` wide tables of DeepFM / Wide & Deep);
 * table slots: the slots of each table's optimizer -- the one its spec
   names, else ``--sparse-optimizer`` -- (``models.optim.config``'s
   ``slot_values``): table-sized ones (Adagrad 1, FTRL 2, SGD 0) and
-  one-value-per-row ones (row-wise Adagrad: ``rows * 4`` bytes per table);
+  one-value-per-row ones (row-wise Adagrad: ``rows * 4`` bytes per table),
+  float32 whatever the table's dtype;
 * dense weights and their slots (Adam 2, Adagrad 1, SGD 0).
 
 :func:`check_fits` compares the sum with ``memory_fraction`` of the memory
@@ -30,6 +31,7 @@ from psrec.errors import check
 from psrec.errors import check_choice
 from psrec.features.spec.dynamic import DYNAMIC_DEFAULTS
 from psrec.features.spec.spec import FeatureSpec
+from psrec.models.optim.config import SLOT_VALUE_BYTES
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots
@@ -119,13 +121,14 @@ def estimate_replicated_bytes(spec: FeatureSpec, model: ModelConfig,
     (``dense_parameters`` counted with :func:`dense_parameter_count` unless
     known)."""
     groups = table_groups(spec.tables, optimizer)
-    shapes = [(groups[t.name].optimizer, t.rows, t.dim) for t in spec.tables]
+    shapes = [(groups[t.name].optimizer, t.rows, t.dim, t.value_bytes)
+              for t in spec.tables]
     wide = model.wide_tables(spec)
-    shapes += [(groups[t.name].optimizer, t.rows, 1) for t in spec.tables
-               if t.name in wide]
-    tables = 4 * sum(rows * dim for _, rows, dim in shapes)
-    table_slots = 4 * sum(slot_values(name, rows, dim)
-                          for name, rows, dim in shapes)
+    shapes += [(groups[t.name].optimizer, t.rows, 1, t.value_bytes)
+               for t in spec.tables if t.name in wide]
+    tables = sum(rows * dim * size for _, rows, dim, size in shapes)
+    table_slots = SLOT_VALUE_BYTES * sum(slot_values(name, rows, dim)
+                                         for name, rows, dim, _ in shapes)
     if dense_parameters is None:
         dense_parameters = dense_parameter_count(spec, model)
     dense = 4 * dense_parameters

@@ -38,6 +38,7 @@ from typing import Sequence
 
 from psrec.errors import ConfigError
 from psrec.features.spec.columns import CategoricalFeature
+from psrec.features.spec.columns import TableConfig
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import TableGroup
@@ -213,7 +214,8 @@ def _table_changes(source: FeatureSpec, target: FeatureSpec) -> None:
     before = {t.name: t for t in source.tables}
     for table in target.tables:
         old = before.get(table.name)
-        if old is None or not (old.dynamic or table.dynamic) or old == table:
+        if old is None or not (old.dynamic or table.dynamic) or _same(
+                old, table):
             continue
         changed = [f"{name} {getattr(old, name)!r} -> {getattr(table, name)!r}"
                    for name in ("mode", "capacity", "rows", "dim",
@@ -228,6 +230,12 @@ def _table_changes(source: FeatureSpec, target: FeatureSpec) -> None:
             "table another name (it starts empty).")
 
 
+def _same(old: TableConfig, new: TableConfig) -> bool:
+    """The same table but perhaps its storage dtype (carried cast)."""
+    return dataclasses.replace(old, dtype=None) == dataclasses.replace(
+        new, dtype=None)
+
+
 def _whole_tables(source: FeatureSpec, target: FeatureSpec) -> set[str]:
     """Tables of ``target`` restored whole: same shape, same settings of a
     dynamic table, and the same features owning the same ranges with the
@@ -239,7 +247,7 @@ def _whole_tables(source: FeatureSpec, target: FeatureSpec) -> set[str]:
         if old is None or (old.rows, old.dim) != (table.rows, table.dim):
             continue
         if table.dynamic:
-            if old == table:
+            if _same(old, table):
                 whole.add(table.name)
             continue
         mine = {f.name: f for f in _owners(target).values()

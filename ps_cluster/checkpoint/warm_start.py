@@ -20,6 +20,12 @@ Every key of the live state is one of:
   of another shape: another ``--model`` or another input width) and named
   in the result.
 
+A table variable stored in another float dtype than the source's (a
+16-bit run warm-started from a float32 one, or back) is carried cast to
+this run's dtype (round to nearest), whole or by range copies, and checked
+against the cast source values; one line of the result says so per table.
+Its slots are float32 on both sides.
+
 Rows are read through the coordinator's CPU (the source folder is where the
 coordinator checked it; the PS tasks need not see it) and written on each
 shard's own device, one block at a time: any PS count on either side.
@@ -115,16 +121,26 @@ def _pieces(live: LiveTensor, start: int, count: int, row_bytes: int):
             yield variable, begin - offset, min(step, high - begin), begin
 
 
+def _castable(key: str, saved: tf.DType, live: tf.DType) -> bool:
+    """A table variable (not a slot) saved in another float dtype: carried
+    cast to the live one."""
+    return (key.startswith(_TABLES) and _SLOT not in key and saved != live
+            and saved.is_floating and live.is_floating)
+
+
 def _copy_range(path: str, source_key: str, saved_shape, live: LiveTensor,
-                copy: RowCopy, io_device: str, check: bool) -> bool:
-    """Copies (``check``: compares) one :class:`RowCopy` of one key;
-    returns whether every block is equal (always True when copying)."""
+                copy: RowCopy, io_device: str, check: bool,
+                saved_dtype: tf.DType | None = None) -> bool:
+    """Copies (``check``: compares) one :class:`RowCopy` of one key, cast
+    from ``saved_dtype`` (default: the live dtype); returns whether every
+    block is equal (always True when copying)."""
     row_bytes = live.dtype.size * int(np.prod(live.shape[1:] or [1]))
     for variable, first, rows, begin in _pieces(
             live, copy.target_start, copy.count, row_bytes):
         source_row = copy.source_start + (begin - copy.target_start)
-        value = read_rows(path, source_key, tuple(saved_shape), live.dtype,
-                          source_row, rows, io_device)
+        value = tf.cast(read_rows(path, source_key, tuple(saved_shape),
+                                  saved_dtype or live.dtype, source_row,
+                                  rows, io_device), live.dtype)
         if not check:
             assign_rows(variable, first, value)
             continue
@@ -156,13 +172,14 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
             "warm-started: train under --strategy ps.")
     shapes, dtypes = saved_tensors(path)
     ranged = plan.copied_tables
-    whole, copies, fresh_dense = [], [], []
+    whole, copies, fresh_dense, cast = [], [], [], {}
 
     def fits(source_key: str, key: str, rows_only: bool = True) -> bool:
         first = 1 if rows_only else 0
         return source_key in shapes and list(shapes[source_key][first:]) == (
             list(live[key].shape[first:])) and (
-            dtypes[source_key] == live[key].dtype)
+            dtypes[source_key] == live[key].dtype or _castable(
+                key, dtypes[source_key], live[key].dtype))
 
     for key in sorted(live):
         if key.startswith("progress/") or (
@@ -197,13 +214,20 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
         if key in shapes and list(shapes[key]) == list(live[key].shape) and (
                 dtypes[key] == live[key].dtype):
             whole.append(key)
+        elif key in shapes and list(shapes[key]) == list(
+                live[key].shape) and _castable(key, dtypes[key],
+                                               live[key].dtype):
+            rows = live[key].shape[0]
+            copies.append((key, key, RowCopy(key, key, 0, 0, rows)))
         elif _is_dense(key):
             fresh_dense.append(key)
     for key in whole:
         copy_rows(path, key, live[key], io_device)
     for key, source_key, copy in copies:
+        if dtypes[source_key] != live[key].dtype:
+            cast[_short_table(key)] = (dtypes[source_key], live[key].dtype)
         _copy_range(path, source_key, shapes[source_key], live[key], copy,
-                    io_device, check=False)
+                    io_device, check=False, saved_dtype=dtypes[source_key])
     maps = {base: table for base, table in lookup_tables(root).items()
             if _table_of(base, ranged) is None}
     maps = in_checkpoint(maps, shapes.keys())
@@ -213,7 +237,8 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
     bad += sorted({key for key, source_key, copy in copies
                    if not _copy_range(path, source_key, shapes[source_key],
                                       live[key], copy, io_device,
-                                      check=True)})
+                                      check=True,
+                                      saved_dtype=dtypes[source_key])})
     if bad:
         raise WarmStartRestoreError(
             f"warm start from {path}: {len(bad)} key(s) differ from the "
@@ -230,10 +255,18 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
         f" (re-initialised for {len(changed)} table(s) whose optimizer "
         f"changed: {', '.join(changed)})" if changed else "")
     return WarmStartResult(
-        lines=tuple(plan.lines()),
+        lines=tuple(plan.lines()) + tuple(
+            f"table {name}: {saved.name} in the source, carried cast to "
+            f"{now.name} (round to nearest)"
+            for name, (saved, now) in sorted(cast.items())),
         summary=plan.summary(source or path, dense, slots),
         carried_keys=len(wanted) + len({k for k, _, _ in copies}),
         fresh_dense=tuple(fresh_dense), slots_reset=reset_optimizer)
+
+
+def _short_table(key: str) -> str:
+    """A table variable's name in its key (``C1``, ``C1__wide``)."""
+    return key[len(_TABLES):].split("/")[0]
 
 
 def _short(key: str) -> str:

@@ -9,10 +9,13 @@ test, predict); then come the tables, in spec order, each followed by its
 wide table: shard ``i`` of a table whose first shard is variable number
 ``c`` (from 0) lands on PS ``(c + i) % ps``. Rows follow the "div" split:
 ``rows // shards`` each, the first ``rows % shards`` shards one row more.
-The slots of each table's optimizer (the one its spec names, else
-``--sparse-optimizer``; ``models.optim.config.slot_values``: Adagrad 1, FTRL
-2, SGD 0 of the shard's size; row-wise Adagrad one ``[shard_rows, 1]``) sit
-beside their shard, on its PS. Dense weights
+A table's values take the bytes of its dtype (``TableConfig.dtype``: 4
+float32, 2 bfloat16/float16; its wide twin the same), and the partitioner
+cuts it by those bytes. The slots of each table's optimizer (the one its
+spec names, else ``--sparse-optimizer``; ``models.optim.config.slot_values``:
+Adagrad 1, FTRL 2, SGD 0 of the shard's size; row-wise Adagrad one
+``[shard_rows, 1]``), float32 whatever the table's dtype, sit beside their
+shard, on its PS (``models.optim.config.row_bytes``). Dense weights
 and their slots are counted whole on every PS (an upper bound, small beside
 the tables). ``plan(...).max_ps_bytes`` is the memory one PS task needs.
 """
@@ -31,7 +34,6 @@ from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.embedding.sparse_arch import table_creation_scope
 from psrec.models.optim.config import OptimizerConfig
 from psrec.models.optim.config import row_bytes
-from psrec.models.optim.config import slot_values
 from psrec.models.optim.config import slots as slots_of
 from psrec.models.optim.config import table_groups
 from psrec.models.optim.sizing import dense_parameter_count
@@ -39,7 +41,7 @@ from psrec.models.ranking.config import ModelConfig
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 from psrec.ps_cluster.cluster.partitioning import TablePartitioner
 
-VALUE_BYTES = 4  # float32 variables
+VALUE_BYTES = 4  # float32 dense variables and slots
 MAX_PLANNED_PS = 1024  # the largest PS count min_ps looks at
 #: Variables the strategy creates before the first table: the train, test
 #: and predict counters of ``tf_keras.Model``. Checked against the real
@@ -102,11 +104,12 @@ class TablePlan:
     dim: int
     shards: tuple[TableShard, ...]
     optimizer: str = OptimizerConfig.sparse
+    value_bytes: int = VALUE_BYTES  # of its dtype (TableConfig.dtype)
 
     @property
     def row_bytes(self) -> int:
         """Bytes of one row with its optimizer slots."""
-        return row_bytes(self.optimizer, self.dim, VALUE_BYTES)
+        return row_bytes(self.optimizer, self.dim, self.value_bytes)
 
     @property
     def bytes(self) -> int:
@@ -149,6 +152,7 @@ class ShardingPlan:
     ps_bytes: list[int]
     ps_memory: int | None = None
     min_ps: int | None = None
+    table_dtypes: tuple[str, ...] = ("float32",)
 
     @property
     def max_ps_bytes(self) -> int:
@@ -175,7 +179,8 @@ class ShardingPlan:
                 "max_ps_bytes": self.max_ps_bytes,
                 "largest_shard": self.largest_shard.to_dict(),
                 "ps_memory": self.ps_memory, "fits": self.fits,
-                "min_ps": self.min_ps}
+                "min_ps": self.min_ps,
+                "table_dtypes": list(self.table_dtypes)}
 
     def refusal(self) -> str:
         """The one-line reason this plan does not fit (:func:`check_plan`)."""
@@ -213,6 +218,12 @@ def table_variables(spec: FeatureSpec, model: ModelConfig
     return variables
 
 
+def value_bytes(spec: FeatureSpec, variable: str) -> int:
+    """Bytes of one value of the table variable ``variable`` (a table or
+    its wide twin, stored in the table's dtype)."""
+    return spec.table(variable.removesuffix(WIDE_SUFFIX)).value_bytes
+
+
 def variable_optimizers(spec: FeatureSpec, optimizer: OptimizerConfig
                         ) -> dict[str, str]:
     """Table variable name (wide twins too) -> the optimizer that trains it:
@@ -223,12 +234,12 @@ def variable_optimizers(spec: FeatureSpec, optimizer: OptimizerConfig
 
 
 def shard_rows(rows: int, num_ps: int, partition: PartitionConfig,
-               dim: int) -> list[int]:
-    """Rows of each shard of a ``[rows, dim]`` float32 table, as
+               dim: int, dtype: str = "float32") -> list[int]:
+    """Rows of each shard of a ``[rows, dim]`` table of ``dtype``, as
     :class:`TablePartitioner` and the strategy's "div" split cut it."""
     with table_creation_scope():
         parts = TablePartitioner(partition, num_ps)(
-            tf.TensorShape([rows, dim]), tf.float32)[0]
+            tf.TensorShape([rows, dim]), tf.as_dtype(dtype))[0]
     parts = min(parts, rows)
     base, extra = divmod(rows, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
@@ -241,20 +252,27 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
     for name, rows, dim in table_variables(spec, model):
         optimizer = optimizers[name]
         shards, offset = [], 0
-        for index, count in enumerate(shard_rows(rows, num_ps, partition,
-                                                 dim)):
-            size = VALUE_BYTES * count * dim
+        stored = value_bytes(spec, name)
+        for index, count in enumerate(shard_rows(
+                rows, num_ps, partition, dim, _dtype(spec, name))):
+            size = stored * count * dim
             shards.append(TableShard(
                 table=name, index=index, row_offset=offset, rows=count,
                 dim=dim, ps=counter % num_ps, bytes=size,
-                slot_bytes=VALUE_BYTES * slot_values(optimizer, count, dim)))
+                slot_bytes=count * row_bytes(optimizer, dim, stored) - size))
             offset += count
             counter += 1
-        tables.append(TablePlan(name, rows, dim, tuple(shards), optimizer))
+        tables.append(TablePlan(name, rows, dim, tuple(shards), optimizer,
+                                stored))
     return tuple(tables)
 
 
-def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
+def _dtype(spec: FeatureSpec, variable: str) -> str:
+    return spec.table(variable.removesuffix(WIDE_SUFFIX)).storage
+
+
+def _max_ps_bytes(spec: FeatureSpec,
+                  variables: list[tuple[str, int, int]], num_ps: int,
                   partition: PartitionConfig, optimizers: dict[str, str],
                   dense: int, dynamic: frozenset[str]) -> int:
     """``max_ps_bytes`` of a plan on ``num_ps`` PS tasks, without building
@@ -262,9 +280,11 @@ def _max_ps_bytes(variables: list[tuple[str, int, int]], num_ps: int,
     counter = FIRST_TABLE_VARIABLE
     per_ps = np.full(num_ps, float(dense))
     for name, rows, dim in variables:
-        rows_each = np.asarray(shard_rows(rows, num_ps, partition, dim),
+        rows_each = np.asarray(shard_rows(rows, num_ps, partition, dim,
+                                          _dtype(spec, name)),
                                dtype=np.float64)
-        sizes = rows_each * row_bytes(optimizers[name], dim, VALUE_BYTES)
+        sizes = rows_each * row_bytes(optimizers[name], dim,
+                                      value_bytes(spec, name))
         if name in dynamic:  # its maps and statistics, shard by shard
             sizes += dynamic_table_bytes(rows_each)
         places = (counter + np.arange(len(sizes))) % num_ps
@@ -281,7 +301,7 @@ def _min_ps(spec: FeatureSpec, model: ModelConfig,
         return None
     variables = table_variables(spec, model)
     for num_ps in range(1, MAX_PLANNED_PS + 1):
-        if _max_ps_bytes(variables, num_ps, partition,
+        if _max_ps_bytes(spec, variables, num_ps, partition,
                          variable_optimizers(spec, optimizer), dense,
                          dynamic_names(spec)) <= ps_memory:
             return num_ps
@@ -302,6 +322,8 @@ def _layout(spec: FeatureSpec, model: ModelConfig, num_ps: int,
             if table.name in dynamic:  # + its maps and row statistics
                 ps_bytes[shard.ps] += dynamic_table_bytes(shard.rows)
     return ShardingPlan(ps=num_ps, optimizer=optimizer.sparse,
+                        table_dtypes=tuple(sorted(
+                            {t.storage for t in spec.tables})),
                         partition=partition, tables=tables, dense_bytes=dense,
                         ps_bytes=ps_bytes)
 
@@ -422,8 +444,9 @@ def plan_text(result: ShardingPlan) -> str:
     """The plan as text (``psrec plan`` without ``--json``)."""
     largest = result.largest_shard
     lines = [f"sharding plan: {result.ps} PS, partitioner "
-             f"{_partitioning(result)}, {result.optimizer} slots for the "
-             "tables that name no optimizer"]
+             f"{_partitioning(result)}, {'/'.join(result.table_dtypes)} "
+             f"tables, {result.optimizer} slots (float32) for the tables "
+             "that name no optimizer"]
     lines += _ps_lines(result)
     lines += _table_lines(result)
     lines += _shard_lines(result)
