@@ -19,9 +19,9 @@ import tensorflow as tf
 
 from psrec.data.convert.convert import ConversionOptions
 from psrec.data.convert.convert import convert
+from psrec.data.format.manifest import Manifest
 from psrec.data.ingest.synthetic import synthetic_table
 from psrec.data.input.config import InputConfig
-from psrec.data.format.manifest import Manifest
 from psrec.data.input.dataset import make_eval_dataset
 from psrec.features.spec.columns import SpecError
 from psrec.features.spec.spec import ID_COLUMN

@@ -46,8 +46,8 @@ from psrec.models.dynamic.shards import placed
 from psrec.ps_cluster.checkpoint.verify import LiveTensor
 from psrec.ps_cluster.checkpoint.verify import differing_keys
 from psrec.ps_cluster.checkpoint.verify import live_tensors
-from psrec.ps_cluster.checkpoint.verify import restore_streamed
 from psrec.ps_cluster.checkpoint.verify import lookup_tables
+from psrec.ps_cluster.checkpoint.verify import restore_streamed
 from psrec.uri_path import UriPath
 from psrec.uri_path import as_path
 
