@@ -5,12 +5,15 @@ load).
 Run as ``python -m tests._ps_helpers COMMAND ...`` from the repository root
 (:func:`run_helper` does that, with a timeout). Commands:
 
-* ``reshard --ps N [--train-to DIR] [--restore CKPT ...] --out DIR``: starts
+* ``reshard --ps N [--train-to DIR [--delta]] [--restore CKPT ...]
+  [--chain CKPT_DIR] --out DIR``: starts
   an in-process cluster of 1 worker + N PS, optionally trains a few steps and
   saves into DIR, then restores each CKPT in turn and dumps every restored
   full table, every slot of its optimizer and a dense kernel as ``.npy``
   under DIR (the spec of :func:`reshard_spec`: tables on their own
-  optimizers).
+  optimizers); ``--delta``: after training, a delta checkpoint of changed
+  rows and the state it holds; ``--chain CKPT_DIR``: then restores that
+  folder's latest full checkpoint and its deltas, and dumps them.
 * ``serve --model DIR --spec JSON --parquet FILE --rows N --out DIR``: loads
   a SavedModel in a fresh process without any cluster, runs
   ``serving_default`` on the first N raw Parquet rows and writes the
@@ -299,6 +302,38 @@ def table_state_keys(trainer) -> dict[str, list]:
     return state
 
 
+def _dump(trainer, state: dict, out: Path, label: str) -> dict[str, str]:
+    """Every table, slot and the kernel of the live state, as ``.npy``
+    files under ``out``; key -> file."""
+    dump = {key: tf.concat([s.read_value() for s in shards], 0).numpy()
+            for key, shards in state.items()}
+    dump[KERNEL_KEY] = trainer.model.over_arch.out.kernel.numpy()
+    files = {}
+    for j, (key, value) in enumerate(dump.items()):
+        files[key] = str(out / f"{label}-{j}.npy")
+        np.save(files[key], value)
+    return files
+
+
+def _change_rows(trainer, state: dict) -> None:
+    """Every 7th row of each table (and of its slots) changed by +1 and
+    flagged, as a step's sparse update would: a delta's content."""
+    for prefix in trainer.changes.flags:
+        table = next(k for k in state if k.startswith(prefix + "/.ATTR"))
+        total = sum(int(s.shape[0]) for s in state[table])
+        rows = np.arange(3, total, 7)
+        for key in [k for k in state if k.startswith(prefix + "/")]:
+            first = 0
+            for shard in state[key]:
+                size = int(shard.shape[0])
+                local = rows[(rows >= first) & (rows < first + size)] - first
+                shard.scatter_add(tf.IndexedSlices(
+                    tf.ones([local.size, shard.shape[1]], shard.dtype),
+                    tf.constant(local, tf.int64)))
+                first += size
+        trainer.changes.mark_rows(prefix, rows)
+
+
 def _reshard(args: argparse.Namespace) -> dict:
     from psrec.data.input.config import InputConfig
     from psrec.models.optim.config import OptimizerConfig
@@ -315,27 +350,32 @@ def _reshard(args: argparse.Namespace) -> dict:
         OptimizerConfig(sparse=args.optimizer, sparse_lr=0.1, dense_lr=0.01,
                         base_batch_size=64, warmup_steps=0),
         InputConfig(batch_size=64),
-        checkpoint_dir=args.train_to or Path(args.out) / "unused")
+        checkpoint_dir=(args.train_to or args.chain
+                        or Path(args.out) / "unused"),
+        track_changes=args.delta)
     state = table_state_keys(trainer)
     report = {"shards": {key: [[s.device, list(s.shape)] for s in shards]
                          for key, shards in state.items()},
               "dumps": []}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     if args.train_to:
         result = trainer.train(random_dataset_fn(spec, 64), LoopConfig(
             steps=args.steps, steps_per_closure=5, checkpoint_every=0))
         report["checkpoint"] = result.checkpoint
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.delta:  # a delta after the last (full) save, and what it holds
+        _change_rows(trainer, state)
+        trainer.progress.step.assign_add(1)
+        report["delta"] = trainer.save_delta()
+        report["after_delta"] = _dump(trainer, state, out, "delta")
     for i, path in enumerate(args.restore or ()):
         trainer.keeper.restore(path)
-        dump = {key: tf.concat([s.read_value() for s in shards], 0).numpy()
-                for key, shards in state.items()}
-        dump[KERNEL_KEY] = trainer.model.over_arch.out.kernel.numpy()
-        files = {}
-        for j, (key, value) in enumerate(dump.items()):
-            files[key] = str(out / f"{i}-{j}.npy")
-            np.save(files[key], value)
-        report["dumps"].append({"checkpoint": path, "files": files})
+        report["dumps"].append({"checkpoint": path,
+                                "files": _dump(trainer, state, out, str(i))})
+    if args.chain:  # the latest full checkpoint of DIR and its deltas
+        path = trainer.keeper.restore()
+        report["chain"] = {"checkpoint": path,
+                           "files": _dump(trainer, state, out, "chain")}
     return report
 
 
@@ -370,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--optimizer", default="adagrad")  # --sparse-optimizer
     p.add_argument("--restore", nargs="*", default=[])
+    p.add_argument("--delta", action="store_true")  # after --train-to
+    p.add_argument("--chain", default=None)  # DIR: restore full + deltas
     p.add_argument("--out", required=True)
     p.set_defaults(run=_reshard)
     p = sub.add_parser("serve")

@@ -11,6 +11,10 @@ stopped), so the work runs in ``tests._ps_helpers reshard`` subprocesses:
 1. 2 PS: train, save (checkpoint A).
 2. 1 PS: train, save (checkpoint B); restore A and dump (2 -> 1).
 3. 3 PS: restore B and dump (1 -> 3); restore A and dump (2 -> 3).
+
+After step 1 the 2-PS run changes every 7th row of each table and its
+slots and saves a delta checkpoint after A; step 3 then restores A plus
+that delta (a resume of the 2-PS run's folder on 3 PS).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ SLOTS = {"categorical": [("sparse_optimizer", "accumulator", None)],
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("reshard")
     two = helper_result(run_helper(
-        ["reshard", "--ps", 2, "--train-to", root / "ckpt-2ps",
+        ["reshard", "--ps", 2, "--train-to", root / "ckpt-2ps", "--delta",
          "--out", root / "run-2ps"], TIMEOUT))
     one = helper_result(run_helper(
         ["reshard", "--ps", 1, "--train-to", root / "ckpt-1ps",
@@ -50,7 +54,8 @@ def runs(tmp_path_factory):
         TIMEOUT))
     three = helper_result(run_helper(
         ["reshard", "--ps", 3, "--restore", one["checkpoint"],
-         two["checkpoint"], "--out", root / "run-3ps"], TIMEOUT))
+         two["checkpoint"], "--chain", root / "ckpt-2ps",
+         "--out", root / "run-3ps"], TIMEOUT))
     return {"two": two, "one": one, "three": three, "slots": SLOTS,
             "tables": {t.name: (t.rows, t.dim)
                        for t in reshard_spec().tables}}
@@ -128,3 +133,21 @@ def test_restore_into_another_ps_count_is_exact(runs, case, run, index,
         assert np.array_equal(restored, value), (case, key)
         if SLOT in key and "accumulator" in key:
             assert np.any(restored != INITIAL_ACCUMULATOR), (case, key)
+
+
+def test_a_delta_chain_restores_into_another_ps_count_by_value(runs):
+    """The rows a delta written by 2 PS holds land, on 3 PS, in the shards
+    that hold those rows now: the resumed state equals the 2-PS run's state
+    after the delta, every table, slot and the kernel; and the delta moved
+    rows (it is not A alone)."""
+    chain = runs["three"]["chain"]
+    assert chain["checkpoint"] == runs["two"]["delta"]
+    assert chain["checkpoint"].endswith("deltas/delta-31")
+    after = runs["two"]["after_delta"]
+    full = _expected(runs, runs["two"]["checkpoint"])
+    assert set(chain["files"]) == set(after) == set(full)
+    for key, path in after.items():
+        expected = np.load(path)
+        assert np.array_equal(np.load(chain["files"][key]), expected), key
+        if key != KERNEL_KEY:  # every table and slot had rows changed
+            assert not np.array_equal(expected, full[key]), key

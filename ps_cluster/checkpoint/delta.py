@@ -61,8 +61,8 @@ _SLOTS = "/.OPTIMIZER_SLOT/"
 
 class DeltaChainError(DataError):
     """A chain of delta checkpoints cannot be restored as it is (a delta
-    missing or damaged, another base, another sharding): exit 1, before
-    anything is trained on a partial state."""
+    missing or damaged, another base, a dynamic table on another sharding):
+    exit 1, before anything is trained on a partial state."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,17 +310,14 @@ def apply_delta(state: DeltaState, folder: str, manifest: dict,
     """
     bad = set()
     for group in state.groups:
+        if _written_sharding(manifest, group.table) != [
+                int(v.shape[0]) for v, _ in state.live[group.keys[0]].shards]:
+            bad |= _apply_resharded(state, folder, manifest, group,
+                                    rows_device or dense_device
+                                    or "/device:CPU:0")
+            continue
         for k in range(len(state.live[group.keys[0]].shards)):
-            part = manifest["parts"].get(f"{group.table}/part_{k}")
-            shard_rows = int(state.shard(group.keys[0], k).shape[0])
-            if part is None or part["shard_rows"] != shard_rows:
-                raise DeltaChainError(
-                    f"delta {folder}/{MANIFEST} was written with another "
-                    f"sharding of {group.table} (shard {k}: "
-                    f"{part and part['shard_rows']} rows, here "
-                    f"{shard_rows}); a chain restores on the PS layout that "
-                    "wrote it: restore its full checkpoint alone "
-                    "(remove the deltas) to reshard.")
+            part = manifest["parts"][f"{group.table}/part_{k}"]
             prefix = f"{folder}/{part['file']}"
             device = rows_device or state.shard(group.keys[0], k).device
             rows = _read(prefix, f"{group.table}/part_{k}/rows", tf.int64,
@@ -342,6 +339,65 @@ def apply_delta(state: DeltaState, folder: str, manifest: dict,
                               dense_device or "/device:CPU:0",
                               state.dense_wanted))
     return sorted(bad)
+
+
+def _written_sharding(manifest: dict, table: str) -> list[int]:
+    """The rows of each shard of ``table`` when the delta was written."""
+    sizes = []
+    while (part := manifest["parts"].get(f"{table}/part_{len(sizes)}")):
+        sizes.append(int(part["shard_rows"]))
+    return sizes
+
+
+def _apply_resharded(state: DeltaState, folder: str, manifest: dict,
+                     group: _Group, device: str) -> set[str]:
+    """Applies a delta written on another PS layout (another PS count) to
+    ``group``'s shards: each written shard's rows become table rows (its
+    first row plus the local row), read on ``device`` (only the changed
+    rows, as a full checkpoint's reshard reads blocks there), and go to the
+    shards that hold those rows now, each checked by value. Returns the
+    keys that differ."""
+    written = _written_sharding(manifest, group.table)
+    here = [int(v.shape[0]) for v, _ in state.live[group.keys[0]].shards]
+    if group.table in state.dynamic or sum(written) != sum(here):
+        why = ("a dynamic table's maps are per shard" if sum(written) ==
+               sum(here) else f"{sum(written)} rows there, {sum(here)} here")
+        raise DeltaChainError(
+            f"delta {folder}/{MANIFEST} was written with another sharding "
+            f"of {group.table} ({len(written)} shards, here {len(here)}) "
+            f"and cannot be moved ({why}): resume once with the PS count "
+            "that wrote it (its first save is a full checkpoint), then "
+            "change the PS count.")
+    rows, values, first = [], {key: [] for key in group.keys}, 0
+    for k, size in enumerate(written):
+        part = manifest["parts"][f"{group.table}/part_{k}"]
+        prefix = f"{folder}/{part['file']}"
+        rows.append(_read(prefix, f"{group.table}/part_{k}/rows", tf.int64,
+                          device) + first)
+        for key in group.keys:
+            values[key].append(_read(prefix, f"{key}/part_{k}",
+                                     state.shard(key, 0).dtype, device))
+        first += size
+    with tf.device(device):
+        rows = tf.concat(rows, 0)
+        values = {key: tf.concat(v, 0) for key, v in values.items()}
+    bad, first = set(), 0
+    for k, size in enumerate(here):
+        with tf.device(device):
+            mine = tf.where((rows >= first) & (rows < first + size))[:, 0]
+            local = tf.gather(rows, mine) - first
+        for key in group.keys:
+            shard = state.shard(key, k)
+            with tf.device(device):
+                part = tf.gather(values[key], mine)
+            with tf.device(shard.device):
+                shard.scatter_update(tf.IndexedSlices(part, local))
+                same = tf.reduce_all(tf.equal(shard.sparse_read(local),
+                                              part))
+            if not bool(same.numpy()):
+                bad.add(key)
+        first += size
+    return bad
 
 
 def rebuild_maps(state: DeltaState) -> None:
