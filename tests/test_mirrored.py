@@ -58,7 +58,7 @@ def _run_check(name: str, *args: str, timeout: float = 240) -> dict:
 # own strategies and models, and one that raises reports its traceback
 # without hiding the others' results.
 _SHARED_CHECKS = ("equivalence", "sync_batch_norm", "accumulation",
-                  "mixed_precision")
+                  "mixed_precision", "towers_and_attention")
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +149,25 @@ def test_mixed_precision_keeps_float32_logits_and_loss(shared_checks):
         assert run["replicas"] == 2
     assert out["trained"]["mixed_float16"]["loss_scale"] > 0
     assert "loss_scale" not in out["trained"]["mixed_bfloat16"]
+
+
+@pytest.mark.slow
+def test_task_towers_and_attended_histories_train_on_two_replicas(
+        shared_checks):
+    """MMoE over several labels (ESMM's given task among them) and a DIN
+    and a BST history train and evaluate under MirroredStrategy on 2
+    replicas: every gate, expert and attention weight moves, and each eval
+    row (and each task's) is counted once."""
+    out = _shared_result(shared_checks, "towers_and_attention")
+    for name in ("mmoe", "attention"):
+        run = out[name]
+        assert run["replicas"] == 2 and run["step"] == 6, (name, run)
+        assert run["finite"] and run["moved"] and all(
+            run["moved"].values()), (name, run)
+        assert run["eval_count"] == run["eval_rows"] > 0, (name, run)
+    assert out["mmoe"]["tasks"] == ["click", "like", "rating", "buy"]
+    assert len(out["mmoe"]["moved"]) == 2 * (4 + 3)  # 4 gates, 3 experts
+    assert set(out["attention"]["moved"]) >= {"seen_din", "seen_bst"}
 
 
 @pytest.mark.slow
@@ -585,6 +604,62 @@ def _check_stall(workdir: str) -> dict:
     return {}
 
 
+def _check_towers_and_attention() -> dict:
+    import dataclasses
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    from psrec.data.convert.convert import ConversionOptions
+    from psrec.data.convert.convert import convert
+    from psrec.data.ingest.synthetic import synthetic_table
+    from psrec.models.optim.config import OptimizerConfig
+    from psrec.ps_cluster.training.config import LoopConfig
+    from tests import test_history as history
+    from tests import test_multitask as multitask
+    _, strategy = _strategies()
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        pq.write_table(history._log(400), root / "history.parquet",
+                       row_group_size=64)
+        towers_spec = multitask._spec()
+        pq.write_table(synthetic_table(towers_spec, 400, seed=3),
+                       root / "towers.parquet")
+        runs = {"mmoe": (towers_spec, multitask.MMOE, "towers"),
+                "attention": (history.BOTH_SPEC, dataclasses.replace(
+                    history.MODELS["bst"], attention_mlp=(8,)), "history")}
+        for name, (spec, model, data) in runs.items():
+            report = convert([root / f"{data}.parquet"], spec, root / name,
+                             ConversionOptions(shards=2, eval_fraction=0.25))
+            trainer = _trainer(strategy, spec, model,
+                               OptimizerConfig(dense_lr=0.01), 32)
+            if name == "attention":
+                watched = {key: layer.trainable_variables for key, layer in
+                           trainer.model.sparse_arch.attention.items()}
+            else:
+                watched = {v.name: [v] for v in trainer.model.dense_variables()
+                           if "gate" in v.name or "expert_" in v.name}
+            before = {k: [v.numpy() for v in vs] for k, vs in watched.items()}
+            result = trainer.train(
+                trainer.dataset_fn(report.manifest),
+                LoopConfig(steps=6, steps_per_closure=3, checkpoint_every=0),
+                eval_manifest=report.manifest)
+            out[name] = {
+                "replicas": result.replicas, "step": result.step,
+                "finite": bool(np.isfinite(result.final_loss)),
+                "eval_count": result.eval.count,
+                "eval_rows": report.rows_written["eval"],
+                "tasks": [t["name"] for t in result.eval.tasks or ()],
+                # the attention key's bias gets no gradient (softmax-free
+                # scores shift evenly): not counted
+                "moved": {k: bool(all(np.abs(v.numpy() - b).max() > 0
+                                      for v, b in zip(vs, before[k])
+                                      if "key/bias" not in v.name))
+                          for k, vs in watched.items()}}
+    return out
+
+
 def _main(argv: list[str]) -> int:
     from psrec.runtime import configure_environment
     configure_environment()
@@ -594,6 +669,7 @@ def _main(argv: list[str]) -> int:
               "sync_batch_norm": _check_sync_batch_norm,
               "mixed_precision": _check_mixed_precision,
               "accumulation": _check_accumulation, "job": _check_job,
+              "towers_and_attention": _check_towers_and_attention,
               "stall": _check_stall}
     if argv[0] != _MANY:
         print(json.dumps(checks[argv[0]](*argv[1:])), flush=True)
