@@ -40,7 +40,10 @@ from psrec.ps_cluster.training.trainer import Trainer
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-MODEL = ModelConfig(interaction="concat", top_mlp=(8,))
+# No hidden ReLU layer: a row an example looks up gets a non-zero gradient
+# (a dead ReLU would give it an exact zero: an update that writes the row
+# unchanged, which the delta holds but a value comparison cannot see).
+MODEL = ModelConfig(interaction="concat", top_mlp=())
 SPEC = FeatureSpec.from_dict({
     "name": "delta", "label": {"name": "label"},
     "tables": [{"name": "hashed", "dim": 4},
