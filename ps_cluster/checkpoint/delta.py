@@ -326,11 +326,7 @@ def apply_delta(state: DeltaState, folder: str, manifest: dict,
                 shard = state.shard(key, k)
                 values = _read(prefix, f"{key}/part_{k}", shard.dtype,
                                device)
-                with tf.device(shard.device):
-                    shard.scatter_update(tf.IndexedSlices(values, rows))
-                    same = tf.reduce_all(tf.equal(shard.sparse_read(rows),
-                                                  values))
-                if not bool(same.numpy()):
+                if not _write_rows(shard, rows, values):
                     bad.add(key)
     dense = f"{folder}/dense"
     restore_streamed(state.root, dense, dense_device or "/device:CPU:0",
@@ -339,6 +335,16 @@ def apply_delta(state: DeltaState, folder: str, manifest: dict,
                               dense_device or "/device:CPU:0",
                               state.dense_wanted))
     return sorted(bad)
+
+
+def _write_rows(shard: tf.Variable, rows: tf.Tensor, values: tf.Tensor
+                ) -> bool:
+    """Writes ``values`` into ``rows`` of ``shard`` on its PS and reads
+    them back: True when they are there, by value."""
+    with tf.device(shard.device):
+        shard.scatter_update(tf.IndexedSlices(values, rows))
+        same = tf.reduce_all(tf.equal(shard.sparse_read(rows), values))
+    return bool(same.numpy())
 
 
 def _written_sharding(manifest: dict, table: str) -> list[int]:
@@ -390,11 +396,7 @@ def _apply_resharded(state: DeltaState, folder: str, manifest: dict,
             shard = state.shard(key, k)
             with tf.device(device):
                 part = tf.gather(values[key], mine)
-            with tf.device(shard.device):
-                shard.scatter_update(tf.IndexedSlices(part, local))
-                same = tf.reduce_all(tf.equal(shard.sparse_read(local),
-                                              part))
-            if not bool(same.numpy()):
+            if not _write_rows(shard, local, part):
                 bad.add(key)
         first += size
     return bad
