@@ -34,7 +34,7 @@ demo: $(RUN_STAMP)
 # processes (CI has 2 cores; a test's OS processes leave a core idle much of
 # the time); each module stays in one of them (--dist loadfile), so its
 # fixtures -- a cluster run shared by several tests -- are made once.
-PYTEST := $(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(TEST_STAMP)
 	$(PYTEST) --durations=25

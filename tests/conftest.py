@@ -54,9 +54,9 @@ def criteo_data(tmp_path_factory, small_criteo_spec):
 
 def pytest_collection_modifyitems(items):
     """The modules with the most ``slow`` tests first, each module's tests
-    in their order: ``make test`` hands whole files to its workers
+    in their order: ``make test`` hands whole files to two workers
     (``--dist loadfile --no-loadscope-reorder``), and a long file handed
-    out last would leave the others idle while one runs it alone."""
+    out last would leave one worker idle while the other runs it alone."""
     from collections import Counter
     slow = Counter(item.module.__name__ for item in items
                    if item.get_closest_marker("slow"))
