@@ -122,9 +122,7 @@ def _lookup(table, ids: tf.Tensor, as_float32: bool = False,
     flat = tf.reshape(ids, [-1])
     unique, index = tf.unique(flat, out_idx=tf.int32)
     if isinstance(table, QuantizedTable):  # float32 rows of the distinct ids
-        rows = table.gather(unique)
-        if dtype is not None:
-            rows = tf.cast(rows, dtype)
+        rows = _rows_for(table.gather(unique), False, dtype)
         return tf.reshape(tf.gather(rows, index),
                           tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
     if tf.executing_eagerly() and hasattr(table, "variables"):

@@ -415,7 +415,8 @@ def _ps_lines(result: ShardingPlan) -> list[str]:
 def _table_lines(result: ShardingPlan) -> list[str]:
     """One line per table variable: its optimizer and bytes per row."""
     width = max([len(t.name) for t in result.tables] + [5])
-    lines = ["tables (bytes per row: values + optimizer slots, float32):",
+    lines = ["tables (bytes per row: values in the table's dtype + float32 "
+             "optimizer slots):",
              f"  {'table':<{width}}  {'rows':>12}  {'dim':>4}  "
              f"{'optimizer':<15}  {'bytes/row':>9}  {'with slots':>10}"]
     for table in result.tables:
