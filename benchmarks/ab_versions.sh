@@ -3,7 +3,7 @@
 # A B A B in one session, and the median of the B/A throughput ratios.
 # A is another checkout with its own .venv, e.g. the previous commit:
 #   git worktree add /tmp/old HEAD~1 && (cd /tmp/old && python3.11 -m venv .venv \
-#     && .venv/bin/pip install -q --config-settings editable_mode=compat -e .)
+#     && .venv/bin/pip install -q -e .)
 # Usage: benchmarks/ab_versions.sh OLD_CHECKOUT [PAIRS] [psrec bench flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -312,8 +312,8 @@ def _one_process(args) -> dict:
     from psrec.launch.job.config import BenchConfig
     from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
     from psrec.ps_cluster.training.trainer import Trainer
-    config = BenchConfig(buckets=args.buckets, dim=args.dim,
-                         batch_size=args.batch_size)
+    config = BenchConfig(model=args.model, buckets=args.buckets,
+                         dim=args.dim, batch_size=args.batch_size)
     strategy = build_replicated_strategy("one-device")
     spec, model_cfg, optimizer_cfg = workload(config)
     trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,
@@ -343,8 +343,8 @@ def _ps_worker(args) -> dict:
     from psrec.ps_cluster.cluster.partition_config import PartitionConfig
     from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.training.trainer import Trainer
-    config = BenchConfig(buckets=args.buckets, dim=args.dim,
-                         batch_size=args.batch_size)
+    config = BenchConfig(model=args.model, buckets=args.buckets,
+                         dim=args.dim, batch_size=args.batch_size)
     strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
                                  PartitionConfig())
     spec, model_cfg, optimizer_cfg = workload(config)
@@ -450,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20,
                         help="iterations per stage call")
+    parser.add_argument("--model", default="dcn",
+                        help="psrec's model (dcn: the dense-only ceiling's "
+                        "towers, ../shared/bench/dense_only.py)")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--buckets", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=16)

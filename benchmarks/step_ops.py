@@ -53,8 +53,8 @@ def _trainer(args, precision: str):
     from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
     from psrec.ps_cluster.training.step import make_train_function
     from psrec.ps_cluster.training.trainer import Trainer
-    config = BenchConfig(buckets=args.buckets, dim=args.dim,
-                         batch_size=args.batch_size)
+    config = BenchConfig(model=args.model, buckets=args.buckets,
+                         dim=args.dim, batch_size=args.batch_size)
     spec, model_cfg, optimizer_cfg = workload(config)
     ps = args.where == "ps"
     if not hasattr(args, "strategy"):  # one cluster per process
@@ -179,6 +179,9 @@ def main() -> None:
     parser.add_argument("--ps", type=int, default=1)
     parser.add_argument("--buckets", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--model", default="dcn",
+                        help="psrec's model (the bench workload's DCN-v2 "
+                        "unless given)")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)

@@ -344,3 +344,40 @@ def test_a_bfloat16_model_exports_float32_scores_equal_to_its_own(tmp_path):
     spread = values.max(1, keepdims=True) - values.min(1, keepdims=True)
     assert stored.dtype == "int8"
     assert np.all(np.abs(back - values) <= spread / 255 / 2 + 1e-6)
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_a_single_writer_s_whole_row_update_equals_the_fused_kernel(name):
+    """``single_writer=True`` (every strategy but PS) updates a float32
+    table by gathering its rows and writing them back whole; with repeated
+    ids in the gradient, over several steps, the table and its slots equal
+    the fused kernel's (``single_writer=False``) -- and the rows path is the
+    one taken (the kernels are never called)."""
+    rng = np.random.default_rng(2)
+    start = rng.normal(size=(7, 4)).astype(np.float32)
+    tables, optimizers = [], []
+    for single_writer in (False, True):
+        tables.append(tf.Variable(start))
+        optimizers.append(_make(name, 0.3, single_writer=single_writer))
+        optimizers[-1]._create_all_weights([tables[-1]])  # noqa: SLF001
+    rows = tf.constant([1, 4, 1, 6, 4])  # duplicates are summed first
+    taken = []
+    original = optimizers[1]._apply_rows  # noqa: SLF001
+    optimizers[1]._apply_rows = (  # noqa: SLF001
+        lambda *args: taken.append(1) or original(*args))
+    for _ in range(3):
+        grad = tf.constant(rng.normal(size=(5, 4)).astype(np.float32))
+        for table, optimizer in zip(tables, optimizers):
+            optimizer.apply_gradients([(tf.IndexedSlices(
+                grad, rows, tf.constant([7, 4])), table)])
+    assert taken == [1, 1, 1]
+    np.testing.assert_allclose(tables[1].numpy(), tables[0].numpy(),
+                               rtol=2e-5, atol=1e-6)
+    assert not np.allclose(tables[1].numpy(), start)
+    np.testing.assert_array_equal(tables[1].numpy()[[0, 2, 3, 5]],
+                                  start[[0, 2, 3, 5]])
+    for slot in optimizers[0].get_slot_names():
+        np.testing.assert_allclose(
+            optimizers[1].get_slot(tables[1], slot).numpy(),
+            optimizers[0].get_slot(tables[0], slot).numpy(),
+            rtol=2e-5, atol=1e-6)

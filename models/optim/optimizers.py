@@ -71,20 +71,27 @@ _OWN_CLASSES = {"RowwiseAdagrad": RowwiseAdagrad, "Adagrad": Adagrad,
                 "Ftrl": Ftrl, "SGD": SGD}
 
 
-def _make(name: str, lr) -> tf_keras.optimizers.legacy.Optimizer:
-    """The registry entry ``name``'s optimizer (``models.optim.config``)."""
+def _make(name: str, lr, single_writer: bool = False
+          ) -> tf_keras.optimizers.legacy.Optimizer:
+    """The registry entry ``name``'s optimizer (``models.optim.config``);
+    ``single_writer``: see :class:`~psrec.models.optim.rounding.Float32Rows`
+    (psrec's own classes; Adam has no sparse path of its own)."""
     kind = OPTIMIZERS[name]
-    cls = _OWN_CLASSES.get(kind.keras_class) or getattr(
-        tf_keras.optimizers.legacy, kind.keras_class)
-    return cls(lr, **dict(kind.arguments))
+    own = _OWN_CLASSES.get(kind.keras_class)
+    if own is None:
+        return getattr(tf_keras.optimizers.legacy, kind.keras_class)(
+            lr, **dict(kind.arguments))
+    return own(lr, single_writer=single_writer, **dict(kind.arguments))
 
 
 def _scheduled(config: OptimizerConfig, batch_size: int, name: str,
-               lr: float) -> tf_keras.optimizers.legacy.Optimizer:
+               lr: float, single_writer: bool = False
+               ) -> tf_keras.optimizers.legacy.Optimizer:
     """Optimizer ``name`` at rate ``lr`` scaled to ``batch_size`` rows and
     warmed up (:class:`ScaledWarmup`)."""
     return _make(name, ScaledWarmup(lr, batch_size, config.base_batch_size,
-                                    config.warmup_steps, name))
+                                    config.warmup_steps, name),
+                 single_writer)
 
 
 def build_optimizers(config: OptimizerConfig, batch_size: int
@@ -96,19 +103,23 @@ def build_optimizers(config: OptimizerConfig, batch_size: int
             _scheduled(config, batch_size, config.dense, config.dense_lr))
 
 
-def build_table_optimizers(config: OptimizerConfig, batch_size: int, tables
-                           ) -> tuple[dict, dict]:
+def build_table_optimizers(config: OptimizerConfig, batch_size: int, tables,
+                           single_writer: bool = False) -> tuple[dict, dict]:
     """The tables' optimizers: ``(by group, by table)`` -- group name
     (``models.optim.config.TableGroup.name``; ``sparse_optimizer``, the
     flags', always first) -> its optimizer, and table name -> its group's
     optimizer -- for the spec's ``tables``. One optimizer per distinct
-    ``(optimizer, lr)``; build them under the model's strategy scope."""
+    ``(optimizer, lr)``; build them under the model's strategy scope.
+    ``single_writer``: no other process or worker updates the tables while a
+    step applies its update (true of every strategy but the PS one; see
+    :class:`~psrec.models.optim.rounding.Float32Rows`)."""
     groups = table_groups(tables, config)
     by_group = {DEFAULT_GROUP: _scheduled(config, batch_size, config.sparse,
-                                          config.sparse_lr)}
+                                          config.sparse_lr, single_writer)}
     for group in groups.values():
         if group.name not in by_group:
             by_group[group.name] = _scheduled(config, batch_size,
-                                              group.optimizer, group.lr)
+                                              group.optimizer, group.lr,
+                                              single_writer)
     return by_group, {table: by_group[group.name]
                       for table, group in groups.items()}

@@ -16,7 +16,21 @@ is a mixin of every optimizer class of the registry
 * rounds the new rows to 16 bits **stochastically** (:func:`stochastic_round`)
   and scatters them into the table.
 
-A float32 variable takes the optimizer's own path, unchanged.
+A float32 variable takes the optimizer's own path (TensorFlow's fused sparse
+kernel, or row-wise Adagrad's scatters), unless the optimizer is made with
+``single_writer=True``: a promise that nothing else updates its tables
+while a step applies its update (one device; each replica's copy under a
+mirrored strategy). Then a float32 table takes the same gather, float32
+update and scatter of whole rows as a 16-bit one, without the rounding:
+about twice as fast as the fused kernel on this machine's CPU, whose per-row
+loop is its cost (``benchmarks/step_ops.py``; docs/benchmarks.md, "The
+sparse apply"). Under ``ParameterServerStrategy`` several workers update a
+shard at once, and a row gathered by one step and written back whole would
+undo another worker's update of it made in between, so the fused kernels
+(read-modify-write per value, no lock) stay there. 16-bit tables have no
+fused kernel and take the gather-and-write path under every strategy: on a
+PS cluster two workers' updates of the same row within the same few
+milliseconds keep only the later (docs/decisions.md, "16-bit tables").
 
 Stochastic rounding without a custom op: the float32 value's bits get a
 uniform random integer below the 16-bit format's unit in the last place
@@ -96,7 +110,16 @@ class _Float32Slots:
 class Float32Rows:
     """Mixin of a legacy ``tf_keras`` optimizer: 16-bit variables keep
     float32 slots and are updated in float32, rounded back stochastically
-    (module docstring). A subclass defines :meth:`_update_rows`."""
+    (module docstring). A subclass defines :meth:`_update_rows`.
+
+    ``single_writer=True``: nothing else updates the variables while a step
+    applies its update, so float32 ones take the same whole-row path, faster
+    than TensorFlow's fused kernels (module docstring); never under
+    ``ParameterServerStrategy``."""
+
+    def __init__(self, *args, single_writer: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._single_writer = single_writer
 
     def add_slot(self, var, slot_name, initializer="zeros", shape=None):
         if is_16bit(var):
@@ -112,7 +135,7 @@ class Float32Rows:
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices,
                                                  **kwargs):
-        if not is_16bit(handle):
+        if not (self._single_writer or is_16bit(handle)):
             return super()._resource_apply_sparse_duplicate_indices(
                 grad, handle, indices, **kwargs)
         unique, positions = tf.unique(indices)
@@ -140,6 +163,9 @@ class Float32Rows:
                          for name, slot in slots.items()}, coefficients)
         writes = [slots[name].scatter_update(tf.IndexedSlices(value, indices))
                   for name, value in new_slots.items()]
+        if not is_16bit(var):
+            with tf.control_dependencies(writes):
+                return var.scatter_update(tf.IndexedSlices(new_rows, indices))
         seed = tf.stack([tf.cast(self.iterations, tf.int64),
                          tf.constant(_name_seed(var), tf.int64)])
         with tf.control_dependencies(writes):

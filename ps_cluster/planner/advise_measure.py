@@ -87,7 +87,7 @@ def measure_compute(spec: FeatureSpec, model: ModelConfig, batch_size: int,
     net = build_model(spec, model)
     _, dense = build_optimizers(optimizer, batch_size)
     groups, tables = build_table_optimizers(optimizer, batch_size,
-                                            spec.tables)
+                                            spec.tables, single_writer=True)
     batches = tf.data.Dataset.from_tensors(
         synthetic_batch(spec, batch_size)).repeat()
     iterator = iter(batches)

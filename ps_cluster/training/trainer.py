@@ -173,7 +173,8 @@ class Trainer:
             # One optimizer per (optimizer, lr) of the tables; the flags'
             # is `sparse_optimizer` (checkpoints before per-table ones).
             self.sparse_optimizers, self.table_optimizers = (
-                build_table_optimizers(optimizer_config, rows, spec.tables))
+                build_table_optimizers(optimizer_config, rows, spec.tables,
+                                       single_writer=not self.is_ps))
             self.sparse_optimizer = self.sparse_optimizers[DEFAULT_GROUP]
             self.loss_scale = (DynamicLossScale()
                                if precision == "mixed_float16" else None)
