@@ -11,7 +11,7 @@ py=.venv/bin/python
 ratios=()
 for i in $(seq "$pairs"); do
   a=$($py "$baseline" "$@" 2>/dev/null | grep examples_per_sec)
-  b=$($py -m psrec bench --json "$@" 2>/dev/null | grep examples_per_sec)
+  b=$($py -m psrec bench --json --model dcn "$@" 2>/dev/null | grep examples_per_sec)  # the baseline's DCN-v2
   echo "A baseline $a"
   echo "B psrec    $b"
   ratios+=("$($py -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); print(b['examples_per_sec']/a['examples_per_sec'])" "$a" "$b")")

@@ -36,18 +36,42 @@ def test_a_table_dtype_is_a_spec_field_with_the_flag_as_its_default():
     spec = criteo(buckets=10, dim=4)
     data = spec.to_dict()
     assert "dtype" not in data["tables"][0]  # unset: the old form
-    data["tables"][0]["dtype"] = "float16"
+    data["tables"][0]["dtype"] = "bfloat16"
     own = FeatureSpec.from_dict(data)
-    assert own.tables[0].storage == "float16"
+    assert own.tables[0].storage == "bfloat16"
     assert own.fingerprint() == spec.fingerprint()  # not the data's
     # The flag fills unset tables only; float32 keeps the spec as it is.
     assert spec.with_table_dtype("float32") is spec
     assert spec.with_table_dtype("bfloat16").tables[0].dtype == "bfloat16"
-    assert own.with_table_dtype("bfloat16").tables[0].dtype == "float16"
+    data["tables"][0]["dtype"] = "float32"  # a table's own dtype wins
+    pinned = FeatureSpec.from_dict(data)
+    assert pinned.with_table_dtype("bfloat16").tables[0].dtype == "float32"
     assert own.tables[0].bytes == spec.tables[0].bytes // 2
     data["tables"][0]["dtype"] = "int8"
     with pytest.raises(ConfigError, match="`dtype` = 'int8' is not allowed"):
         FeatureSpec.from_dict(data)
+
+
+def test_a_float16_table_is_refused_in_one_line_naming_why(tmp_path, capsys):
+    """TensorFlow cannot read part of a float16 tensor from a checkpoint
+    (every restore on PS reads parts): a run could save and never resume,
+    so a spec's float16 table is refused before anything runs, exit 2."""
+    import json
+
+    from psrec.launch.cli.main import main
+    data = criteo(buckets=10, dim=4).to_dict()
+    data["tables"][0]["dtype"] = "float16"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data))
+    assert main(["plan", "--spec", str(path), "--ps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert ("`dtype` = 'float16' is not allowed: TensorFlow's checkpoint "
+            "reader cannot read part of a float16 tensor") in err, err
+    assert str(path) in err and "'bfloat16'" in err, err
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--table-dtype", "float16", "--data", str(tmp_path)])
+    assert exit_.value.code == 2
 
 
 def test_the_train_flag_resolves_into_the_job_spec_and_mirrored_refuses():
@@ -141,7 +165,7 @@ def test_a_dynamic_table_s_reset_rows_are_cast_to_its_dtype():
 
 def test_a_table_s_own_optimizer_trains_its_16_bit_table(tmp_path):
     """A spec table naming its own optimizer (FTRL, per-table optimizers)
-    and ``dtype: float16`` trains one-device: a float16 variable, its
+    and ``dtype: bfloat16`` trains one-device: a bfloat16 variable, its
     FTRL slots float32 and moved, its rows moved."""
     import dataclasses
 
@@ -151,7 +175,7 @@ def test_a_table_s_own_optimizer_trains_its_16_bit_table(tmp_path):
     from psrec.ps_cluster.training.trainer import Trainer
     spec = criteo(**RESHARD_SPEC_ARGS)
     spec = dataclasses.replace(spec, tables=(dataclasses.replace(
-        spec.tables[0], optimizer="ftrl", dtype="float16"),))
+        spec.tables[0], optimizer="ftrl", dtype="bfloat16"),))
     trainer = Trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), spec,
                       RESHARD_MODEL, OptimizerConfig(
                           sparse_lr=0.1, base_batch_size=64, warmup_steps=0),
@@ -161,8 +185,11 @@ def test_a_table_s_own_optimizer_trains_its_16_bit_table(tmp_path):
     start = table.numpy().astype(np.float32)
     trainer.train(random_dataset_fn(spec, 64), LoopConfig(
         steps=5, steps_per_closure=5, checkpoint_every=0))
-    assert table.dtype == tf.float16 and optimizer is not (
+    assert table.dtype == tf.bfloat16 and optimizer is not (
         trainer.sparse_optimizer)
+    # One device: nothing else writes its tables (PS: test_table_optimizers).
+    assert all(o._single_writer  # noqa: SLF001
+               for o in trainer.sparse_optimizers.values())
     slots = {name: optimizer.get_slot(table, name)
              for name in optimizer.get_slot_names()}
     assert sorted(slots) == ["accumulator", "linear"]

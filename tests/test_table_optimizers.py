@@ -1,9 +1,10 @@
 """Per-table sparse optimizers (issue 22 §1): a table's ``optimizer`` and
 ``lr`` in the spec, the flags for the tables that name none.
 
-A spec of three tables on three optimizers (FTRL at its own rate, row-wise
-Adagrad, the flags' Adagrad) trains on the shared in-process cluster (2
-workers, 2 PS): each table's slots are its optimizer's, on its shards' PS;
+A spec of three tables on three optimizers (FTRL at its own rate and
+row-wise Adagrad on bfloat16 tables, the flags' Adagrad on a float32 one) trains on the shared in-process cluster (2
+workers, 2 PS): each table's slots are its optimizer's, float32, on its
+shards' PS, and the optimizers keep their PS path (not ``single_writer``);
 the planner's bytes are the variables' bytes; the checkpoint names each
 group's optimizer; a restore into another shard count is exact by value. A
 warm start into a spec where one table changed optimizer re-initialises
@@ -33,8 +34,10 @@ from psrec.ps_cluster.cluster.partition_config import PartitionConfig
 
 SPEC = {
     "name": "tabopt", "label": {"name": "label"},
-    "tables": [{"name": "users", "dim": 8, "optimizer": "ftrl", "lr": 0.05},
-               {"name": "items", "dim": 4, "optimizer": "rowwise_adagrad"},
+    "tables": [{"name": "users", "dim": 8, "optimizer": "ftrl", "lr": 0.05,
+                "dtype": "bfloat16"},
+               {"name": "items", "dim": 4, "optimizer": "rowwise_adagrad",
+                "dtype": "bfloat16"},
                {"name": "tags", "dim": 4}],
     "dense": [{"name": "price", "transform": "log1p"}],
     "categorical": [{"name": "user", "table": "users", "hash_buckets": 300},
@@ -152,13 +155,16 @@ def test_each_table_trains_with_its_optimizer_beside_its_shards(trained):
         kind, slots, width = EXPECTED[table]
         optimizer = trainer.table_optimizers[table]
         assert type(optimizer).__name__ == kind, name
+        assert not optimizer._single_writer  # noqa: SLF001 (workers race)
         shards = _shards(variable)
         assert {s.device for s in shards} == {
             f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)}
         for shard in shards:
+            assert shard.dtype == _spec().table(table).storage, name
             assert optimizer.get_slot_names() == slots
             for slot in slots:
                 value = optimizer.get_slot(shard, slot)
+                assert value.dtype == tf.float32, (name, slot)
                 assert value.device == shard.device, (name, slot)
                 assert tuple(value.shape) == (
                     shard.shape[0], width or shard.shape[1]), (name, slot)
@@ -197,9 +203,10 @@ def test_the_plan_s_bytes_are_the_variables_bytes(trained):
             shard_slots = sum(
                 4 * optimizer.get_slot(shard, s).shape.num_elements()
                 for s in optimizer.get_slot_names())
-            assert planned_shard.bytes == 4 * shard.shape.num_elements()
+            shard_bytes = shard.dtype.size * shard.shape.num_elements()
+            assert planned_shard.bytes == shard_bytes, planned.name
             assert planned_shard.slot_bytes == shard_slots, planned.name
-            values += 4 * shard.shape.num_elements()
+            values += shard_bytes
             slots += shard_slots
         assert planned.row_bytes * planned.rows == values + slots
         row = [line for line in text.splitlines()
@@ -224,9 +231,10 @@ def test_advise_shows_each_table_s_optimizer_and_bytes_per_row():
         DeviceMemory("CPU", 1 << 30, "test"), 0.5, 0.3,
         Measurements(1.0, 0.1, 0.1, 1, 2, "2 x CPU"), "ps", (), 1.0,
         tables=table_row_bytes(_spec().tables, FLAGS))
-    # users: 8 values + FTRL's 2 x 8; items: 4 + 1 per row; tags: 4 + 4.
-    assert ("  tables (optimizer, bytes/row with slots): users ftrl 96, "
-            "items rowwise_adagrad 20, tags adagrad 32") in \
+    # users: 8 bfloat16 values (2 bytes) + FTRL's 2 x 8 float32 (4 bytes);
+    # items: 4 bfloat16 + 1 float32 per row; tags: 4 + 4, float32.
+    assert ("  tables (optimizer, bytes/row with slots): users ftrl 80, "
+            "items rowwise_adagrad 12, tags adagrad 32") in \
         advice.summary().splitlines()
 
 

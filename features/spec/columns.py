@@ -25,9 +25,15 @@ CATEGORICAL_DTYPES = ("string", "int64")
 INITIALIZERS = ("uniform", "truncated_normal", "zeros")
 LOSSES = ("logloss", "bce", "mse")
 #: How a table's values are stored while it trains (``TableConfig.dtype``):
-#: float32, or 16 bits with the update computed in float32 and rounded
+#: float32, or bfloat16 with the update computed in float32 and rounded
 #: back (``models.optim.rounding``); the bytes of one value.
-TABLE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+TABLE_DTYPES = {"float32": 4, "bfloat16": 2}
+#: Table dtypes refused, and why (said in the error line).
+REFUSED_TABLE_DTYPES = {"float16": (
+    "TensorFlow's checkpoint reader cannot read part of a float16 tensor "
+    "(RestoreV2: 'Dtype half not supported'), and every restore on PS and "
+    "of any table over 64 MiB reads parts; 'bfloat16' stores the same 2 "
+    "bytes a value")}
 #: The optimizers a table may name (``TableConfig.optimizer``); each is an
 #: entry of the optimizer registry, ``models.optim.config.OPTIMIZERS``.
 TABLE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "ftrl", "sgd")
@@ -75,6 +81,13 @@ def _check_choice(where: str, key: str, value: Any,
     return [f"{where}: `{key}` = {value!r} is not allowed; use one of "
             f"{', '.join(map(repr, allowed))}"
             f"{did_you_mean(value, allowed) or '.'}"]
+
+
+def _check_table_dtype(where: str, value: Any) -> list[str]:
+    if value in REFUSED_TABLE_DTYPES:
+        return [f"{where}: `dtype` = {value!r} is not allowed: "
+                f"{REFUSED_TABLE_DTYPES[value]}."]
+    return _check_choice(where, "dtype", value, tuple(TABLE_DTYPES))
 
 
 def _check_int(where: str, key: str, value: Any,
@@ -185,8 +198,9 @@ class TableConfig:
             :data:`TABLE_OPTIMIZERS`); None: ``--sparse-optimizer``.
         lr: its learning rate at ``--base-batch-size``; None:
             ``--sparse-lr``.
-        dtype: how its values are stored while it trains (``float32``,
-            ``bfloat16`` or ``float16``: :data:`TABLE_DTYPES`); None (left
+        dtype: how its values are stored while it trains (``float32`` or
+            ``bfloat16``: :data:`TABLE_DTYPES`; ``float16`` is refused,
+            :data:`REFUSED_TABLE_DTYPES`); None (left
             out of a spec file): the run's ``--table-dtype``
             (:meth:`FeatureSpec.with_table_dtype`), float32 by default. Not
             part of the spec's fingerprint: it does not change the data.
@@ -223,8 +237,8 @@ class TableConfig:
                 where, "optimizer", self.optimizer, TABLE_OPTIMIZERS))
             + _check_number(where, "lr", self.lr, positive=True,
                             optional=True)
-            + ([] if self.dtype is None else _check_choice(
-                where, "dtype", self.dtype, tuple(TABLE_DTYPES))))
+            + ([] if self.dtype is None else _check_table_dtype(
+                where, self.dtype)))
 
     def to_dict(self) -> dict[str, Any]:
         """The table's saved form: without the dynamic keys when it is

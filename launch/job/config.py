@@ -415,8 +415,8 @@ class JobConfig:
         strategies=TABLE_DTYPE_STRATEGIES,
         help="how the embedding tables are stored while they train, for "
         "every spec table that leaves its `dtype` unset: float32, or "
-        "bfloat16/float16 (half the bytes a value; each update is computed "
-        "in float32 and rounded back stochastically; optimizer slots stay "
+        "bfloat16 (half the bytes a value; each update is computed in "
+        "float32 and rounded back stochastically; optimizer slots stay "
         "float32)")
     input: InputConfig = option(InputConfig(),
                                 help="batch size and shuffling")

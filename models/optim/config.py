@@ -104,7 +104,7 @@ def slot_text(optimizer: str) -> str:
 
 def row_bytes(optimizer: str, dim: int, value_bytes: int = 4) -> int:
     """Bytes of one ``dim``-wide row of a table trained by ``optimizer``:
-    its values (``value_bytes`` each: 4 float32, 2 bfloat16/float16) and its
+    its values (``value_bytes`` each: 4 float32, 2 bfloat16) and its
     slots' (float32, :data:`SLOT_VALUE_BYTES`): what the PS planner and the
     size guard count."""
     return (value_bytes * dim

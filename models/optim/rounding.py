@@ -1,6 +1,7 @@
 """16-bit tables: the sparse update computed in float32 and rounded back.
 
-A table stored as ``bfloat16`` or ``float16`` (``TableConfig.dtype``) is
+A table stored as ``bfloat16`` (``TableConfig.dtype``; ``float16`` tables
+are refused: TensorFlow cannot read part of one back from a checkpoint) is
 trained by the same sparse optimizers as a float32 one. :class:`Float32Rows`
 is a mixin of every optimizer class of the registry
 (``models.optim.optimizers``); for a 16-bit variable it
