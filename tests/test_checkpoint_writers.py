@@ -163,3 +163,47 @@ def test_a_ps_that_does_not_see_the_folder_stops_the_job_before_step_1(
             in error[0])
     # Before training: no step was scheduled, none reported.
     assert "steps 0 ->" not in out and not re.search(r"\bstep \d", out)
+
+
+
+@pytest.mark.parametrize("dtype, shape", [
+    (tf.bfloat16, (1001, 16)), (tf.float32, (999, 1)), (tf.float32, (7,))])
+def test_tensors_are_stored_in_aligned_slices_that_restore_whole(
+        tmp_path, dtype, shape):
+    """``AlignedSlices`` cuts a tensor over the slice size into slices of
+    whole rows, each at most the slice size and starting at a multiple of
+    64 bytes (so each is a view of the variable, never a copy: 32-byte
+    bfloat16 rows were copied by ``MaxShardSizePolicy``); the slices cover
+    it exactly, hold its values, and a checkpoint written with them
+    restores it whole; a small tensor stays whole."""
+    import types
+
+    from psrec.ps_cluster.checkpoint.save import AlignedSlices
+    values = np.random.default_rng(0).normal(size=shape)
+    variable = tf.Variable(tf.cast(values, dtype))
+    slices = AlignedSlices(slice_bytes=1024)
+    shardable = types.SimpleNamespace(
+        checkpoint_key="v", tensor=variable.read_value(), slice_spec="",
+        shape=variable.shape, dtype=dtype, device="/cpu:0")
+    shards = slices([shardable])
+    rows, row_bytes = shape[0], int(np.prod(shape[1:])) * dtype.size
+    if rows * row_bytes <= 1024:
+        assert shards == [{"v": {"": shardable.tensor}}]
+    else:
+        covered = 0
+        for shard in shards:
+            [(spec, part)] = shard["v"].items()
+            begin, length = map(int, spec.split(" ")[-1].split(":")[0]
+                                .split(","))
+            assert begin == covered and length * row_bytes <= 1024, spec
+            assert (begin * row_bytes) % 64 == 0, spec
+            np.testing.assert_array_equal(
+                part.numpy(), variable.numpy()[begin:begin + length])
+            covered += length
+        assert covered == rows and len(shards) > 1
+    path = tf.train.Checkpoint(v=variable).write(
+        str(tmp_path / "c"), options=tf.train.CheckpointOptions(
+            experimental_sharding_callback=slices))
+    restored = tf.Variable(tf.zeros(shape, dtype))
+    tf.train.Checkpoint(v=restored).read(path).assert_consumed()
+    np.testing.assert_array_equal(restored.numpy(), variable.numpy())
