@@ -379,7 +379,7 @@ def test_a_single_writer_s_whole_row_update_equals_the_fused_kernel(name):
     table by gathering its rows and writing them back whole; with repeated
     ids in the gradient, over several steps, the table and its slots equal
     the fused kernel's (``single_writer=False``) -- and the rows path is the
-    one taken (the kernels are never called)."""
+    one taken, except by SGD, whose own one-scatter update is faster."""
     rng = np.random.default_rng(2)
     start = rng.normal(size=(7, 4)).astype(np.float32)
     tables, optimizers = [], []
@@ -397,7 +397,7 @@ def test_a_single_writer_s_whole_row_update_equals_the_fused_kernel(name):
         for table, optimizer in zip(tables, optimizers):
             optimizer.apply_gradients([(tf.IndexedSlices(
                 grad, rows, tf.constant([7, 4])), table)])
-    assert taken == [1, 1, 1]
+    assert taken == ([] if name == "sgd" else [1, 1, 1])
     np.testing.assert_allclose(tables[1].numpy(), tables[0].numpy(),
                                rtol=2e-5, atol=1e-6)
     assert not np.allclose(tables[1].numpy(), start)

@@ -118,6 +118,10 @@ class Float32Rows:
     than TensorFlow's fused kernels (module docstring); never under
     ``ParameterServerStrategy``."""
 
+    #: Whether a single writer's float32 tables take the whole-row path:
+    #: where it beats the optimizer's own (``benchmarks/sparse_apply.py``).
+    _ROWS_FOR_SINGLE_WRITER = True
+
     def __init__(self, *args, single_writer: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._single_writer = single_writer
@@ -136,7 +140,8 @@ class Float32Rows:
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices,
                                                  **kwargs):
-        if not (self._single_writer or is_16bit(handle)):
+        if not ((self._single_writer and self._ROWS_FOR_SINGLE_WRITER)
+                or is_16bit(handle)):
             return super()._resource_apply_sparse_duplicate_indices(
                 grad, handle, indices, **kwargs)
         unique, positions = tf.unique(indices)
@@ -218,7 +223,12 @@ class Ftrl(Float32Rows, tf_keras.optimizers.legacy.Ftrl):
 
 
 class SGD(Float32Rows, tf_keras.optimizers.legacy.SGD):
-    """``tf_keras``' legacy SGD; 16-bit tables as :class:`Float32Rows`."""
+    """``tf_keras``' legacy SGD; 16-bit tables as :class:`Float32Rows`.
+    Its own sparse update of a float32 table is one ``ResourceScatterAdd``
+    of the rows, without de-duplication: 0.75x the whole-row path's time
+    (``benchmarks/sparse_apply.py``), so a single writer keeps it."""
+
+    _ROWS_FOR_SINGLE_WRITER = False
 
     def _update_rows(self, rows, grad, slots, coefficients):
         lr = coefficients["lr_t"]
