@@ -1,8 +1,8 @@
 """Per-table sparse optimizers (issue 22 §1): a table's ``optimizer`` and
 ``lr`` in the spec, the flags for the tables that name none.
 
-A spec of three tables on three optimizers (FTRL at its own rate and
-row-wise Adagrad on bfloat16 tables, the flags' Adagrad on a float32 one) trains on the shared in-process cluster (2
+A spec of four tables on four optimizers (FTRL at its own rate, row-wise
+Adagrad and SGD on bfloat16 tables, the flags' Adagrad on a float32 one) trains on the shared in-process cluster (2
 workers, 2 PS): each table's slots are its optimizer's, float32, on its
 shards' PS, and the optimizers keep their PS path (not ``single_writer``);
 the planner's bytes are the variables' bytes; the checkpoint names each
@@ -38,11 +38,14 @@ SPEC = {
                 "dtype": "bfloat16"},
                {"name": "items", "dim": 4, "optimizer": "rowwise_adagrad",
                 "dtype": "bfloat16"},
-               {"name": "tags", "dim": 4}],
+               {"name": "tags", "dim": 4},
+               {"name": "shops", "dim": 4, "optimizer": "sgd",
+                "dtype": "bfloat16"}],
     "dense": [{"name": "price", "transform": "log1p"}],
     "categorical": [{"name": "user", "table": "users", "hash_buckets": 300},
                     {"name": "item", "table": "items", "hash_buckets": 200},
-                    {"name": "tag", "table": "tags", "hash_buckets": 50}]}
+                    {"name": "tag", "table": "tags", "hash_buckets": 50},
+                    {"name": "shop", "table": "shops", "hash_buckets": 60}]}
 FLAGS = OptimizerConfig(sparse_lr=0.1, dense_lr=0.01, base_batch_size=64,
                         warmup_steps=0)  # --sparse-optimizer adagrad
 # Small towers, and wide twins: trained by their table's optimizer.
@@ -52,10 +55,12 @@ INITIAL = 0.1  # every accumulator's initial_accumulator_value
 # table -> (keras class, slot names, slot width: None = the table's dim)
 EXPECTED = {"users": ("Ftrl", ["accumulator", "linear"], None),
             "items": ("RowwiseAdagrad", ["accumulator"], 1),
-            "tags": ("Adagrad", ["accumulator"], None)}
+            "tags": ("Adagrad", ["accumulator"], None),
+          "shops": ("SGD", [], None)}
 GROUPS = {"users": "sparse_optimizer_ftrl_lr0p05",
           "items": "sparse_optimizer_rowwise_adagrad",
-          "tags": "sparse_optimizer"}
+          "tags": "sparse_optimizer",
+          "shops": "sparse_optimizer_sgd"}
 
 
 def _spec(**changes) -> FeatureSpec:
@@ -85,7 +90,7 @@ def _full_slot(trainer, table: str, slot: str) -> np.ndarray:
 
 def test_a_table_names_its_optimizer_and_rate_and_others_keep_their_form():
     spec = _spec()
-    users, items, tags = spec.tables
+    users, items, tags, _ = spec.tables
     assert (users.optimizer, users.lr) == ("ftrl", 0.05)
     assert (items.optimizer, items.lr) == ("rowwise_adagrad", None)
     assert FeatureSpec.from_dict(spec.to_dict()) == spec
@@ -98,7 +103,8 @@ def test_a_table_names_its_optimizer_and_rate_and_others_keep_their_form():
     groups = table_groups(spec.tables, FLAGS)
     assert {t: g.name for t, g in groups.items()} == GROUPS
     assert [(g.optimizer, g.lr) for g in groups.values()] == [
-        ("ftrl", 0.05), ("rowwise_adagrad", 0.1), ("adagrad", 0.1)]
+        ("ftrl", 0.05), ("rowwise_adagrad", 0.1), ("adagrad", 0.1),
+        ("sgd", 0.1)]
     # The flag's optimizer at another rate is a group of its own.
     flagged = table_groups(_spec(tags={"lr": 0.3}).tables, FLAGS)
     assert flagged["tags"].name == "sparse_optimizer_adagrad_lr0p3"
@@ -148,7 +154,7 @@ def trained(ps_cluster, tmp_path_factory):
 @pytest.mark.slow  # the shared training fixture (>10 s on 2 cores)
 def test_each_table_trains_with_its_optimizer_beside_its_shards(trained):
     trainer, _, _ = trained
-    assert len(trainer.sparse_optimizers) == 3  # one per (optimizer, lr)
+    assert len(trainer.sparse_optimizers) == 4  # one per (optimizer, lr)
     assert trainer.table_optimizers["users"].learning_rate.base_lr == 0.05
     for name, variable in trainer.model.sparse_arch.tables.items():
         table = name.removesuffix("__wide")
@@ -172,6 +178,8 @@ def test_each_table_trains_with_its_optimizer_beside_its_shards(trained):
                 if other is not optimizer:  # no other optimizer's slots
                     with pytest.raises(KeyError):
                         other.get_slot(shard, "accumulator")
+        if not slots:  # SGD
+            continue
         # Training moved the slots of the rows it touched.
         accumulator = _full_slot(trainer, name, "accumulator")
         assert np.any(accumulator != INITIAL), name
@@ -232,9 +240,10 @@ def test_advise_shows_each_table_s_optimizer_and_bytes_per_row():
         Measurements(1.0, 0.1, 0.1, 1, 2, "2 x CPU"), "ps", (), 1.0,
         tables=table_row_bytes(_spec().tables, FLAGS))
     # users: 8 bfloat16 values (2 bytes) + FTRL's 2 x 8 float32 (4 bytes);
-    # items: 4 bfloat16 + 1 float32 per row; tags: 4 + 4, float32.
+    # items: 4 bfloat16 + 1 float32 per row; tags: 4 + 4, float32; shops:
+    # 4 bfloat16 values, SGD keeps no slot.
     assert ("  tables (optimizer, bytes/row with slots): users ftrl 80, "
-            "items rowwise_adagrad 12, tags adagrad 32") in \
+            "items rowwise_adagrad 12, tags adagrad 32, shops sgd 8") in \
         advice.summary().splitlines()
 
 
