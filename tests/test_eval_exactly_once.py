@@ -96,7 +96,13 @@ def test_worker_killed_during_eval_counts_each_eval_example_once(
         eval_line = run.wait_for(rf"^step {STEPS}: eval: ", 1)
         assert run.time_of(re.escape(eval_line.group(0))) > killed_at
         run.wait_for(WORKER_1_FAILED, 1, after=joined)
-        assert "worker-1 died" in output
+        # The loss is said: by the supervisor's own look ("worker-1 died",
+        # then its restart), or, when the coordinator stopped on it first
+        # (a retryable exit; seen once in a loaded suite, where the
+        # restarted coordinator, with no checkpoint yet, trained again from
+        # step 0 and evaluated), by the failed-role line naming it.
+        assert re.search(r"worker-1 died|failed role: worker "
+                         r"\(worker-1 exited", output), output[-4000:]
         summary = json.loads((workdir / "summary.json").read_text())
         result = summary["eval"]
         # Each eval example counted exactly once.
