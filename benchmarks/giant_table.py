@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from psrec.features.spec.columns import TABLE_DTYPES
+from psrec.features.spec.columns import TABLE_OPTIMIZERS
 from psrec.runtime import configure_environment
 
 
@@ -100,10 +102,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="= --checkpoint-writers coordinator (the "
                              "README's earlier commands)")
     parser.add_argument("--table-dtype", default="float32",
-                        choices=("float32", "bfloat16", "float16"),
+                        choices=tuple(TABLE_DTYPES),
                         help="the table's dtype (psrec train --table-dtype)")
     parser.add_argument("--optimizer", default="adagrad",
-                        choices=("adagrad", "rowwise_adagrad", "ftrl", "sgd"),
+                        choices=TABLE_OPTIMIZERS,
                         help="the table's optimizer (--sparse-optimizer)")
     parser.add_argument("--old-init", action="store_true",
                         help="initialise tables as before (full random "

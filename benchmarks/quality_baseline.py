@@ -197,6 +197,14 @@ def _done(records: list[dict], **key) -> bool:
     return any(all(r.get(k) == v for k, v in key.items()) for r in records)
 
 
+def run_row(label: str, record: dict, diff: str) -> str:
+    """One run's row of a results table: its label and seed, best eval
+    AUC and logloss, best step / steps run, ``diff`` and its seconds."""
+    return (f"| {label} | {record['seed']} | {record['auc']:.4f} | "
+            f"{record['logloss']:.4f} | {record['best_step']} / "
+            f"{record['steps']} | {diff} | {record['seconds']} |")
+
+
 def table(records: list[dict], name: str) -> str:
     """The Markdown table of data set ``name``."""
     mine = [r for r in records if r["dataset"] == name]
@@ -214,9 +222,7 @@ def table(records: list[dict], name: str) -> str:
         ref = base.get(r["model"])
         diff = ("" if r["kind"] == "baseline" or not ref
                 else f"{r['auc'] - sum(ref) / len(ref):+.4f}")
-        lines.append(f"| {label} | {r['seed']} | {r['auc']:.4f} | "
-                     f"{r['logloss']:.4f} | {r['best_step']} / {r['steps']} "
-                     f"| {diff} | {r['seconds']} |")
+        lines.append(run_row(label, r, diff))
     return "\n".join(lines)
 
 

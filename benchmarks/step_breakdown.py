@@ -304,22 +304,39 @@ def _rounds(run_stage: dict, repeats: int, steps: int) -> dict:
     return times
 
 
-def _one_process(args) -> dict:
-
+def bench_trainer(args, ps: bool, precision: str = "float32",
+                  strategy=None):
+    """``(strategy, trainer, dataset_fn)``: psrec's trainer of the ``psrec
+    bench`` workload (``--model``, ``--buckets``, ``--dim``,
+    ``--batch-size``) at ``precision``, on one device or (``ps``) an
+    in-process cluster of ``--workers`` workers and ``--ps`` PS, or on
+    ``strategy`` when given (one cluster per process), and its synthetic
+    batches."""
     from psrec.data.input.config import InputConfig
     from psrec.launch.job.bench import synthetic_dataset_fn
     from psrec.launch.job.bench import workload
     from psrec.launch.job.config import BenchConfig
+    from psrec.ps_cluster.cluster.in_process import in_process_cluster
+    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
     from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
     from psrec.ps_cluster.training.trainer import Trainer
     config = BenchConfig(model=args.model, buckets=args.buckets,
                          dim=args.dim, batch_size=args.batch_size)
-    strategy = build_replicated_strategy("one-device")
+    if strategy is None:
+        strategy = (build_ps_strategy(
+            in_process_cluster(args.workers, args.ps), PartitionConfig())
+            if ps else build_replicated_strategy("one-device"))
     spec, model_cfg, optimizer_cfg = workload(config)
     trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,
-                      InputConfig(batch_size=args.batch_size))
-    iterator = iter(strategy.distribute_datasets_from_function(
-        synthetic_dataset_fn(spec, args.batch_size, False)))
+                      InputConfig(batch_size=args.batch_size),
+                      precision=precision)
+    return strategy, trainer, synthetic_dataset_fn(spec, args.batch_size, ps)
+
+
+def _one_process(args) -> dict:
+    strategy, trainer, dataset_fn = bench_trainer(args, ps=False)
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     functions = _stage_functions(strategy, trainer, args.steps,
                                  args.stages)
     run_stage = {name: (lambda f=f: float(f(iterator)))
@@ -334,25 +351,9 @@ def _one_process(args) -> dict:
 
 
 def _ps_worker(args) -> dict:
-
-    from psrec.data.input.config import InputConfig
-    from psrec.launch.job.bench import synthetic_dataset_fn
-    from psrec.launch.job.bench import workload
-    from psrec.launch.job.config import BenchConfig
-    from psrec.ps_cluster.cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
-    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.training.trainer import Trainer
-    config = BenchConfig(model=args.model, buckets=args.buckets,
-                         dim=args.dim, batch_size=args.batch_size)
-    strategy = build_ps_strategy(in_process_cluster(args.workers, args.ps),
-                                 PartitionConfig())
-    spec, model_cfg, optimizer_cfg = workload(config)
-    trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,
-                      InputConfig(batch_size=args.batch_size))
+    strategy, trainer, dataset_fn = bench_trainer(args, ps=True)
     coordinator = trainer.coordinator
-    iterator = iter(coordinator.create_per_worker_dataset(
-        synthetic_dataset_fn(spec, args.batch_size, True)))
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     functions = _stage_functions(strategy, trainer, args.steps,
                                  args.stages)
 

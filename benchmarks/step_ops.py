@@ -42,31 +42,14 @@ def _trainer(args, precision: str):
     """The bench workload's trainer at ``precision`` and a function running
     ``--steps`` steps once (returns their seconds when they are done)."""
     import tensorflow as tf
+    from step_breakdown import bench_trainer
 
-    from psrec.data.input.config import InputConfig
-    from psrec.launch.job.bench import synthetic_dataset_fn
-    from psrec.launch.job.bench import workload
-    from psrec.launch.job.config import BenchConfig
-    from psrec.ps_cluster.cluster.in_process import in_process_cluster
-    from psrec.ps_cluster.cluster.partition_config import PartitionConfig
-    from psrec.ps_cluster.cluster.strategy import build_ps_strategy
-    from psrec.ps_cluster.cluster.strategy import build_replicated_strategy
     from psrec.ps_cluster.training.step import make_train_function
-    from psrec.ps_cluster.training.trainer import Trainer
-    config = BenchConfig(model=args.model, buckets=args.buckets,
-                         dim=args.dim, batch_size=args.batch_size)
-    spec, model_cfg, optimizer_cfg = workload(config)
     ps = args.where == "ps"
-    if not hasattr(args, "strategy"):  # one cluster per process
-        args.strategy = (build_ps_strategy(
-            in_process_cluster(args.workers, args.ps), PartitionConfig())
-            if ps else build_replicated_strategy("one-device"))
-    strategy = args.strategy
-    trainer = Trainer(strategy, spec, model_cfg, optimizer_cfg,
-                      InputConfig(batch_size=args.batch_size),
-                      precision=precision)
+    strategy, trainer, dataset_fn = bench_trainer(
+        args, ps, precision, getattr(args, "strategy", None))
+    args.strategy = strategy  # one cluster per process
     train = make_train_function(strategy, trainer.step, args.steps)
-    dataset_fn = synthetic_dataset_fn(spec, args.batch_size, ps)
     if not ps:
         iterator = iter(strategy.distribute_datasets_from_function(
             dataset_fn))

@@ -33,10 +33,12 @@ import sys
 from pathlib import Path
 
 # benchmarks/ is this script's folder: its runs are quality_baseline's
+from quality_baseline import _done  # noqa: E402
 from quality_baseline import _read  # noqa: E402
 from quality_baseline import psrec_run  # noqa: E402
+from quality_baseline import run_row  # noqa: E402
 
-DTYPES = ("float32", "bfloat16")  # TABLE_DTYPES (float16 is refused)
+from psrec.features.spec.columns import TABLE_DTYPES  # noqa: E402
 
 
 def bytes_table(dim: int, rows: int) -> str:
@@ -45,17 +47,17 @@ def bytes_table(dim: int, rows: int) -> str:
     configure_environment()
     import tensorflow as tf
 
-    from psrec.features.spec.columns import TABLE_DTYPES
     from psrec.models.optim.config import SPARSE_OPTIMIZERS
     from psrec.models.optim.config import row_bytes
     from psrec.models.optim.optimizers import _make
     lines = [f"bytes per row of training state (table row + optimizer "
              f"slots), dim {dim}:", "",
-             "| optimizer | " + " | ".join(DTYPES) + " | built (" + ", ".join(
-                 DTYPES) + ") |", "|---|" + "---:|" * (len(DTYPES) + 1)]
+             "| optimizer | " + " | ".join(TABLE_DTYPES) + " | built ("
+             + ", ".join(TABLE_DTYPES) + ") |",
+             "|---|" + "---:|" * (len(TABLE_DTYPES) + 1)]
     for name in SPARSE_OPTIMIZERS:
         planned, built = [], []
-        for dtype in DTYPES:
+        for dtype in TABLE_DTYPES:
             planned.append(row_bytes(name, dim, TABLE_DTYPES[dtype]))
             table = tf.Variable(tf.zeros([rows, dim], dtype), name="t")
             optimizer = _make(name, 0.1)
@@ -76,13 +78,11 @@ def quality_table(records: list[dict], name: str) -> str:
     lines = [f"{name}:", "", "| --table-dtype | seed | best eval AUC | "
              "logloss | best at step / steps run | AUC - float32 (same "
              "seed) | wall s |", "|---|---|---|---|---|---|---|"]
-    for r in sorted(mine, key=lambda r: (DTYPES.index(r["dtype"]),
+    for r in sorted(mine, key=lambda r: (r["dtype"] != "float32", r["dtype"],
                                          r["seed"])):
         diff = ("" if r["dtype"] == "float32" or r["seed"] not in base
                 else f"{r['auc'] - base[r['seed']]:+.4f}")
-        lines.append(f"| {r['dtype']} | {r['seed']} | {r['auc']:.4f} | "
-                     f"{r['logloss']:.4f} | {r['best_step']} / "
-                     f"{r['steps']} | {diff} | {r['seconds']} |")
+        lines.append(run_row(r["dtype"], r, diff))
     return "\n".join(lines)
 
 
@@ -113,8 +113,7 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             for dtype in args.dtypes.split(","):
                 key = {"dataset": args.name, "dtype": dtype, "seed": seed}
-                if any(all(r.get(k) == v for k, v in key.items())
-                       for r in _read(args.results)):
+                if _done(_read(args.results), **key):
                     continue
                 run_dir = workdir / f"{dtype}-s{seed}"
                 entry = {**key, **psrec_run(

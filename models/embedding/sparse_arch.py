@@ -68,20 +68,18 @@ def _initializer(table: TableConfig, default_scale: float | None = None
 def _storage(table: TableConfig) -> dict:
     """``add_weight`` arguments of ``table``'s variable: trainable, in its
     storage dtype, never an AutoCastVariable."""
-    if table.storage == "float32":
-        return {"trainable": True, "autocast": False}
     return {"trainable": True, "dtype": table.storage, "autocast": False}
 
 
-def _cast_to(initializer, stored: dict):
-    """``initializer`` drawing float32 values cast to the stored dtype (the
-    same values a float32 table gets, rounded)."""
-    if "dtype" not in stored:
+def _cast_to(initializer, stored: str):
+    """``initializer`` drawing float32 values cast to the ``stored`` dtype
+    (the same values a float32 table gets, rounded)."""
+    if stored == "float32":
         return initializer
 
     def initial(shape, dtype=None, **kwargs):
         return tf.cast(initializer(shape, dtype=tf.float32, **kwargs),
-                       dtype or stored["dtype"])
+                       dtype or stored)
     return initial
 
 
@@ -208,7 +206,7 @@ class SparseArch(tf_keras.layers.Layer):
                 self.tables[table.name] = self.add_weight(
                     name=table.name, shape=(table.rows, table.dim),
                     initializer="zeros" if in_blocks else _cast_to(
-                        initializer, stored), **stored)
+                        initializer, table.storage), **stored)
                 if in_blocks:
                     fill_table(self.tables[table.name], initializer,
                                label=f"init {table.name}")
@@ -258,13 +256,13 @@ class SparseArch(tf_keras.layers.Layer):
         outputs = []
         as_float32 = self.spec.table(name).storage != "float32"
         for i, table in enumerate(tables):
-            if i == 0 and embedded is not None:
+            if i == 0 and embedded is not None:  # its default row dropped
                 found = _rows_for(embedded, as_float32, self.compute_dtype)
             else:
                 found = _lookup(table, safe, as_float32, self.compute_dtype)
-            if dynamic is not None and not (i == 0 and embedded is not None):
-                found = dynamic.drop_default_gradient(found, safe,
-                                                      dynamic.default_row)
+                if dynamic is not None:
+                    found = dynamic.drop_default_gradient(
+                        found, safe, dynamic.default_row)
             rows = tf.split(found, sizes, axis=0)
             outputs.append({f.name: self._combine(
                 f, batch[f.name], r, attend=i == 0)

@@ -169,14 +169,12 @@ class Float32Rows:
                          for name, slot in slots.items()}, coefficients)
         writes = [slots[name].scatter_update(tf.IndexedSlices(value, indices))
                   for name, value in new_slots.items()]
-        if not is_16bit(var):
-            with tf.control_dependencies(writes):
-                return var.scatter_update(tf.IndexedSlices(new_rows, indices))
-        seed = tf.stack([tf.cast(self.iterations, tf.int64),
-                         tf.constant(_name_seed(var), tf.int64)])
+        if is_16bit(var):
+            seed = tf.stack([tf.cast(self.iterations, tf.int64),
+                             tf.constant(_name_seed(var), tf.int64)])
+            new_rows = stochastic_round(new_rows, var.dtype, seed)
         with tf.control_dependencies(writes):
-            return var.scatter_update(tf.IndexedSlices(
-                stochastic_round(new_rows, var.dtype, seed), indices))
+            return var.scatter_update(tf.IndexedSlices(new_rows, indices))
 
 
 def adagrad_rows(rows, grad, slots, coefficients):

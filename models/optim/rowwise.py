@@ -79,39 +79,38 @@ class RowwiseAdagrad(Float32Rows, tf_keras.optimizers.legacy.Optimizer):
             tf.reshape(square, [tf.shape(square)[0], -1]), axis=1,
             keepdims=True))
 
-    def _resource_apply_dense(self, grad, var, apply_state=None):
-        coefficients = self._coefficients(var, apply_state)
-        acc = self.get_slot(var, "accumulator")
-        rank = var.shape.rank
-        new_acc = acc + self._row_mean_square(grad, rank)
+    @classmethod
+    def _step(cls, acc: tf.Tensor, grad: tf.Tensor, coefficients: dict,
+              rank: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """The accumulator ``acc`` after ``grad`` (of a variable of
+        ``rank``), and each row's step size ``lr / (sqrt(acc) + eps)``,
+        shaped to multiply ``grad``."""
+        new_acc = acc + cls._row_mean_square(grad, rank)
         scale = coefficients["lr_t"] / (tf.sqrt(new_acc)
                                         + coefficients["epsilon"])
         if rank > 2:
             scale = tf.reshape(scale, [-1] + [1] * (rank - 1))
+        return new_acc, scale
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        acc = self.get_slot(var, "accumulator")
+        new_acc, scale = self._step(acc, grad, self._coefficients(
+            var, apply_state), var.shape.rank)
         return tf.group(acc.assign(new_acc, use_locking=self._use_locking),
                         var.assign_sub(scale * grad,
                                        use_locking=self._use_locking))
 
     def _update_rows(self, rows, grad, slots, coefficients):
-        acc = slots["accumulator"] + self._row_mean_square(grad,
-                                                           rows.shape.rank)
-        scale = coefficients["lr_t"] / (tf.sqrt(acc)
-                                        + coefficients["epsilon"])
-        if rows.shape.rank > 2:
-            scale = tf.reshape(scale, [-1] + [1] * (rows.shape.rank - 1))
+        acc, scale = self._step(slots["accumulator"], grad, coefficients,
+                                rows.shape.rank)
         return rows - scale * grad, {"accumulator": acc}
 
     def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
         # Indices are unique here (OptimizerV2 sums duplicates first).
-        coefficients = self._coefficients(var, apply_state)
         acc = self.get_slot(var, "accumulator")
-        rank = var.shape.rank
-        new_acc = (tf.gather(acc, indices)
-                   + self._row_mean_square(grad, rank))
-        scale = coefficients["lr_t"] / (tf.sqrt(new_acc)
-                                        + coefficients["epsilon"])
-        if rank > 2:
-            scale = tf.reshape(scale, [-1] + [1] * (rank - 1))
+        new_acc, scale = self._step(tf.gather(acc, indices), grad,
+                                    self._coefficients(var, apply_state),
+                                    var.shape.rank)
         update_acc = acc.scatter_update(tf.IndexedSlices(new_acc, indices))
         with tf.control_dependencies([update_acc]):
             return var.scatter_sub(tf.IndexedSlices(scale * grad, indices))

@@ -310,10 +310,11 @@ def apply_delta(state: DeltaState, folder: str, manifest: dict,
     """
     bad = set()
     for group in state.groups:
-        if _written_sharding(manifest, group.table) != [
-                int(v.shape[0]) for v, _ in state.live[group.keys[0]].shards]:
-            bad |= _apply_resharded(state, folder, manifest, group,
-                                    rows_device or dense_device
+        written = _written_sharding(manifest, group.table)
+        here = [int(v.shape[0]) for v, _ in state.live[group.keys[0]].shards]
+        if written != here:
+            bad |= _apply_resharded(state, folder, manifest, group, written,
+                                    here, rows_device or dense_device
                                     or "/device:CPU:0")
             continue
         for k in range(len(state.live[group.keys[0]].shards)):
@@ -356,15 +357,15 @@ def _written_sharding(manifest: dict, table: str) -> list[int]:
 
 
 def _apply_resharded(state: DeltaState, folder: str, manifest: dict,
-                     group: _Group, device: str) -> set[str]:
-    """Applies a delta written on another PS layout (another PS count) to
-    ``group``'s shards: each written shard's rows become table rows (its
-    first row plus the local row), read on ``device`` (only the changed
-    rows, as a full checkpoint's reshard reads blocks there), and go to the
-    shards that hold those rows now, each checked by value. Returns the
-    keys that differ."""
-    written = _written_sharding(manifest, group.table)
-    here = [int(v.shape[0]) for v, _ in state.live[group.keys[0]].shards]
+                     group: _Group, written: list[int], here: list[int],
+                     device: str) -> set[str]:
+    """Applies a delta written on another PS layout (another PS count:
+    ``written`` rows a shard then, ``here`` now) to ``group``'s shards:
+    each written shard's rows become table rows (its first row plus the
+    local row), read on ``device`` (only the changed rows, as a full
+    checkpoint's reshard reads blocks there), and go to the shards that
+    hold those rows now, each checked by value. Returns the keys that
+    differ."""
     if group.table in state.dynamic or sum(written) != sum(here):
         why = ("a dynamic table's maps are per shard" if sum(written) ==
                sum(here) else f"{sum(written)} rows there, {sum(here)} here")

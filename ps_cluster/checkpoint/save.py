@@ -121,18 +121,17 @@ class AlignedSlices(tf.train.experimental.ShardingCallback):
                     key, {})[shardable.slice_spec] = tensor
                 continue
             inner = shape[1:].num_elements()
-            with tf.device(shardable.device):
+            with tf.device(shardable.device):  # views: see the class
                 flat = tf.reshape(tensor, [-1])
-            for begin in range(0, shape[0], rows):
-                size = [min(rows, shape[0] - begin)] + shape[1:].as_list()
-                with tf.device(shardable.device):  # a view: see the class
+                for begin in range(0, shape[0], rows):
+                    size = [min(rows, shape[0] - begin)] + shape[1:].as_list()
                     part = tf.reshape(tf.slice(
                         flat, [begin * inner], [size[0] * inner]), size)
-                spec = tf.Variable.SaveSliceInfo(
-                    full_name=key, full_shape=full,
-                    var_offset=[offset[0] + begin] + offset[1:],
-                    var_shape=size).spec.strip()
-                sliced.append({key: {spec: part}})
+                    spec = tf.Variable.SaveSliceInfo(
+                        full_name=key, full_shape=full,
+                        var_offset=[offset[0] + begin] + offset[1:],
+                        var_shape=size).spec.strip()
+                    sliced.append({key: {spec: part}})
         return list(whole.values()) + sliced
 
 

@@ -211,12 +211,11 @@ def apply_warm_start(root: tf.train.Checkpoint, path: str,
                 copies.append((key, source_key,
                                RowCopy(table, table, 0, 0, rows)))
             continue
-        if key in shapes and list(shapes[key]) == list(live[key].shape) and (
-                dtypes[key] == live[key].dtype):
+        same_shape = key in shapes and list(shapes[key]) == list(
+            live[key].shape)
+        if same_shape and dtypes[key] == live[key].dtype:
             whole.append(key)
-        elif key in shapes and list(shapes[key]) == list(
-                live[key].shape) and _castable(key, dtypes[key],
-                                               live[key].dtype):
+        elif same_shape and _castable(key, dtypes[key], live[key].dtype):
             rows = live[key].shape[0]
             copies.append((key, key, RowCopy(key, key, 0, 0, rows)))
         elif _is_dense(key):

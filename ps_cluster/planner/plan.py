@@ -10,7 +10,7 @@ wide table: shard ``i`` of a table whose first shard is variable number
 ``c`` (from 0) lands on PS ``(c + i) % ps``. Rows follow the "div" split:
 ``rows // shards`` each, the first ``rows % shards`` shards one row more.
 A table's values take the bytes of its dtype (``TableConfig.dtype``: 4
-float32, 2 bfloat16/float16; its wide twin the same), and the partitioner
+float32, 2 bfloat16; its wide twin the same), and the partitioner
 cuts it by those bytes. The slots of each table's optimizer (the one its
 spec names, else ``--sparse-optimizer``; ``models.optim.config.slot_values``:
 Adagrad 1, FTRL 2, SGD 0 of the shard's size; row-wise Adagrad one
@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from psrec.errors import ConfigError
 from psrec.errors import check
+from psrec.features.spec.columns import TableConfig
 from psrec.features.spec.spec import FeatureSpec
 from psrec.models.embedding.sparse_arch import WIDE_SUFFIX
 from psrec.models.embedding.sparse_arch import table_creation_scope
@@ -218,10 +219,10 @@ def table_variables(spec: FeatureSpec, model: ModelConfig
     return variables
 
 
-def value_bytes(spec: FeatureSpec, variable: str) -> int:
-    """Bytes of one value of the table variable ``variable`` (a table or
-    its wide twin, stored in the table's dtype)."""
-    return spec.table(variable.removesuffix(WIDE_SUFFIX)).value_bytes
+def _table_of(spec: FeatureSpec, variable: str) -> TableConfig:
+    """The spec table of the table variable ``variable`` (a table or its
+    wide twin, stored in the table's dtype)."""
+    return spec.table(variable.removesuffix(WIDE_SUFFIX))
 
 
 def variable_optimizers(spec: FeatureSpec, optimizer: OptimizerConfig
@@ -252,9 +253,10 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
     for name, rows, dim in table_variables(spec, model):
         optimizer = optimizers[name]
         shards, offset = [], 0
-        stored = value_bytes(spec, name)
+        table = _table_of(spec, name)
+        stored = table.value_bytes
         for index, count in enumerate(shard_rows(
-                rows, num_ps, partition, dim, _dtype(spec, name))):
+                rows, num_ps, partition, dim, table.storage)):
             size = stored * count * dim
             shards.append(TableShard(
                 table=name, index=index, row_offset=offset, rows=count,
@@ -267,10 +269,6 @@ def _tables(spec: FeatureSpec, model: ModelConfig, num_ps: int,
     return tuple(tables)
 
 
-def _dtype(spec: FeatureSpec, variable: str) -> str:
-    return spec.table(variable.removesuffix(WIDE_SUFFIX)).storage
-
-
 def _max_ps_bytes(spec: FeatureSpec,
                   variables: list[tuple[str, int, int]], num_ps: int,
                   partition: PartitionConfig, optimizers: dict[str, str],
@@ -280,11 +278,11 @@ def _max_ps_bytes(spec: FeatureSpec,
     counter = FIRST_TABLE_VARIABLE
     per_ps = np.full(num_ps, float(dense))
     for name, rows, dim in variables:
+        table = _table_of(spec, name)
         rows_each = np.asarray(shard_rows(rows, num_ps, partition, dim,
-                                          _dtype(spec, name)),
-                               dtype=np.float64)
+                                          table.storage), dtype=np.float64)
         sizes = rows_each * row_bytes(optimizers[name], dim,
-                                      value_bytes(spec, name))
+                                      table.value_bytes)
         if name in dynamic:  # its maps and statistics, shard by shard
             sizes += dynamic_table_bytes(rows_each)
         places = (counter + np.arange(len(sizes))) % num_ps
