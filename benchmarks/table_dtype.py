@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path,
                         help="JSON lines file (appended; resumes)")
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default=",".join(TABLE_DTYPES))
     parser.add_argument("--flags", default="",
                         help="more psrec train flags, space-separated")
     parser.add_argument("--table", action="store_true",
