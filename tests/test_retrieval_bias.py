@@ -89,30 +89,41 @@ def test_the_bias_is_the_last_column_and_moves_the_score(model):
 
 def test_the_bias_receives_the_loss_gradient(spec, model):
     """The sampled softmax trains each batch candidate's bias rows (and
-    only those) through the sparse optimizer's variables."""
+    only those) through the sparse optimizer's variables, in the direction
+    that lowers the loss whatever the towers' random weights."""
     catalogue = Catalogue(
         raw_ids=np.arange(4), train_counts=np.array([40, 30, 20, 10]),
         features={"item_id": np.array([1, 2, 3, 4], np.int64),
                   "category": np.array([101, 101, 102, 102], np.int64)})
     tables = CandidateTables(catalogue, spec, CONFIG.embedding_dim)
-    loss = RetrievalLoss(model, tables, CONFIG, spec)
-    batch = {"label": tf.ones([4, 1], tf.int64),
+    # Temperature 1: the softmax cannot saturate to exactly 0 or 1 in
+    # float32, so every gradient below is nonzero.
+    loss = RetrievalLoss(model, tables,
+                         dataclasses.replace(CONFIG, temperature=1.0), spec)
+    # Rows 0 and 2 (label 1) both have item 1 as their positive (each
+    # other's accidental hit, removed); rows 1 and 3 (label 0) are not
+    # trained as queries, so items 2 and 3 are only negatives.
+    batch = {"label": tf.constant([[1], [0], [1], [0]], tf.int64),
              "user_id": tf.constant([[1], [2], [3], [4]], tf.int64),
              "user_group": tf.constant([[1], [1], [2], [2]], tf.int64),
-             "item_id": tf.constant([[1], [2], [3], [1]], tf.int64),
-             "category": tf.constant([[101], [101], [102], [101]], tf.int64)}
+             "item_id": tf.constant([[1], [2], [1], [3]], tf.int64),
+             "category": tf.constant([[101], [101], [101], [102]],
+                                     tf.int64)}
     wide = model.sparse_arch.tables["items__wide"]
     # trained by the sparse optimizer
     assert any(v is wide for v in model.embedding_variables())
     with tf.GradientTape() as tape:
         total = tf.reduce_sum(loss(batch))
     grad = tape.gradient(total, wide)
-    dense = tf.math.unsorted_segment_sum(grad.values, grad.indices, 4000)
-    touched = np.flatnonzero(dense.numpy()[:, 0])
-    assert touched.tolist() == [1, 2, 3]  # the batch's items
-    # Item 1 is the positive of two rows of four: raising its bias lowers
-    # the loss.
-    assert dense.numpy()[1, 0] < 0
+    dense = tf.math.unsorted_segment_sum(grad.values, grad.indices,
+                                         4000).numpy()[:, 0]
+    assert np.flatnonzero(dense).tolist() == [1, 2, 3]  # the batch's items
+    # d loss / d bias = sum over the logits it enters of (p - target):
+    # item 1 is only ever a target (p - 1 < 0), items 2 and 3 only
+    # negatives (p > 0). Raising the positive's bias lowers the loss,
+    # raising a negative's raises it.
+    assert dense[1] < 0
+    assert dense[2] > 0 and dense[3] > 0
 
 
 def test_a_run_recorded_before_the_bias_had_none(spec):
