@@ -25,15 +25,17 @@ import time
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from psrec.features.spec.columns import TABLE_OPTIMIZERS  # noqa: E402
+
 
 def _apply_function(name: str, single_writer: bool, args):
     """A function applying ``--steps`` updates; returns its seconds."""
     import numpy as np
     import tensorflow as tf
 
-    from psrec.models.optim.optimizers import _make
+    from psrec.models.optim.optimizers import make_optimizer
     table = tf.Variable(tf.zeros([args.rows, args.dim]))
-    optimizer = _make(name, 0.05, single_writer=single_writer)
+    optimizer = make_optimizer(name, 0.05, single_writer=single_writer)
     optimizer._create_all_weights([table])  # noqa: SLF001
     rng = np.random.default_rng(0)
     ids = tf.constant(rng.choice(args.rows, args.ids, replace=False))
@@ -57,8 +59,7 @@ def _apply_function(name: str, single_writer: bool, args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--optimizers",
-                        default="adagrad,rowwise_adagrad,ftrl,sgd")
+    parser.add_argument("--optimizers", default=",".join(TABLE_OPTIMIZERS))
     parser.add_argument("--rows", type=int, default=2_600_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--ids", type=int, default=26_624,

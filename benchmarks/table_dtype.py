@@ -10,7 +10,8 @@ Two parts:
   slots, read from ``tf.Variable`` shapes and dtypes): the two must be
   equal.
 * ``quality``: ``psrec train --strategy one-device`` on one converted data
-  folder with ``--table-dtype`` float32 and bfloat16 for each seed (``quality_baseline.psrec_run``), the run length sized from the data, the
+  folder with ``--table-dtype`` float32 and bfloat16 for each seed
+  (``quality_baseline.psrec_run``), the run length sized from the data, the
   exported best checkpoint's eval AUC and logloss (``summary.json``), one
   JSON line per run appended to ``--results`` (a run already there is not
   run again); at the end the table, with each 16-bit run's AUC difference
@@ -49,7 +50,7 @@ def bytes_table(dim: int, rows: int) -> str:
 
     from psrec.models.optim.config import SPARSE_OPTIMIZERS
     from psrec.models.optim.config import row_bytes
-    from psrec.models.optim.optimizers import _make
+    from psrec.models.optim.optimizers import make_optimizer
     lines = [f"bytes per row of training state (table row + optimizer "
              f"slots), dim {dim}:", "",
              "| optimizer | " + " | ".join(TABLE_DTYPES) + " | built ("
@@ -60,7 +61,7 @@ def bytes_table(dim: int, rows: int) -> str:
         for dtype in TABLE_DTYPES:
             planned.append(row_bytes(name, dim, TABLE_DTYPES[dtype]))
             table = tf.Variable(tf.zeros([rows, dim], dtype), name="t")
-            optimizer = _make(name, 0.1)
+            optimizer = make_optimizer(name, 0.1)
             optimizer._create_all_weights([table])  # noqa: SLF001
             variables = [table] + [optimizer.get_slot(table, slot)
                                    for slot in optimizer.get_slot_names()]

@@ -37,3 +37,18 @@ def write_shadowing_modules(folder: Path) -> tuple[str, ...]:
         (folder / name).write_text(
             f"raise RuntimeError('user module {name} was imported')\n")
     return names
+
+
+def refused_spec(data: dict, folder: Path, capsys) -> tuple[str, Path]:
+    """Writes the spec ``data`` to ``folder/spec.json`` and runs ``psrec
+    plan`` on it, which must refuse it: exit 2 and one line on stderr.
+    Returns that line and the spec's path."""
+    import json
+
+    from psrec.launch.cli.main import main
+    path = folder / "spec.json"
+    path.write_text(json.dumps(data))
+    assert main(["plan", "--spec", str(path), "--ps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err, path

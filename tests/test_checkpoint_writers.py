@@ -165,7 +165,6 @@ def test_a_ps_that_does_not_see_the_folder_stops_the_job_before_step_1(
     assert "steps 0 ->" not in out and not re.search(r"\bstep \d", out)
 
 
-
 @pytest.mark.parametrize("dtype, shape", [
     (tf.bfloat16, (1001, 16)), (tf.float32, (999, 1)), (tf.float32, (7,))])
 def test_tensors_are_stored_in_aligned_slices_that_restore_whole(

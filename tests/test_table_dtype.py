@@ -18,11 +18,12 @@ import tensorflow as tf
 from psrec.errors import ConfigError
 from psrec.features.spec.presets import criteo
 from psrec.features.spec.spec import FeatureSpec
-from psrec.models.optim.optimizers import _make
+from psrec.models.optim.optimizers import make_optimizer
 from psrec.models.optim.rounding import stochastic_round
 from tests._ps_helpers import RESHARD_MODEL
 from tests._ps_helpers import RESHARD_SPEC_ARGS
 from tests._ps_helpers import random_dataset_fn
+from tests._shared import refused_spec
 
 SPARSE = ("adagrad", "rowwise_adagrad", "ftrl", "sgd")
 TABLE = "categorical"  # the criteo preset's one table
@@ -56,16 +57,10 @@ def test_a_float16_table_is_refused_in_one_line_naming_why(tmp_path, capsys):
     """TensorFlow cannot read part of a float16 tensor from a checkpoint
     (every restore on PS reads parts): a run could save and never resume,
     so a spec's float16 table is refused before anything runs, exit 2."""
-    import json
-
     from psrec.launch.cli.main import main
     data = criteo(buckets=10, dim=4).to_dict()
     data["tables"][0]["dtype"] = "float16"
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(data))
-    assert main(["plan", "--spec", str(path), "--ps", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
+    err, path = refused_spec(data, tmp_path, capsys)
     assert ("`dtype` = 'float16' is not allowed: TensorFlow's checkpoint "
             "reader cannot read part of a float16 tensor") in err, err
     assert str(path) in err and "'bfloat16'" in err, err
@@ -94,7 +89,7 @@ def test_the_float32_row_update_equals_the_optimizer_s_own_kernel(name):
     float32 update of that variable."""
     rng = np.random.default_rng(1)
     table = tf.Variable(rng.normal(size=(6, 4)).astype(np.float32))
-    optimizer = _make(name, 0.3)
+    optimizer = make_optimizer(name, 0.3)
     optimizer._create_all_weights([table])  # noqa: SLF001
     rows = tf.constant([1, 4, 5])
     for step in range(3):  # slots away from their initial values first
@@ -123,7 +118,7 @@ def test_stochastic_rounding_keeps_updates_round_to_nearest_loses(dtype):
     half a unit at 1 (bfloat16 2**-8, float16 2**-11), so round-to-nearest
     would leave 1.0; stochastic rounding moves the mean to 1.01."""
     table = tf.Variable(tf.ones([500, 8], dtype))
-    optimizer = _make("sgd", 1.0)
+    optimizer = make_optimizer("sgd", 1.0)
     optimizer._create_all_weights([table])  # noqa: SLF001
 
     @tf.function
@@ -153,7 +148,7 @@ def test_a_dynamic_table_s_reset_rows_are_cast_to_its_dtype():
     from psrec.models.dynamic.table import reset_rows
     shards = [tf.Variable(tf.zeros([3, 4], tf.bfloat16)),
               tf.Variable(tf.zeros([2, 4], tf.bfloat16))]
-    optimizer = _make("adagrad", 0.1)
+    optimizer = make_optimizer("adagrad", 0.1)
     optimizer._create_all_weights(shards)  # noqa: SLF001
     reset_rows(types.SimpleNamespace(variables=shards), np.array([1, 4]),
                tf.fill([2, 4], 0.3), optimizer)
@@ -385,7 +380,7 @@ def test_a_single_writer_s_whole_row_update_equals_the_fused_kernel(name):
     tables, optimizers = [], []
     for single_writer in (False, True):
         tables.append(tf.Variable(start))
-        optimizers.append(_make(name, 0.3, single_writer=single_writer))
+        optimizers.append(make_optimizer(name, 0.3, single_writer=single_writer))
         optimizers[-1]._create_all_weights([tables[-1]])  # noqa: SLF001
     rows = tf.constant([1, 4, 1, 6, 4])  # duplicates are summed first
     taken = []

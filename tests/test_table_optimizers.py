@@ -2,17 +2,17 @@
 ``lr`` in the spec, the flags for the tables that name none.
 
 A spec of four tables on four optimizers (FTRL at its own rate, row-wise
-Adagrad and SGD on bfloat16 tables, the flags' Adagrad on a float32 one) trains on the shared in-process cluster (2
-workers, 2 PS): each table's slots are its optimizer's, float32, on its
-shards' PS, and the optimizers keep their PS path (not ``single_writer``);
-the planner's bytes are the variables' bytes; the checkpoint names each
-group's optimizer; a restore into another shard count is exact by value. A
-warm start into a spec where one table changed optimizer re-initialises
-that table's slots (one line) and carries the others' by value -- across
-a renamed group too; ``psrec train --warm-start`` reads the source's
-optimizer flags from its ``job.json``. A dynamic table's reset rows get
-fresh slots of its own optimizer. An unknown optimizer name is one line with a suggestion,
-exit 2.
+Adagrad and SGD on bfloat16 tables, the flags' Adagrad on a float32 one)
+trains on the shared in-process cluster (2 workers, 2 PS): each table's
+slots are its optimizer's, float32, on its shards' PS, and the optimizers
+keep their PS path (not ``single_writer``); the planner's bytes are the
+variables' bytes; the checkpoint names each group's optimizer; a restore
+into another shard count is exact by value. A warm start into a spec where
+one table changed optimizer re-initialises that table's slots (one line) and
+carries the others' by value -- across a renamed group too; ``psrec train
+--warm-start`` reads the source's optimizer flags from its ``job.json``. A
+dynamic table's reset rows get fresh slots of its own optimizer. An unknown
+optimizer name is one line with a suggestion, exit 2.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from psrec.models.optim.config import table_row_bytes
 from psrec.models.ranking.config import ModelConfig
 from psrec.models.ranking.config import model_config
 from psrec.ps_cluster.cluster.partition_config import PartitionConfig
+from tests._shared import refused_spec
 
 SPEC = {
     "name": "tabopt", "label": {"name": "label"},
@@ -56,7 +57,7 @@ INITIAL = 0.1  # every accumulator's initial_accumulator_value
 EXPECTED = {"users": ("Ftrl", ["accumulator", "linear"], None),
             "items": ("RowwiseAdagrad", ["accumulator"], 1),
             "tags": ("Adagrad", ["accumulator"], None),
-          "shops": ("SGD", [], None)}
+            "shops": ("SGD", [], None)}
 GROUPS = {"users": "sparse_optimizer_ftrl_lr0p05",
           "items": "sparse_optimizer_rowwise_adagrad",
           "tags": "sparse_optimizer",
@@ -112,14 +113,9 @@ def test_a_table_names_its_optimizer_and_rate_and_others_keep_their_form():
 
 def test_an_unknown_optimizer_is_one_line_with_a_suggestion(tmp_path,
                                                             capsys):
-    from psrec.launch.cli.main import main
     data = json.loads(json.dumps(SPEC))
     data["tables"][1]["optimizer"] = "rowwise_adagard"
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(data))
-    assert main(["plan", "--spec", str(path), "--ps", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
+    err, path = refused_spec(data, tmp_path, capsys)
     assert str(path) in err and "table 'items': `optimizer` = " \
         "'rowwise_adagard' is not allowed" in err, err
     assert "did you mean 'rowwise_adagrad'?" in err, err

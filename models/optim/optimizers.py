@@ -71,8 +71,8 @@ _OWN_CLASSES = {"RowwiseAdagrad": RowwiseAdagrad, "Adagrad": Adagrad,
                 "Ftrl": Ftrl, "SGD": SGD}
 
 
-def _make(name: str, lr, single_writer: bool = False
-          ) -> tf_keras.optimizers.legacy.Optimizer:
+def make_optimizer(name: str, lr, single_writer: bool = False
+                   ) -> tf_keras.optimizers.legacy.Optimizer:
     """The registry entry ``name``'s optimizer (``models.optim.config``);
     ``single_writer``: see :class:`~psrec.models.optim.rounding.Float32Rows`
     (psrec's own classes; Adam has no sparse path of its own)."""
@@ -89,7 +89,7 @@ def _scheduled(config: OptimizerConfig, batch_size: int, name: str,
                ) -> tf_keras.optimizers.legacy.Optimizer:
     """Optimizer ``name`` at rate ``lr`` scaled to ``batch_size`` rows and
     warmed up (:class:`ScaledWarmup`)."""
-    return _make(name, ScaledWarmup(lr, batch_size, config.base_batch_size,
+    return make_optimizer(name, ScaledWarmup(lr, batch_size, config.base_batch_size,
                                     config.warmup_steps, name),
                  single_writer)
 

@@ -19,19 +19,20 @@ is a mixin of every optimizer class of the registry
 
 A float32 variable takes the optimizer's own path (TensorFlow's fused sparse
 kernel, or row-wise Adagrad's scatters), unless the optimizer is made with
-``single_writer=True``: a promise that nothing else updates its tables
-while a step applies its update (one device; each replica's copy under a
-mirrored strategy). Then a float32 table takes the same gather, float32
-update and scatter of whole rows as a 16-bit one, without the rounding:
-about twice as fast as the fused kernel on this machine's CPU, whose per-row
-loop is its cost (``benchmarks/step_ops.py``; docs/benchmarks.md, "The
-sparse apply"). Under ``ParameterServerStrategy`` several workers update a
-shard at once, and a row gathered by one step and written back whole would
-undo another worker's update of it made in between, so the fused kernels
-(read-modify-write per value, no lock) stay there. 16-bit tables have no
-fused kernel and take the gather-and-write path under every strategy: on a
-PS cluster two workers' updates of the same row within the same few
-milliseconds keep only the later (docs/decisions.md, "16-bit tables").
+``single_writer=True``: a promise that nothing else updates its tables while
+a step applies its update (one device; each replica's copy under a mirrored
+strategy). Then a float32 table takes the same gather, float32 update and
+scatter of whole rows as a 16-bit one, without the rounding: about twice as
+fast as the fused kernel on this machine's CPU, whose per-row loop is its
+cost (``benchmarks/sparse_apply.py``; docs/benchmarks.md, "Round 3
+(2026-12-06): one writer updates whole rows"). Under
+``ParameterServerStrategy`` several workers update a shard at once, and a
+row gathered by one step and written back whole would undo another worker's
+update of it made in between, so the fused kernels (read-modify-write per
+value, no lock) stay there. 16-bit tables have no fused kernel and take the
+gather-and-write path under every strategy: on a PS cluster two workers'
+updates of the same row within the same few milliseconds keep only the later
+(docs/decisions.md, "16-bit tables").
 
 Stochastic rounding without a custom op: the float32 value's bits get a
 uniform random integer below the 16-bit format's unit in the last place

@@ -83,8 +83,8 @@ class AlignedSlices(tf.train.experimental.ShardingCallback):
     Here each slice is cut from the tensor's flat view at an aligned
     offset and reshaped: views only, whatever the row size."""
 
-    def __init__(self, slice_bytes: int = None) -> None:
-        self.slice_bytes = slice_bytes or SLICE_BYTES
+    def __init__(self, slice_bytes: int = SLICE_BYTES) -> None:
+        self.slice_bytes = slice_bytes
 
     @property
     def description(self) -> str:
